@@ -1,0 +1,55 @@
+# ovpipe — `make demo` then `make test` on a fresh machine.
+# Python 3.12 is required by megatron-core >= 0.17; pyenv's 3.12 is on every machine here.
+PYTHON312 ?= $(shell command -v /root/.pyenv/versions/3.12.1/bin/python3.12 || command -v python3.12)
+VENV      := .venv
+BIN       := $(VENV)/bin
+OVPIPE    := $(BIN)/ovpipe
+RUN       ?= runs/demo
+DEMO_DATA ?= runs/demo-data
+TASKS     ?= 2
+WORKERS   ?= 2
+EXECUTOR  ?= local
+STEP_ARGS  = --run-dir $(RUN) --executor $(EXECUTOR) --tasks $(TASKS) --workers $(WORKERS)
+
+.PHONY: install demo test test-fast bench demo-data ingest report status clean
+
+install: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON312) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[all]'
+	$(BIN)/python -c "import torchvision, open_clip, megatron.core, faiss, transformers; print('install ok: torch', __import__('torch').__version__, '| torchvision', torchvision.__version__, '| megatron-core', megatron.core.__version__)"
+	touch $@
+
+demo-data: install
+	$(OVPIPE) demo-data --out $(DEMO_DATA)
+
+ingest: demo-data
+	$(OVPIPE) ingest --config configs/demo/ingest.yaml --set 'inputs=["$(DEMO_DATA)/shards/*.tar"]' $(STEP_ARGS)
+
+# Stage targets (curation, packing, pretrain, rl) live in mk/<stage>.mk.
+-include mk/*.mk
+
+DEMO_STAGES ?= ingest $(DEMO_TARGETS)
+demo: install
+	$(MAKE) --no-print-directory $(DEMO_STAGES)
+	$(OVPIPE) report $(RUN)
+	@echo "demo run folder: $(abspath $(RUN))   (query it: $(OVPIPE) sql $(RUN) \"SELECT status, count(*) FROM samples GROUP BY 1\")"
+
+report:
+	$(OVPIPE) report $(RUN)
+
+status:
+	$(OVPIPE) status $(RUN)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow and not slurm"
+
+bench: install
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf runs .pytest_cache

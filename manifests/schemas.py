@@ -1,0 +1,160 @@
+"""One Arrow schema per manifest kind.
+
+``sample_id`` is the xxh3-64 of the image bytes followed by the caption's UTF-8 bytes,
+written as 16 lowercase hex characters, so every output joins back to its source row.
+``SORT_KEYS`` gives the canonical order of a merged manifest: that order, not the rank
+that wrote a row, is what makes merged outputs identical for any task count.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+
+class ManifestSchemaError(ValueError):
+    """A Parquet part does not match the schema of its manifest kind."""
+
+
+STATUS = pa.string()  # "ok" or a short reason: "corrupt_image", "empty_caption", "too_long", …
+
+SCHEMAS: dict[str, pa.Schema] = {
+    # ingest — one row per source sample; images stay in the source shards (offset/size
+    # address the member's bytes inside the tar, or row addresses a Parquet source row).
+    "samples": pa.schema([
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("shard", pa.string()),
+        ("key", pa.string()),
+        ("shard_format", pa.string()),      # "tar" | "parquet"
+        ("offset", pa.int64()),             # tar: byte offset of the image member data; parquet: row index
+        ("size", pa.int64()),               # tar: image byte size; parquet: image byte size
+        ("image_format", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("caption", pa.string()),
+        ("status", STATUS),
+        ("error", pa.string()),
+    ]),
+    # embed-images — vectors live in fp16 .npy shards, L2-normalised, row-aligned with this.
+    "image_embeddings": pa.schema([
+        ("sample_id", pa.string()),
+        ("file", pa.string()),
+        ("row", pa.int32()),
+    ]),
+    # embed-concepts
+    "concepts": pa.schema([
+        ("concept_id", pa.int32()),
+        ("text", pa.string()),
+        ("file", pa.string()),
+        ("row", pa.int32()),
+    ]),
+    # assign — exact top-K inner product, scores descending.
+    "assignments": pa.schema([
+        ("sample_id", pa.string()),
+        ("concept_ids", pa.list_(pa.int32())),
+        ("scores", pa.list_(pa.float32())),
+    ]),
+    # balance — global concept frequencies before and after resampling.
+    "concept_counts": pa.schema([
+        ("concept_id", pa.int32()),
+        ("text", pa.string()),
+        ("count_before", pa.int64()),
+        ("count_after", pa.int64()),
+    ]),
+    # balance — resampled corpus: copies is how many times a sample enters packing.
+    "balanced": pa.schema([
+        ("sample_id", pa.string()),
+        ("weight", pa.float64()),
+        ("copies", pa.int32()),
+    ]),
+    # lengths — tokens a sample occupies in training (shared length function).
+    "lengths": pa.schema([
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("text_tokens", pa.int32()),
+        ("image_tokens", pa.int32()),
+        ("total_tokens", pa.int32()),
+        ("status", STATUS),
+        ("error", pa.string()),
+    ]),
+    # pack — one row per packed sequence.
+    "packs": pa.schema([
+        ("pack_id", pa.int64()),
+        ("sample_ids", pa.list_(pa.string())),
+        ("lengths", pa.list_(pa.int32())),
+        ("offsets", pa.list_(pa.int32())),
+        ("total_tokens", pa.int32()),
+        ("shard", pa.string()),
+    ]),
+    # rl-ingest / rl-gym
+    "rl_prompts": pa.schema([
+        ("prompt_id", pa.string()),
+        ("source", pa.string()),
+        ("category", pa.string()),
+        ("question", pa.string()),
+        ("images", pa.list_(pa.binary())),
+        ("ground_truth", pa.string()),
+        ("answer_type", pa.string()),
+        ("extra", pa.string()),             # JSON: adapter-specific fields kept verbatim
+        ("status", STATUS),
+        ("error", pa.string()),
+    ]),
+    # rollout
+    "rollouts": pa.schema([
+        ("prompt_id", pa.string()),
+        ("rollout_idx", pa.int32()),
+        ("prompt_type", pa.string()),       # "answer_only" | "thinking"
+        ("response", pa.string()),
+        ("tokens", pa.int32()),
+        ("backend", pa.string()),
+        ("model", pa.string()),
+        ("sampling", pa.string()),          # JSON of the sampling parameters
+    ]),
+    # score
+    "rewards": pa.schema([
+        ("prompt_id", pa.string()),
+        ("rollout_idx", pa.int32()),
+        ("reward", pa.float64()),
+        ("correct", pa.bool_()),
+        ("reward_type", pa.string()),
+        ("status", STATUS),
+        ("error", pa.string()),
+    ]),
+    # select
+    "selection": pa.schema([
+        ("prompt_id", pa.string()),
+        ("source", pa.string()),
+        ("category", pa.string()),
+        ("n", pa.int32()),
+        ("correct", pa.int32()),
+        ("pass_at_1", pa.float64()),
+        ("pass_at_n", pa.float64()),
+        ("gap", pa.float64()),
+        ("mean_reward", pa.float64()),
+        ("pass_at_k", pa.string()),         # JSON {"k": value} for the configured k set
+        ("kept", pa.bool_()),
+        ("reason", pa.string()),            # "kept" | "too_easy" | "too_hard" | "no_gap" | "error"
+        ("split", pa.string()),             # "stage1-answer-only" | "stage2-cot" | null
+    ]),
+}
+
+SORT_KEYS: dict[str, tuple[str, ...]] = {
+    "samples": ("sample_id", "source", "shard", "key"),
+    "image_embeddings": ("sample_id",),
+    "concepts": ("concept_id",),
+    "assignments": ("sample_id",),
+    "concept_counts": ("concept_id",),
+    "balanced": ("sample_id",),
+    "lengths": ("sample_id",),
+    "packs": ("pack_id",),
+    "rl_prompts": ("prompt_id",),
+    "rollouts": ("prompt_id", "rollout_idx", "prompt_type"),
+    "rewards": ("prompt_id", "rollout_idx", "reward_type"),
+    "selection": ("prompt_id",),
+}
+
+
+def schema_for(kind: str) -> pa.Schema:
+    try:
+        return SCHEMAS[kind]
+    except KeyError:
+        raise KeyError(f"unknown manifest kind {kind!r}; known kinds: {sorted(SCHEMAS)}") from None

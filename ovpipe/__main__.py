@@ -1,0 +1,5 @@
+import sys
+
+from ovpipe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,176 @@
+"""Slurm executor: one ``sbatch --array`` over the incomplete ranks, a follow-up merge job.
+
+What it does, in order:
+1. writes ``RUN/<step>/launch_script.slurm`` (kept: it is what was submitted), whose
+   ``--array`` lists only the ranks without a completion marker, throttled with ``%workers``;
+2. ``sbatch --parsable`` it, with ``--dependency=afterok:<merge job>`` on any step of the same
+   run folder that produces one of this step's inputs and is still queued or running;
+3. submits the merge job (``afterok`` on the array): the step's ``finalize`` and merged stats;
+4. records both job ids in ``RUN/<step>/slurm_jobs.json`` so later steps can chain on them.
+
+Each array task runs the same task body as the local executor. ``--signal=B:USR1@grace`` asks
+Slurm to warn the batch shell before the time limit; the trap stops the task and requeues
+it (``scontrol requeue``). A requeued rank starts from scratch: its parts are rewritten and
+its completion marker comes last, so a half-done rank is never mistaken for a done one.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ovpipe import runfolder
+from ovpipe.step import save_json
+
+
+@dataclass
+class SlurmOptions:
+    partition: str | None = None
+    time: str = "04:00:00"
+    cpus_per_task: int = 1
+    mem: str | None = None
+    requeue_grace_s: int = 120
+    extra: list[str] = field(default_factory=list)     # more "#SBATCH" lines, e.g. "--qos=high"
+    env: dict[str, str] = field(default_factory=dict)  # exported in the script
+
+
+def compress_ranks(ranks: list[int]) -> str:
+    """[0,1,2,5,7,8] -> "0-2,5,7-8" (Slurm array syntax)."""
+    out, ranks = [], sorted(ranks)
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[int], workers: int,
+                         opts: SlurmOptions, python: str | None = None) -> str:
+    python = python or sys.executable
+    sdir = (run_dir / step_name).resolve()
+    run_dir = run_dir.resolve()
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=ovpipe-{step_name}",
+        f"#SBATCH --array={compress_ranks(ranks)}%{max(1, workers)}",
+        f"#SBATCH --output={sdir}/logs/slurm-%A_%a.out",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --time={opts.time}",
+        f"#SBATCH --cpus-per-task={opts.cpus_per_task}",
+        f"#SBATCH --signal=B:USR1@{opts.requeue_grace_s}",
+        "#SBATCH --requeue",
+    ]
+    if opts.partition:
+        lines.append(f"#SBATCH --partition={opts.partition}")
+    if opts.mem:
+        lines.append(f"#SBATCH --mem={opts.mem}")
+    lines += [f"#SBATCH {x}" for x in opts.extra]
+    lines += [
+        "",
+        f"# ovpipe step {step_name!r}: {tasks} tasks in all; this array holds the {len(ranks)} incomplete ones.",
+        "set -uo pipefail",
+        "export PYTHONUNBUFFERED=1",
+    ]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(opts.env.items())]
+    lines += [
+        "",
+        "# Time limit near (SIGUSR1 from --signal): stop the task and put it back in the queue.",
+        "requeue() {",
+        '  echo "SIGUSR1: requeueing ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+        '  kill -TERM "$child" 2>/dev/null; wait "$child"',
+        '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+        "  exit 0",
+        "}",
+        "trap requeue USR1",
+        "",
+        f"{shlex.quote(python)} -m ovpipe.cli _task {shlex.quote(step_name)} --run-dir {shlex.quote(str(run_dir))} "
+        f'--rank "$SLURM_ARRAY_TASK_ID" --world-size {tasks} &',
+        "child=$!",
+        'wait "$child"',
+        "rc=$?",
+        'exit "$rc"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _sbatch(args: list[str]) -> str:
+    res = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"sbatch {' '.join(args)} failed: {res.stderr.strip() or res.stdout.strip()}")
+    return res.stdout.strip().split(";")[0]
+
+
+def job_active(job_id: str) -> bool:
+    res = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%i"], capture_output=True, text=True)
+    return res.returncode == 0 and bool(res.stdout.strip())
+
+
+class SlurmExecutor:
+    def __init__(self, workers: int = 1, options: SlurmOptions | None = None, wait: bool = False,
+                 dependency: str | None = None, poll_s: float = 1.0, progress: bool = True):
+        self.workers = max(1, workers)
+        self.options = options or SlurmOptions()
+        self.wait = wait
+        self.dependency = dependency
+        self.poll_s = poll_s
+
+    def upstream_jobs(self, step, run_dir: Path) -> list[str]:
+        """Merge jobs of steps in this run folder that write one of ``step.inputs`` and are still live."""
+        deps = []
+        for f in sorted(run_dir.glob("*/slurm_jobs.json")):
+            if f.parent.name == step.name:
+                continue
+            rec = json.loads(f.read_text())
+            if set(rec.get("outputs", [])) & set(step.inputs) and job_active(rec["merge"]):
+                deps.append(rec["merge"])
+        return deps
+
+    def run(self, step, run_dir: Path, tasks: int) -> dict:
+        run_dir = run_dir.resolve()
+        sdir = run_dir / step.name
+        pending = runfolder.pending_ranks(sdir, tasks)
+        deps = self.upstream_jobs(step, run_dir)
+        if self.dependency:
+            deps.append(self.dependency)
+        dep_args = [f"--dependency=afterok:{':'.join(deps)}"] if deps else []
+        python = sys.executable
+        record = {"outputs": list(step.outputs), "ranks": pending, "array": None, "merge": None,
+                  "submitted_at": time.time()}
+        if pending:
+            script = render_launch_script(step.name, run_dir, tasks, pending, self.workers, self.options, python)
+            script_path = sdir / "launch_script.slurm"
+            script_path.write_text(script)
+            record["array"] = _sbatch([*dep_args, str(script_path)])
+            merge_dep = [f"--dependency=afterok:{record['array']}"]
+        elif runfolder.is_finalized(sdir):
+            return {"slurm": record, "nothing_to_do": True}
+        else:
+            merge_dep = dep_args
+        merge_cmd = f"{shlex.quote(python)} -m ovpipe.cli _finalize {shlex.quote(step.name)} --run-dir {shlex.quote(str(run_dir))}"
+        record["merge"] = _sbatch([*merge_dep, f"--job-name=ovpipe-{step.name}-merge",
+                                   f"--output={sdir}/logs/slurm-merge-%j.out", "--time=01:00:00",
+                                   "--wrap", merge_cmd])
+        save_json(sdir / "slurm_jobs.json", record)
+        if self.wait:
+            self.wait_for(record, sdir)
+        return {"slurm": record}
+
+    def wait_for(self, record: dict, sdir: Path, timeout_s: float = 3600) -> None:
+        t0 = time.time()
+        jobs = [j for j in (record["array"], record["merge"]) if j]
+        while any(job_active(j) for j in jobs):
+            if time.time() - t0 > timeout_s:
+                raise TimeoutError(f"slurm jobs {jobs} still running after {timeout_s}s")
+            time.sleep(self.poll_s)
+        if not runfolder.is_finalized(sdir):
+            st = runfolder.step_status(sdir)
+            raise RuntimeError(f"slurm jobs {jobs} ended but {sdir.name} is not complete: "
+                               f"failed {st['failed']}, pending {st['pending']}")

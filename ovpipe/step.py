@@ -1,0 +1,157 @@
+"""The anatomy of a step: a validated config dataclass and one task body.
+
+A step module defines, with light imports at module level::
+
+    @dataclass
+    class PackConfig: ...
+
+    def run(cfg: PackConfig, task: TaskContext) -> None:
+        lengths = task.read_input_slice("lengths")    # this rank's share of the input
+        ...
+        task.stats.inc("packs", n)
+        task.write_part("packs", table)               # RUN/pack/packs/part-{rank:05d}.parquet
+
+    STEP = Step("pack", PackConfig, run, inputs=("lengths",), outputs=("packs",))
+
+``ovpipe/registry.py`` names the module of every step, so the CLI imports only the one it
+runs. ``finalize(cfg, ctx)`` (optional) runs once after every rank completed — locally
+right after the pool, on Slurm in the follow-up job — for global reduces and reports.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger("ovpipe")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    config: type
+    run: Callable[[Any, "TaskContext"], Any]
+    inputs: tuple[str, ...] = ()         # manifest kinds read from the same run folder
+    outputs: tuple[str, ...] = ()        # manifest kinds written under RUN/<step>/<kind>/
+    finalize: Callable[[Any, "TaskContext"], Any] | None = None
+    max_tasks: int | None = None         # e.g. 1 for a step that needs the whole input at once
+    description: str = ""
+
+
+class Stats:
+    """Per-task counters and timings, saved as ``stats/{rank:05d}.json`` and merged by sum."""
+
+    def __init__(self) -> None:
+        self.counters: dict[str, float] = defaultdict(float)
+        self.timings: dict[str, float] = defaultdict(float)
+        self.info: dict[str, Any] = {}
+
+    def inc(self, key: str, n: float = 1) -> None:
+        self.counters[key] += n
+
+    def timer(self, key: str):
+        stats = self
+
+        class _T:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                stats.timings[key] += time.perf_counter() - self.t0
+
+        return _T()
+
+    def to_dict(self) -> dict:
+        def norm(d):
+            return {k: (int(v) if float(v).is_integer() else v) for k, v in sorted(d.items())}
+
+        return {"counters": norm(self.counters), "timings_s": {k: round(v, 4) for k, v in sorted(self.timings.items())},
+                "info": self.info}
+
+    @staticmethod
+    def merge(dicts: list[dict]) -> dict:
+        counters: dict[str, float] = defaultdict(float)
+        timings: dict[str, float] = defaultdict(float)
+        info: dict[str, Any] = {}
+        for d in dicts:
+            for k, v in d.get("counters", {}).items():
+                counters[k] += v
+            for k, v in d.get("timings_s", {}).items():
+                timings[k] += v
+            info.update(d.get("info", {}))
+        return {"tasks": len(dicts), "counters": dict(sorted(counters.items())),
+                "timings_s": {k: round(v, 4) for k, v in sorted(timings.items())}, "info": info}
+
+
+@dataclass
+class TaskContext:
+    """What one task (``rank`` of ``world_size``) of a step sees."""
+
+    step: str
+    rank: int
+    world_size: int
+    run_dir: Path
+    workers: int = 1
+    stats: Stats = field(default_factory=Stats)
+
+    @property
+    def step_dir(self) -> Path:
+        return self.run_dir / self.step
+
+    @property
+    def log(self) -> logging.Logger:
+        return log
+
+    def part_path(self, kind: str, suffix: str = ".parquet") -> Path:
+        return self.step_dir / kind / f"part-{self.rank:05d}{suffix}"
+
+    def data_path(self, name: str) -> Path:
+        """A data file of this rank (``.npy`` shard, packed ``.tar``) under ``RUN/<step>/data/``."""
+        p = self.step_dir / "data" / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def write_part(self, kind: str, data, sort: bool = True) -> Path:
+        from manifests.io import write_part
+
+        path = write_part(data, self.part_path(kind), kind, sort=sort)
+        return path
+
+    def read_input(self, kind: str, step: str | None = None, columns: list[str] | None = None):
+        """The whole manifest ``kind`` of this run folder, in canonical order."""
+        from manifests.io import read_manifest
+
+        return read_manifest(self.run_dir, kind, step=step, columns=columns)
+
+    def read_input_slice(self, kind: str, step: str | None = None, columns: list[str] | None = None):
+        """This rank's contiguous share of ``kind`` in canonical order (independent of how the
+        input itself was split into parts)."""
+        table = self.read_input(kind, step=step, columns=columns)
+        lo, hi = slice_bounds(table.num_rows, self.rank, self.world_size)
+        return table.slice(lo, hi - lo)
+
+    def read_output(self, kind: str):
+        """Every part this step wrote for ``kind`` (for ``finalize``)."""
+        from manifests.io import read_manifest
+
+        return read_manifest(self.run_dir, kind, step=self.step)
+
+
+def slice_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Contiguous, balanced [lo, hi) of ``n`` items for ``rank`` of ``world_size``."""
+    base, extra = divmod(n, world_size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+def save_json(path: Path, obj) -> None:
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
