@@ -48,7 +48,7 @@ def cmd_step(args) -> int:
         return 2
     run_dir = Path(args.run_dir).resolve()
     try:
-        runfolder.prepare(run_dir, step, cfg, tasks, overwrite=args.overwrite)
+        runfolder.prepare(run_dir, step, cfg, tasks, overwrite=args.overwrite, name=args.name)
     except runfolder.RunFolderError as e:
         print(f"ovpipe {step.name}: {e}", file=sys.stderr)
         return 2
@@ -56,18 +56,18 @@ def cmd_step(args) -> int:
         opts = SlurmOptions(partition=args.partition, time=args.slurm_time, cpus_per_task=args.cpus_per_task,
                             mem=args.mem)
         ex = SlurmExecutor(workers=args.workers, options=opts, wait=args.wait, dependency=args.dependency)
-        result = ex.run(step, run_dir, tasks)
+        result = ex.run(step, run_dir, tasks, name=args.name)
         print(json.dumps(result, indent=2))
         return 0
     from ovpipe.executors.task import TaskFailed
 
     try:
-        merged = LocalExecutor(workers=args.workers, progress=not args.quiet).run(step, run_dir, tasks)
+        merged = LocalExecutor(workers=args.workers, progress=not args.quiet).run(step, run_dir, tasks, name=args.name)
     except TaskFailed as e:
         print(f"ovpipe {step.name}: {e}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(f"{step.name}: {tasks} task(s) done → {run_dir / step.name}")
+        print(f"{args.name or step.name}: {tasks} task(s) done → {run_dir / (args.name or step.name)}")
         print(json.dumps(merged["counters"], indent=None))
     return 0
 
@@ -75,14 +75,14 @@ def cmd_step(args) -> int:
 def cmd_task(args) -> int:
     from ovpipe.executors.task import run_task
 
-    run_task(args.step, args.run_dir, args.rank, args.world_size)
+    run_task(args.step, args.run_dir, args.rank, args.world_size, name=args.name)
     return 0
 
 
 def cmd_finalize(args) -> int:
     from ovpipe.executors.task import finalize_step
 
-    merged = finalize_step(args.step, args.run_dir)
+    merged = finalize_step(args.step, args.run_dir, name=args.name)
     print(json.dumps(merged["counters"]))
     return 0
 
@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override one config field (YAML value), repeatable")
         sp.add_argument("--run-dir", required=True)
+        sp.add_argument("--name", help="step folder name (default: the step's name), to run a step twice in one run")
         sp.add_argument("--executor", choices=["local", "slurm"], default="local")
         sp.add_argument("--tasks", type=int, default=1)
         sp.add_argument("--workers", type=int, default=1)
@@ -202,11 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--rank", type=int, required=True)
     sp.add_argument("--world-size", type=int, required=True)
+    sp.add_argument("--name")
     sp.set_defaults(func=cmd_task)
 
     sp = sub.add_parser("_finalize", help=argparse.SUPPRESS)
     sp.add_argument("step")
     sp.add_argument("--run-dir", required=True)
+    sp.add_argument("--name")
     sp.set_defaults(func=cmd_finalize)
     return p
 

@@ -27,9 +27,9 @@ def step_dir(run_dir: Path, step: str) -> Path:
     return Path(run_dir) / step
 
 
-def prepare(run_dir: Path, step, cfg, tasks: int, overwrite: bool = False) -> Path:
-    """Create or re-open ``RUN/<step>`` for ``tasks`` tasks of ``cfg``."""
-    sdir = step_dir(run_dir, step.name)
+def prepare(run_dir: Path, step, cfg, tasks: int, overwrite: bool = False, name: str | None = None) -> Path:
+    """Create or re-open ``RUN/<name>`` (default: the step's name) for ``tasks`` tasks of ``cfg``."""
+    sdir = step_dir(run_dir, name or step.name)
     meta_path = sdir / "executor.json"
     want = {"step": step.name, "tasks": tasks, "config_hash": config_hash(cfg)}
     if meta_path.exists():

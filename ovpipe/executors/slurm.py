@@ -52,13 +52,14 @@ def compress_ranks(ranks: list[int]) -> str:
 
 
 def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[int], workers: int,
-                         opts: SlurmOptions, python: str | None = None) -> str:
+                         opts: SlurmOptions, python: str | None = None, name: str | None = None) -> str:
     python = python or sys.executable
-    sdir = (run_dir / step_name).resolve()
+    name = name or step_name
+    sdir = (run_dir / name).resolve()
     run_dir = run_dir.resolve()
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=ovpipe-{step_name}",
+        f"#SBATCH --job-name=ovpipe-{name}",
         f"#SBATCH --array={compress_ranks(ranks)}%{max(1, workers)}",
         f"#SBATCH --output={sdir}/logs/slurm-%A_%a.out",
         "#SBATCH --open-mode=append",
@@ -91,7 +92,7 @@ def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[
         "trap requeue USR1",
         "",
         f"{shlex.quote(python)} -m ovpipe.cli _task {shlex.quote(step_name)} --run-dir {shlex.quote(str(run_dir))} "
-        f'--rank "$SLURM_ARRAY_TASK_ID" --world-size {tasks} &',
+        f'--rank "$SLURM_ARRAY_TASK_ID" --world-size {tasks} --name {shlex.quote(name)} &',
         "child=$!",
         'wait "$child"',
         "rc=$?",
@@ -126,16 +127,17 @@ class SlurmExecutor:
         """Merge jobs of steps in this run folder that write one of ``step.inputs`` and are still live."""
         deps = []
         for f in sorted(run_dir.glob("*/slurm_jobs.json")):
-            if f.parent.name == step.name:
+            if f.parent.name == self._name:
                 continue
             rec = json.loads(f.read_text())
             if set(rec.get("outputs", [])) & set(step.inputs) and job_active(rec["merge"]):
                 deps.append(rec["merge"])
         return deps
 
-    def run(self, step, run_dir: Path, tasks: int) -> dict:
+    def run(self, step, run_dir: Path, tasks: int, name: str | None = None) -> dict:
         run_dir = run_dir.resolve()
-        sdir = run_dir / step.name
+        name = self._name = name or step.name
+        sdir = run_dir / name
         pending = runfolder.pending_ranks(sdir, tasks)
         deps = self.upstream_jobs(step, run_dir)
         if self.dependency:
@@ -145,7 +147,7 @@ class SlurmExecutor:
         record = {"outputs": list(step.outputs), "ranks": pending, "array": None, "merge": None,
                   "submitted_at": time.time()}
         if pending:
-            script = render_launch_script(step.name, run_dir, tasks, pending, self.workers, self.options, python)
+            script = render_launch_script(step.name, run_dir, tasks, pending, self.workers, self.options, python, name)
             script_path = sdir / "launch_script.slurm"
             script_path.write_text(script)
             record["array"] = _sbatch([*dep_args, str(script_path)])
@@ -154,8 +156,9 @@ class SlurmExecutor:
             return {"slurm": record, "nothing_to_do": True}
         else:
             merge_dep = dep_args
-        merge_cmd = f"{shlex.quote(python)} -m ovpipe.cli _finalize {shlex.quote(step.name)} --run-dir {shlex.quote(str(run_dir))}"
-        record["merge"] = _sbatch([*merge_dep, f"--job-name=ovpipe-{step.name}-merge",
+        merge_cmd = (f"{shlex.quote(python)} -m ovpipe.cli _finalize {shlex.quote(step.name)} "
+                     f"--run-dir {shlex.quote(str(run_dir))} --name {shlex.quote(name)}")
+        record["merge"] = _sbatch([*merge_dep, f"--job-name=ovpipe-{name}-merge",
                                    f"--output={sdir}/logs/slurm-merge-%j.out", "--time=01:00:00",
                                    "--wrap", merge_cmd])
         save_json(sdir / "slurm_jobs.json", record)

@@ -43,7 +43,8 @@ def load_step_config(step, sdir: Path):
     return load_config(step.config, json.loads((sdir / "config.json").read_text()))
 
 
-def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, workers: int = 1) -> dict:
+def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, workers: int = 1,
+             name: str | None = None) -> dict:
     """Run rank ``rank`` of ``step_name`` in ``run_dir``; returns its stats dict.
 
     Raises ``TaskFailed`` (after writing ``failures/{rank}`` and the traceback to the log)
@@ -51,18 +52,19 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
     """
     run_dir = Path(run_dir)
     step = get_step(step_name)
-    sdir = run_dir / step_name
+    name = name or step_name  # the step folder: a step can run twice in one run under two names
+    sdir = run_dir / name
     handler = _file_logger(sdir / "logs" / f"task_{rank:05d}.log")
     log = logging.getLogger("ovpipe")
     try:
         cfg = load_step_config(step, sdir)
-        task = TaskContext(step=step_name, rank=rank, world_size=world_size, run_dir=run_dir, workers=workers)
+        task = TaskContext(step=name, rank=rank, world_size=world_size, run_dir=run_dir, workers=workers)
         log.info("start %s rank %d/%d", step_name, rank, world_size)
         t0 = time.perf_counter()
         step.run(cfg, task)
         task.stats.timings["total"] += time.perf_counter() - t0
-        if _should_fail(step_name, rank):
-            raise RuntimeError(f"injected failure ({FAIL_ENV}) in {step_name} rank {rank}")
+        if _should_fail(name, rank):
+            raise RuntimeError(f"injected failure ({FAIL_ENV}) in {name} rank {rank}")
         stats = task.stats.to_dict()
         save_json(sdir / "stats" / f"{rank:05d}.json", stats)
         runfolder.mark_done(sdir, rank)
@@ -74,26 +76,27 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         runfolder.write_failure(sdir, rank, tb)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        raise TaskFailed(f"{step_name} rank {rank} failed: {e!r} (log: {sdir/'logs'/f'task_{rank:05d}.log'})") from e
+        raise TaskFailed(f"{name} rank {rank} failed: {e!r} (log: {sdir/'logs'/f'task_{rank:05d}.log'})") from e
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
 
 
-def finalize_step(step_name: str, run_dir: str | Path) -> dict:
+def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) -> dict:
     """After every rank is done: the step's global ``finalize`` (once), then merged stats."""
     run_dir = Path(run_dir)
     step = get_step(step_name)
-    sdir = run_dir / step_name
+    name = name or step_name
+    sdir = run_dir / name
     meta = json.loads((sdir / "executor.json").read_text())
     pending = runfolder.pending_ranks(sdir, meta["tasks"])
     if pending:
-        raise TaskFailed(f"{step_name}: ranks {pending} are not complete; rerun the step to finish them")
+        raise TaskFailed(f"{name}: ranks {pending} are not complete; rerun the step to finish them")
     if step.finalize is not None and not runfolder.is_finalized(sdir):
         handler = _file_logger(sdir / "logs" / "finalize.log")
         try:
             cfg = load_step_config(step, sdir)
-            task = TaskContext(step=step_name, rank=0, world_size=meta["tasks"], run_dir=run_dir)
+            task = TaskContext(step=name, rank=0, world_size=meta["tasks"], run_dir=run_dir)
             t0 = time.perf_counter()
             step.finalize(cfg, task)
             task.stats.timings["finalize"] += time.perf_counter() - t0
