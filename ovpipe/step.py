@@ -83,6 +83,7 @@ class Stats:
             for k, v in d.get("timings_s", {}).items():
                 timings[k] += v
             info.update(d.get("info", {}))
+        counters = {k: (int(v) if float(v).is_integer() else v) for k, v in counters.items()}
         return {"tasks": len(dicts), "counters": dict(sorted(counters.items())),
                 "timings_s": {k: round(v, 4) for k, v in sorted(timings.items())}, "info": info}
 

@@ -1,0 +1,194 @@
+"""The embedded demo corpus: synthetic image-text pairs with a known, long-tailed concept mix.
+
+Concepts are coloured shapes ("red circle", "teal star", …): 15 colours × 15 shapes = 225.
+Concept frequencies follow Zipf with exponent ``zipf_s`` (1.2 by default) over a seeded
+random order of the vocabulary, so a few concepts fill most images and most concepts are
+rare — the long tail the curation stage is meant to lift. Each image shows 1–4 distinct
+concepts drawn from that distribution, laid out in a grid at a random native resolution
+(56–448 px per side, so packing sees a realistic spread of image-token counts); its caption
+names them. ``ground_truth.parquet`` records what was drawn, so retrieval can be scored.
+
+A few samples are broken on purpose, so every stage's bad-input path runs on the demo:
+a truncated JPEG, a zero-byte image, an empty caption, a non-UTF-8 caption, and one exact
+duplicate of another sample. Everything is deterministic for a seed (tar mtimes fixed).
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+COLORS = {
+    "red": (220, 40, 40), "orange": (245, 140, 20), "yellow": (235, 210, 30), "lime": (150, 220, 40),
+    "green": (30, 150, 60), "teal": (20, 150, 150), "cyan": (60, 210, 230), "blue": (40, 80, 220),
+    "navy": (20, 30, 110), "purple": (130, 50, 180), "magenta": (220, 40, 190), "pink": (250, 160, 190),
+    "brown": (130, 80, 40), "black": (20, 20, 20), "gray": (128, 128, 128),
+}
+SHAPES = ["circle", "square", "triangle", "diamond", "pentagon", "hexagon", "octagon", "star", "cross",
+          "ring", "bar", "pillar", "crescent", "semicircle", "arrow"]
+
+CAPTION_TEMPLATES = [
+    "a photo of {objs}.",
+    "an image showing {objs}.",
+    "{objs} on a plain background.",
+    "a simple drawing with {objs}, rendered on a light textured canvas for the demo corpus.",
+    "this synthetic picture contains {objs}; nothing else is visible in the scene.",
+]
+
+
+def concept_names() -> list[str]:
+    return [f"{c} {s}" for s in SHAPES for c in COLORS]
+
+
+def _regular_polygon(cx, cy, r, n, rot=0.0):
+    return [(cx + r * math.cos(rot + 2 * math.pi * i / n), cy + r * math.sin(rot + 2 * math.pi * i / n))
+            for i in range(n)]
+
+
+def draw_shape(draw, shape: str, color, cx: float, cy: float, r: float) -> None:
+    if shape == "circle":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=color)
+    elif shape == "square":
+        draw.rectangle([cx - r * 0.8, cy - r * 0.8, cx + r * 0.8, cy + r * 0.8], fill=color)
+    elif shape == "triangle":
+        draw.polygon(_regular_polygon(cx, cy, r, 3, -math.pi / 2), fill=color)
+    elif shape == "diamond":
+        draw.polygon(_regular_polygon(cx, cy, r, 4, 0), fill=color)
+    elif shape == "pentagon":
+        draw.polygon(_regular_polygon(cx, cy, r, 5, -math.pi / 2), fill=color)
+    elif shape == "hexagon":
+        draw.polygon(_regular_polygon(cx, cy, r, 6, 0), fill=color)
+    elif shape == "octagon":
+        draw.polygon(_regular_polygon(cx, cy, r, 8, math.pi / 8), fill=color)
+    elif shape == "star":
+        pts = []
+        for i in range(10):
+            rr = r if i % 2 == 0 else r * 0.42
+            a = -math.pi / 2 + math.pi * i / 5
+            pts.append((cx + rr * math.cos(a), cy + rr * math.sin(a)))
+        draw.polygon(pts, fill=color)
+    elif shape == "cross":
+        w = r * 0.32
+        draw.rectangle([cx - r, cy - w, cx + r, cy + w], fill=color)
+        draw.rectangle([cx - w, cy - r, cx + w, cy + r], fill=color)
+    elif shape == "ring":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], outline=color, width=max(2, int(r * 0.3)))
+    elif shape == "bar":
+        draw.rectangle([cx - r, cy - r * 0.3, cx + r, cy + r * 0.3], fill=color)
+    elif shape == "pillar":
+        draw.rectangle([cx - r * 0.3, cy - r, cx + r * 0.3, cy + r], fill=color)
+    elif shape == "crescent":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=color)
+        draw.ellipse([cx - r * 0.4, cy - r * 1.05, cx + r * 1.4, cy + r * 0.95], fill=(235, 235, 230))
+    elif shape == "semicircle":
+        draw.pieslice([cx - r, cy - r, cx + r, cy + r], 180, 360, fill=color)
+    elif shape == "arrow":
+        w = r * 0.25
+        draw.rectangle([cx - r, cy - w, cx + r * 0.2, cy + w], fill=color)
+        draw.polygon([(cx + r * 0.2, cy - r * 0.7), (cx + r, cy), (cx + r * 0.2, cy + r * 0.7)], fill=color)
+    else:
+        raise ValueError(f"unknown shape {shape!r}")
+
+
+def render_image(concepts: list[int], names: list[str], rng: np.random.Generator, width: int, height: int) -> bytes:
+    from PIL import Image, ImageDraw
+
+    bg = rng.integers(225, 245, size=(height, width, 1), dtype=np.uint8)
+    noise = rng.integers(0, 10, size=(height, width, 3), dtype=np.uint8)
+    img = Image.fromarray(np.clip(bg + noise, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    n = len(concepts)
+    cols = math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
+    cw, ch = width / cols, height / rows
+    for i, cid in enumerate(concepts):
+        color_name, shape = names[cid].split(" ", 1)
+        r0, c0 = divmod(i, cols)
+        r = min(cw, ch) * rng.uniform(0.28, 0.42)
+        cx = (c0 + 0.5) * cw + rng.uniform(-0.08, 0.08) * cw
+        cy = (r0 + 0.5) * ch + rng.uniform(-0.08, 0.08) * ch
+        draw_shape(draw, shape, COLORS[color_name], cx, cy, r)
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def caption_for(concepts: list[int], names: list[str], rng: np.random.Generator) -> str:
+    objs = [f"a {names[c]}" for c in concepts]
+    joined = objs[0] if len(objs) == 1 else ", ".join(objs[:-1]) + " and " + objs[-1]
+    return CAPTION_TEMPLATES[int(rng.integers(len(CAPTION_TEMPLATES)))].format(objs=joined)
+
+
+def zipf_probs(n: int, s: float, rng: np.random.Generator) -> np.ndarray:
+    p = 1.0 / np.arange(1, n + 1) ** s
+    p /= p.sum()
+    out = np.empty(n)
+    out[rng.permutation(n)] = p  # which concept is frequent is random, not alphabetical
+    return out
+
+
+def write_demo_corpus(out: Path, n_samples: int = 2000, seed: int = 0, shards: int = 4,
+                      zipf_s: float = 1.2, min_side: int = 56, max_side: int = 448) -> dict:
+    """Write ``out/shards/demo-{i:05d}.tar``, ``out/concepts.txt``, ``out/ground_truth.parquet``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import webdataset as wds
+    import xxhash
+
+    out = Path(out)
+    (out / "shards").mkdir(parents=True, exist_ok=True)
+    names = concept_names()
+    (out / "concepts.txt").write_text("\n".join(names) + "\n")
+    rng = np.random.default_rng(seed)
+    probs = zipf_probs(len(names), zipf_s, rng)
+
+    per_shard = math.ceil(n_samples / shards)
+    broken = {3: "truncated_jpeg", 11: "zero_byte_image", 17: "empty_caption", 23: "non_utf8_caption",
+              29: "duplicate"}
+    gt_rows = []
+    first_sample = None
+    idx = 0
+    for s in range(shards):
+        path = out / "shards" / f"demo-{s:05d}.tar"
+        with wds.TarWriter(str(path), mtime=0, encoder=False) as tw:
+            for j in range(per_shard):
+                if idx >= n_samples:
+                    break
+                k = int(rng.choice([1, 2, 2, 3, 3, 4]))
+                concepts = sorted(int(c) for c in rng.choice(len(names), size=k, replace=False, p=probs))
+                w = int(rng.integers(min_side, max_side + 1))
+                h = int(rng.integers(min_side, max_side + 1))
+                img = render_image(concepts, names, rng, w, h)
+                caption = caption_for(concepts, names, rng).encode()
+                kind = broken.get(idx)
+                if kind == "truncated_jpeg":
+                    img = img[: len(img) // 3]
+                elif kind == "zero_byte_image":
+                    img = b""
+                elif kind == "empty_caption":
+                    caption = b""
+                elif kind == "non_utf8_caption":
+                    caption = b"\xff\xfe caption in a broken encoding \xc3\x28"
+                elif kind == "duplicate" and first_sample is not None:
+                    img, caption, concepts, w, h = first_sample
+                if idx == 0:
+                    first_sample = (img, caption, concepts, w, h)
+                key = f"s{s:03d}_{j:06d}"
+                meta = {"concepts": concepts, "names": [names[c] for c in concepts], "broken": kind}
+                tw.write({"__key__": key, "jpg": img, "txt": caption, "json": json.dumps(meta).encode()})
+                gt_rows.append({"sample_id": xxhash.xxh3_64(img + caption).hexdigest(), "key": key,
+                                "shard": path.name, "concept_ids": concepts, "broken": kind})
+                idx += 1
+    table = pa.Table.from_pylist(gt_rows, schema=pa.schema([
+        ("sample_id", pa.string()), ("key", pa.string()), ("shard", pa.string()),
+        ("concept_ids", pa.list_(pa.int32())), ("broken", pa.string())]))
+    pq.write_table(table, out / "ground_truth.parquet")
+    counts = np.zeros(len(names), dtype=np.int64)
+    for r in gt_rows:
+        counts[r["concept_ids"]] += 1
+    return {"out": str(out), "samples": idx, "shards": shards, "concepts": len(names),
+            "concepts_seen": int((counts > 0).sum()), "top1pct_share": float(np.sort(counts)[::-1][:3].sum() / counts.sum()),
+            "broken": sorted(set(broken.values()))}
