@@ -95,7 +95,11 @@ def cmd_sql(args) -> int:
     if rel is None:
         return 0
     if args.format == "csv":
-        rel.write_csv("/dev/stdout")
+        import csv
+
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(rel.columns)
+        w.writerows(rel.fetchall())
     elif args.format == "json":
         cols = rel.columns
         for row in rel.fetchall():

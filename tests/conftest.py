@@ -1,0 +1,51 @@
+"""Shared fixtures: a small demo corpus and an ingested run folder, made once per session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("gpu" in item.keywords for item in items) and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory) -> Path:
+    """200 demo samples in 4 shards (with the deliberately broken ones)."""
+    from ovpipe.demo import write_demo_corpus
+
+    out = tmp_path_factory.mktemp("demo-data")
+    write_demo_corpus(out, n_samples=200, seed=0, shards=4)
+    return out
+
+
+@pytest.fixture(scope="session")
+def ingested_run(demo_corpus, tmp_path_factory) -> Path:
+    """A run folder where `ingest` ran over the demo corpus (2 tasks)."""
+    from ovpipe.cli import main
+
+    run = tmp_path_factory.mktemp("run")
+    rc = main(["ingest", "--set", f'inputs=["{demo_corpus}/shards/*.tar"]', "--set", "source=demo",
+               "--run-dir", str(run), "--tasks", "2", "--quiet"])
+    assert rc == 0
+    return run

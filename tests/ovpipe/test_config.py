@@ -1,0 +1,72 @@
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from ovpipe.config import ConfigError, config_hash, load_config
+
+
+@dataclass
+class Inner:
+    k: int = 10
+
+
+@dataclass
+class Cfg:
+    seq_len: int = 8192
+    mode: Literal["a", "b"] = "a"
+    ratio: float = 0.5
+    names: list[str] = field(default_factory=list)
+    inner: Inner = field(default_factory=Inner)
+    path: str | None = None
+
+    def __post_init__(self):
+        if self.seq_len <= 0:
+            raise ValueError(f"seq_len must be > 0, got {self.seq_len}")
+
+
+def test_yaml_roundtrip(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("seq_len: 4096\nmode: b\nratio: 1\nnames: [x, y]\ninner: {k: 3}\n")
+    cfg = load_config(Cfg, p)
+    assert cfg == Cfg(seq_len=4096, mode="b", ratio=1.0, names=["x", "y"], inner=Inner(3))
+
+
+def test_unknown_field_names_it_and_allowed_fields(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("seq_lenn: 4096\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(Cfg, p)
+    msg = str(e.value)
+    assert "seq_lenn" in msg and "seq_len" in msg and "ratio" in msg and str(p) in msg
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"seq_len": "big"}, "seq_len"),
+    ({"seq_len": True}, "seq_len"),
+    ({"mode": "c"}, "mode"),
+    ({"names": "x"}, "names"),
+    ({"inner": {"kk": 1}}, "kk"),
+    ({"inner": {"k": 1.5}}, "inner.k"),
+    ({"seq_len": -1}, "seq_len must be > 0"),
+])
+def test_bad_values_fail_naming_the_field(data, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        load_config(Cfg, data)
+
+
+def test_hash_changes_with_config():
+    assert config_hash(Cfg()) == config_hash(Cfg())
+    assert config_hash(Cfg()) != config_hash(Cfg(seq_len=4096))
+
+
+def test_cli_rejects_bad_config_before_work(tmp_path, capsys):
+    from ovpipe.cli import main
+
+    cfg = tmp_path / "ingest.yaml"
+    cfg.write_text("inputs: ['x.tar']\nverifyy: full\n")
+    rc = main(["ingest", "--config", str(cfg), "--run-dir", str(tmp_path / "run")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "verifyy" in err and "allowed fields" in err
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,38 @@
+import hashlib
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+
+
+def test_demo_corpus_is_deterministic_and_long_tailed(tmp_path):
+    from ovpipe.demo import write_demo_corpus
+
+    a = write_demo_corpus(tmp_path / "a", n_samples=120, seed=3, shards=2)
+    write_demo_corpus(tmp_path / "b", n_samples=120, seed=3, shards=2)
+    for s in ("demo-00000.tar", "demo-00001.tar"):
+        da = hashlib.sha256((tmp_path / "a" / "shards" / s).read_bytes()).hexdigest()
+        db = hashlib.sha256((tmp_path / "b" / "shards" / s).read_bytes()).hexdigest()
+        assert da == db
+    assert a["concepts"] >= 200
+    names = (tmp_path / "a" / "concepts.txt").read_text().splitlines()
+    assert len(names) == a["concepts"] and len(set(names)) == len(names)
+    gt = pq.read_table(tmp_path / "a" / "ground_truth.parquet").to_pylist()
+    assert max(len(r["concept_ids"]) for r in gt) >= 3  # several concepts per image
+    assert {r["broken"] for r in gt} >= {"truncated_jpeg", "zero_byte_image", "empty_caption", "non_utf8_caption"}
+
+
+def test_zipf_long_tail():
+    from ovpipe.demo import zipf_probs
+
+    p = np.sort(zipf_probs(225, 1.2, np.random.default_rng(0)))[::-1]
+    assert abs(p.sum() - 1) < 1e-12
+    assert p[0] / p[99] > 100 ** 1.2 * 0.99  # ratio of rank 1 to rank 100 follows s = 1.2
+
+
+def test_light_packages_do_not_import_torch():
+    code = ("import sys, manifests, manifests.catalog, ovpipe.cli, packing; "
+            "bad = [m for m in ('torch', 'open_clip', 'megatron', 'faiss') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
