@@ -6,6 +6,7 @@ BIN       := $(VENV)/bin
 OVPIPE    := $(BIN)/ovpipe
 RUN       ?= runs/demo
 DEMO_DATA ?= runs/demo-data
+BENCH_ARGS ?=
 TASKS     ?= 2
 WORKERS   ?= 2
 EXECUTOR  ?= local
@@ -18,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON312) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[all]'
-	$(BIN)/python -c "import torchvision, open_clip, megatron.core, faiss, transformers; print('install ok: torch', __import__('torch').__version__, '| torchvision', torchvision.__version__, '| megatron-core', megatron.core.__version__)"
+	$(BIN)/python -W ignore -c "import torchvision, open_clip, megatron.core, faiss, transformers; print('install ok: torch', __import__('torch').__version__, '| torchvision', torchvision.__version__, '| megatron-core', megatron.core.__version__)"
 	touch $@
 
 demo-data: install
@@ -49,7 +50,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not slurm"
 
 bench: install
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf runs .pytest_cache
