@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from ovpipe.registry import STEP_MODULES
+from ovpipe.registry import all_steps
 
 
 def _parse_set(items: list[str]) -> dict:
@@ -154,7 +154,7 @@ def cmd_demo_data(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ovpipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module in STEP_MODULES.items():
+    for name, module in all_steps().items():
         sp = sub.add_parser(name, help=f"step ({module})")
         sp.add_argument("--config", help="YAML file of the step's config (defaults if omitted)")
         sp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",

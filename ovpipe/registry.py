@@ -6,6 +6,8 @@ never pay for torch. A stage adds a step by adding one line here.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 
 STEP_MODULES: dict[str, str] = {
     # curation
@@ -29,6 +31,24 @@ STEP_MODULES: dict[str, str] = {
 }
 
 
+def _extra_steps() -> dict[str, str]:
+    """Steps from outside the package: ``OVPIPE_EXTRA_STEPS="my-step=mypkg.mystep,other=pkg.mod"``.
+
+    The variable is inherited by local pool workers and by Slurm jobs (sbatch exports the
+    submitting environment), so a lab's own steps run on both executors unchanged.
+    """
+    out = {}
+    for item in os.environ.get("OVPIPE_EXTRA_STEPS", "").split(","):
+        if item.strip():
+            name, _, module = item.strip().partition("=")
+            out[name.strip()] = module.strip()
+    return out
+
+
+def all_steps() -> dict[str, str]:
+    return {**STEP_MODULES, **_extra_steps()}
+
+
 def available() -> list[str]:
     out = []
     for name, mod in STEP_MODULES.items():
@@ -43,8 +63,10 @@ def available() -> list[str]:
 
 
 def get_step(name: str):
+    steps = all_steps()
     try:
-        module = STEP_MODULES[name]
+        module = steps[name]
     except KeyError:
-        raise KeyError(f"unknown step {name!r}; steps: {sorted(STEP_MODULES)}") from None
-    return importlib.import_module(module).STEP
+        raise KeyError(f"unknown step {name!r}; steps: {sorted(steps)}") from None
+    module, _, attr = module.partition(":")
+    return getattr(importlib.import_module(module), attr or "STEP")

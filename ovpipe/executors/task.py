@@ -58,6 +58,8 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
     log = logging.getLogger("ovpipe")
     try:
         cfg = load_step_config(step, sdir)
+        # A (re)run rank invalidates an earlier finalize: it must see this rank's new part.
+        (sdir / "completions" / runfolder.FINALIZED).unlink(missing_ok=True)
         task = TaskContext(step=name, rank=rank, world_size=world_size, run_dir=run_dir, workers=workers)
         log.info("start %s rank %d/%d", step_name, rank, world_size)
         t0 = time.perf_counter()

@@ -1,0 +1,53 @@
+"""The Slurm launch script, checked without a cluster (the trap is run by bash for real)."""
+import os
+import signal
+import subprocess
+import time
+
+from ovpipe.executors.slurm import SlurmOptions, compress_ranks, render_launch_script
+
+
+def test_compress_ranks():
+    assert compress_ranks([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert compress_ranks([2]) == "2"
+
+
+def test_launch_script_content(tmp_path):
+    s = render_launch_script("ingest", tmp_path, tasks=6, ranks=[0, 1, 2, 5], workers=2,
+                             opts=SlurmOptions(partition="cpu", mem="4G", extra=["--qos=high"]),
+                             python="/opt/py")
+    lines = s.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    assert "#SBATCH --array=0-2,5%2" in lines
+    assert "#SBATCH --signal=B:USR1@120" in lines and "#SBATCH --requeue" in lines
+    assert "#SBATCH --partition=cpu" in lines and "#SBATCH --mem=4G" in lines and "#SBATCH --qos=high" in lines
+    assert f"#SBATCH --output={tmp_path}/ingest/logs/slurm-%A_%a.out" in lines
+    assert any(l.startswith("/opt/py -m ovpipe.cli _task ingest") and "--world-size 6" in l
+               and '--rank "$SLURM_ARRAY_TASK_ID"' in l for l in lines)
+    assert "trap requeue USR1" in lines
+    subprocess.run(["bash", "-n", "-c", s], check=True)  # valid bash
+
+
+def test_usr1_trap_requeues_the_array_task(tmp_path):
+    """Send SIGUSR1 to the batch shell as Slurm would: it stops the task and calls
+    `scontrol requeue <array job>_<task>` (a fake scontrol on PATH records the call)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text(f"#!/bin/bash\necho \"$@\" > {tmp_path}/scontrol.args\n")
+    fakepy = bindir / "fakepy"
+    fakepy.write_text("#!/bin/bash\nexec sleep 30\n")
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "launch.slurm"
+    script.write_text(render_launch_script("ingest", tmp_path, 4, [0, 1, 2, 3], 2, SlurmOptions(), python=str(fakepy)))
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_ARRAY_JOB_ID": "77",
+           "SLURM_ARRAY_TASK_ID": "3"}
+    p = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    t0 = time.time()
+    p.send_signal(signal.SIGUSR1)
+    out, _ = p.communicate(timeout=10)
+    assert time.time() - t0 < 5  # the sleeping task was stopped, not waited for
+    assert p.returncode == 0
+    assert "SIGUSR1: requeueing 77_3" in out
+    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "77_3"]

@@ -1,0 +1,122 @@
+"""The Slurm executor against a real slurmctld/slurmd on 127.0.0.1 (tests/slurm_cluster.py)."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from slurm_cluster import SlurmCluster, missing_binaries  # noqa: E402
+
+from manifests import read_manifest  # noqa: E402
+from manifests.io import write_table  # noqa: E402
+from ovpipe.cli import main  # noqa: E402
+
+pytestmark = [pytest.mark.slurm,
+              pytest.mark.skipif(bool(missing_binaries()),
+                                 reason=f"Slurm not installed ({', '.join(missing_binaries())} missing): "
+                                        f"run scripts/install_slurm.sh")]
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    with SlurmCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def slurm_env(slurm, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    monkeypatch.setenv("OVPIPE_EXTRA_STEPS", "count-ok=slurm_steps:COUNT,sleepy=slurm_steps:SLEEPY")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    sys.path.insert(0, str(HERE))
+    yield slurm
+    sys.path.remove(str(HERE))
+
+
+def _ingest(demo, run, *extra):
+    return main(["ingest", "--set", f'inputs=["{demo}/shards/*.tar"]', "--set", "source=demo",
+                 "--run-dir", str(run), "--tasks", "4", "--workers", "2", "--quiet", *extra])
+
+
+def _merged(run, tmp):
+    out = tmp / f"{run.name}.parquet"
+    write_table(read_manifest(run, "samples"), out)
+    return out.read_bytes()
+
+
+def test_array_over_4_ranks_then_rerun_one(slurm_env, demo_corpus, tmp_path):
+    run, ref = tmp_path / "run", tmp_path / "ref"
+    assert _ingest(demo_corpus, ref) == 0                                 # local reference
+    t0 = time.time()
+    assert _ingest(demo_corpus, run, "--executor", "slurm", "--wait") == 0
+    took = time.time() - t0
+    sdir = run / "ingest"
+    assert sorted(p.name for p in (sdir / "completions").iterdir()) == ["00000", "00001", "00002", "00003", "finalized"]
+    assert "#SBATCH --array=0-3%2" in (sdir / "launch_script.slurm").read_text()
+    assert '"samples": 200' in (sdir / "stats.json").read_text()
+    assert list((sdir / "logs").glob("slurm-*_3.out"))
+    assert _merged(run, tmp_path) == _merged(ref, tmp_path)
+
+    (sdir / "completions" / "00002").unlink()
+    logs = {r: (sdir / "logs" / f"task_{r:05d}.log").stat().st_mtime_ns for r in range(4)}
+    assert _ingest(demo_corpus, run, "--executor", "slurm", "--wait") == 0
+    assert "#SBATCH --array=2%2" in (sdir / "launch_script.slurm").read_text()
+    now = {r: (sdir / "logs" / f"task_{r:05d}.log").stat().st_mtime_ns for r in range(4)}
+    assert [r for r in range(4) if now[r] != logs[r]] == [2]
+    assert (sdir / "completions" / "finalized").exists()
+    assert _merged(run, tmp_path) == _merged(ref, tmp_path)
+    print(f"4-task array + merge job: {took:.1f} s")
+
+
+def test_next_step_chains_with_afterok(slurm_env, demo_corpus, tmp_path):
+    run = tmp_path / "run"
+    assert _ingest(demo_corpus, run, "--executor", "slurm") == 0           # no --wait: still queued
+    ingest_jobs = (run / "ingest" / "slurm_jobs.json").read_text()
+    assert main(["count-ok", "--run-dir", str(run), "--executor", "slurm", "--tasks", "2", "--wait", "--quiet"]) == 0
+    import json
+
+    merge_id = json.loads(ingest_jobs)["merge"]
+    rec = json.loads((run / "count-ok" / "slurm_jobs.json").read_text())
+    assert rec["array"]
+    # the array waited for ingest's merge job, and it saw the complete samples manifest
+    assert json.loads((run / "count-ok" / "stats.json").read_text())["counters"]["ok"] == 195
+    assert (run / "ingest" / "completions" / "finalized").exists()
+    assert merge_id
+
+
+def test_sigusr1_requeues_a_running_task(slurm_env, tmp_path):
+    run = tmp_path / "run"
+    flag = tmp_path / "flag"
+    assert main(["sleepy", "--run-dir", str(run), "--executor", "slurm", "--set", f"flag={flag}",
+                 "--quiet"]) == 0
+    import json
+
+    job = json.loads((run / "sleepy" / "slurm_jobs.json").read_text())["array"]
+    env = {**os.environ}
+    t0 = time.time()
+    while not flag.exists():
+        assert time.time() - t0 < 30, "array task never started"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_0"], check=True, env=env)
+    # Slurm holds a requeued job back (BeginTime = now + 2 min); the test does not wait for that.
+    t0 = time.time()
+    while True:
+        r = subprocess.run(["squeue", "-h", "-j", f"{job}_0", "-o", "%T %r"], capture_output=True, text=True, env=env)
+        if r.stdout.startswith("PENDING"):
+            break
+        assert time.time() - t0 < 30, f"task was not requeued: {r.stdout!r}"
+        time.sleep(0.3)
+    subprocess.run(["scontrol", "update", f"JobId={job}_0", "StartTime=now"], check=True, env=env)
+    t0 = time.time()
+    while not (run / "sleepy" / "completions" / "finalized").exists():
+        assert time.time() - t0 < 90, "requeued task did not finish"
+        time.sleep(0.5)
+    out = "".join(p.read_text() for p in (run / "sleepy" / "logs").glob("slurm-*_0.out"))
+    assert "SIGUSR1: requeueing" in out
+    assert json.loads((run / "sleepy" / "stats.json").read_text())["counters"]["second_run"] == 1
