@@ -1,0 +1,160 @@
+"""``pack``: the ``lengths`` manifest (optionally weighted by ``balanced`` copies) → ``packs``
+manifest + packed webdataset shards. Algorithm: ``packing.binpack`` (hash buckets + exact BFD).
+
+Every rank solves the same global packing (deterministic, seconds for millions of samples) and
+writes the packs of its contiguous ``pack_id`` range — manifest part and tar shards — so the
+expensive part (reading images, tokenising into shards) is parallel over ranks and the result
+is identical for any task count. ``finalize`` writes the packing report (``report.md``,
+``fill_histogram.png``): bins vs the lower bound ⌈Σ lengths / seq_len⌉, fill rate, padding
+tokens, and padding compression against padding every sample to ``seq_len`` and against an
+online rolling-buffer packer (B = 64, 512, 4096).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from ovpipe.step import Step, TaskContext, slice_bounds
+
+PACKABLE = ("ok", "truncated")
+
+
+@dataclass
+class PackConfig:
+    seq_len: int = 8192
+    seed: int = 0
+    lengths_step: str = "lengths"               # step folder of the lengths manifest to pack
+    copies_from: Literal["none", "balanced"] = "none"
+    write_shards: bool = True
+    packs_per_shard: int = 256
+    report_buffers: list[int] = field(default_factory=lambda: [64, 512, 4096])
+    report_max_samples: int = 1_000_000          # the online-buffer baselines run on at most this many
+
+    def __post_init__(self):
+        if self.seq_len < 64:
+            raise ValueError(f"seq_len must be >= 64, got {self.seq_len}")
+        if self.packs_per_shard < 1:
+            raise ValueError("packs_per_shard must be >= 1")
+
+
+def packing_items(task: TaskContext, cfg: PackConfig):
+    """(sample_ids, lengths, copy_index, keys) of every item to pack (copies expanded)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from packing.binpack import GOLDEN, hex_ids_to_u64, splitmix64
+
+    lengths = task.read_input("lengths", step=cfg.lengths_step,
+                              columns=["sample_id", "total_tokens", "status"])
+    mask = pc.is_in(lengths.column("status"), value_set=pa.array(PACKABLE))
+    lengths = lengths.filter(mask)
+    sid = lengths.column("sample_id").combine_chunks()
+    L = lengths.column("total_tokens").to_numpy().astype(np.int64)
+    copies = np.ones(len(L), np.int64)
+    if cfg.copies_from == "balanced":
+        bal = task.read_input("balanced", columns=["sample_id", "copies"])
+        lut = dict(zip(bal.column("sample_id").to_pylist(), bal.column("copies").to_pylist()))
+        copies = np.array([lut.get(s, 0) for s in sid.to_pylist()], np.int64)
+    idx = np.repeat(np.arange(len(L)), copies)
+    copy_no = np.arange(len(idx)) - np.repeat(np.cumsum(copies) - copies, copies)
+    u = hex_ids_to_u64(sid)[idx]
+    with np.errstate(over="ignore"):
+        keys = splitmix64(u ^ splitmix64(np.uint64(cfg.seed) + copy_no.astype(np.uint64) * GOLDEN))
+    return sid, L, idx, keys
+
+
+def run(cfg: PackConfig, task: TaskContext) -> None:
+    import pyarrow as pa
+
+    from packing.binpack import lower_bound, pack
+
+    with task.stats.timer("solve"):
+        sid, L, idx, keys = packing_items(task, cfg)
+        P = pack(L[idx], cfg.seq_len, keys=keys, seed=cfg.seed)
+    lo, hi = slice_bounds(P.n_bins, task.rank, task.world_size)
+    if task.rank == 0:  # global figures once (merged stats add ranks up)
+        task.stats.inc("items", len(idx))
+        task.stats.inc("bins", P.n_bins)
+        task.stats.inc("lower_bound", lower_bound(L[idx], cfg.seq_len))
+        task.stats.inc("tokens", int(L[idx].sum()))
+    item = P.item
+    sids = sid.to_pylist()
+    rows_sid, rows_len, rows_off, rows_total, rows_shard = [], [], [], [], []
+    for b in range(lo, hi):
+        it = idx[item[P.start[b]:P.start[b + 1]]]
+        ls = L[it]
+        rows_sid.append([sids[i] for i in it])
+        rows_len.append(ls.astype(np.int32))
+        rows_off.append((np.cumsum(ls) - ls).astype(np.int32))
+        rows_total.append(int(ls.sum()))
+        rows_shard.append(f"pack-{task.rank:05d}-{(b - lo) // cfg.packs_per_shard:05d}.tar" if cfg.write_shards else None)
+    table = pa.table({
+        "pack_id": pa.array(np.arange(lo, hi, dtype=np.int64)),
+        "sample_ids": pa.array(rows_sid, pa.list_(pa.string())),
+        "lengths": pa.array([x.tolist() for x in rows_len], pa.list_(pa.int32())),
+        "offsets": pa.array([x.tolist() for x in rows_off], pa.list_(pa.int32())),
+        "total_tokens": pa.array(rows_total, pa.int32()),
+        "shard": pa.array(rows_shard, pa.string()),
+    })
+    task.stats.inc("packs_written", hi - lo)
+    if cfg.write_shards and hi > lo:
+        with task.stats.timer("write_shards"):
+            write_pack_shards(task, cfg, table)
+    task.write_part("packs", table)
+
+
+def write_pack_shards(task: TaskContext, cfg: PackConfig, packs) -> None:
+    from curation.ingest import read_image_bytes
+    from packing.lengths import LengthsConfig
+    from packing.tokens import encode_sample, image_grid, load_tokenizer
+    from packing.shards import write_shard
+    from ovpipe.config import load_config
+
+    lcfg = load_config(LengthsConfig, json.loads((task.run_dir / cfg.lengths_step / "config.json").read_text()))
+    tok = load_tokenizer(lcfg.tokenizer)
+    need = set(s for ids in packs.column("sample_ids").to_pylist() for s in ids)
+    samples = task.read_input("samples", columns=["sample_id", "shard", "shard_format", "offset", "size",
+                                                  "image_format", "width", "height", "caption", "status"])
+    rows = {}
+    for r in samples.to_pylist():
+        if r["sample_id"] in need and r["status"] == "ok" and r["sample_id"] not in rows:
+            rows[r["sample_id"]] = r
+    entries, shard = [], None
+    for p in packs.to_pylist():
+        ids, mask, images, exts, grids = [], [], [], [], []
+        for s, want in zip(p["sample_ids"], p["lengths"]):
+            r = rows[s]
+            a, m, _ = encode_sample(tok, r["caption"], r["height"], r["width"], lcfg.template,
+                                    lcfg.image_cfg(), max_tokens=want)
+            if len(a) != want:
+                raise RuntimeError(f"sample {s}: encoded {len(a)} tokens but lengths says {want} — "
+                                   f"tokenizer or template changed since `lengths` ran?")
+            ids.append(a)
+            mask.append(m)
+            images.append(read_image_bytes(r))
+            exts.append({"jpeg": "jpg"}.get(r["image_format"], r["image_format"] or "bin"))
+            gh, gw = image_grid(np.array([r["height"]]), np.array([r["width"]]), lcfg.image_cfg())
+            grids.append((int(gh[0]), int(gw[0])))
+        e = {"pack_id": p["pack_id"], "sample_ids": p["sample_ids"], "lengths": p["lengths"],
+             "offsets": p["offsets"], "seq_len": cfg.seq_len, "ids": np.concatenate(ids),
+             "mask": np.concatenate(mask), "images": images, "exts": exts, "grids": grids}
+        if shard is not None and p["shard"] != shard:
+            write_shard(task.data_path(shard), entries)
+            entries = []
+        shard = p["shard"]
+        entries.append(e)
+    if entries:
+        write_shard(task.data_path(shard), entries)
+
+
+def finalize(cfg: PackConfig, task: TaskContext) -> None:
+    from packing.report import packing_report
+
+    packing_report(cfg, task)
+
+
+STEP = Step("pack", PackConfig, run, inputs=("lengths",), outputs=("packs",), finalize=finalize,
+            description="offline hash-bucket BFD packing into fixed-length sequences")

@@ -1,0 +1,94 @@
+"""Packed shards: webdataset tars, one entry per packed sequence, written once, read by the trainer.
+
+Entry ``{pack_id:012d}`` holds::
+
+    .json      {"pack_id", "sample_ids", "lengths", "offsets", "total_tokens", "seq_len",
+                "image_grids": [[grid_h, grid_w], ...], "image_exts": [...]}
+    .ids.npy   int32[total_tokens]   token ids of every sample, concatenated (image pads expanded)
+    .mask.npy  uint8[total_tokens]   1 on target tokens (caption / assistant turn + its end token)
+    .img000.jpg, .img001.png, …      each sample's image bytes, as ingested (never re-encoded)
+
+``iter_packed(path)`` yields :class:`PackedSequence` with ``cu_seqlens`` (sample boundaries,
+for THD attention) and ``position_ids`` restarting at every sample, so the trainer builds its
+batch without re-tokenising. ``len(ids) == total_tokens`` by construction, and a test checks
+it against the ``packs`` manifest for every demo pack.
+"""
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+
+@dataclass
+class PackedSequence:
+    pack_id: int
+    sample_ids: list[str]
+    input_ids: np.ndarray        # int32[T]
+    loss_mask: np.ndarray        # uint8[T]
+    cu_seqlens: np.ndarray       # int32[n_samples + 1]
+    position_ids: np.ndarray     # int32[T], restart at 0 for each sample
+    images: list[bytes]
+    image_grids: np.ndarray      # int32[n_images, 2]: ViT patch grid (h/14, w/14) per image
+    seq_len: int
+
+    @property
+    def total_tokens(self) -> int:
+        return int(len(self.input_ids))
+
+
+def _npy(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def write_shard(path: Path, entries: list[dict]) -> None:
+    """entries: dicts with pack_id, sample_ids, lengths, offsets, seq_len, ids, mask, images, exts, grids."""
+    import os
+
+    import webdataset as wds
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    with wds.TarWriter(str(tmp), mtime=0, encoder=False) as tw:
+        for e in entries:
+            meta = {"pack_id": int(e["pack_id"]), "sample_ids": list(e["sample_ids"]),
+                    "lengths": [int(x) for x in e["lengths"]], "offsets": [int(x) for x in e["offsets"]],
+                    "total_tokens": int(len(e["ids"])), "seq_len": int(e["seq_len"]),
+                    "image_grids": [[int(a), int(b)] for a, b in e["grids"]], "image_exts": list(e["exts"])}
+            sample = {"__key__": f"{int(e['pack_id']):012d}", "json": json.dumps(meta).encode(),
+                      "ids.npy": _npy(np.asarray(e["ids"], np.int32)),
+                      "mask.npy": _npy(np.asarray(e["mask"], np.uint8))}
+            for i, (img, ext) in enumerate(zip(e["images"], e["exts"])):
+                sample[f"img{i:03d}.{ext}"] = img
+            tw.write(sample)
+    os.replace(tmp, path)
+
+
+def iter_packed(path: str | Path) -> Iterator[PackedSequence]:
+    """Yield the packed sequences of one shard, in file order."""
+    import webdataset as wds
+
+    for s in wds.WebDataset(str(path), shardshuffle=False, empty_check=False):
+        meta = json.loads(s["json"])
+        ids = np.load(io.BytesIO(s["ids.npy"]), allow_pickle=False)
+        mask = np.load(io.BytesIO(s["mask.npy"]), allow_pickle=False)
+        lengths = np.asarray(meta["lengths"], np.int32)
+        cu = np.zeros(len(lengths) + 1, np.int32)
+        np.cumsum(lengths, out=cu[1:])
+        pos = (np.arange(len(ids), dtype=np.int32) - np.repeat(cu[:-1], lengths)).astype(np.int32)
+        images = [s[f"img{i:03d}.{ext}"] for i, ext in enumerate(meta["image_exts"])]
+        yield PackedSequence(meta["pack_id"], meta["sample_ids"], ids, mask, cu, pos, images,
+                             np.asarray(meta["image_grids"], np.int32).reshape(-1, 2), meta["seq_len"])
+
+
+def packed_shards(run_dir: str | Path, step: str = "pack") -> list[Path]:
+    files = sorted((Path(run_dir) / step / "data").glob("pack-*.tar"))
+    if not files:
+        raise FileNotFoundError(f"no packed shards under {run_dir}/{step}/data — did you run `ovpipe pack`?")
+    return files

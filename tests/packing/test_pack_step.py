@@ -1,0 +1,134 @@
+"""lengths + pack on the demo run folder: determinism, copies, shards the loader reads back."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from manifests import read_manifest
+from manifests.io import write_part, write_table
+from ovpipe.cli import main
+
+
+@pytest.fixture(scope="module")
+def packed_run(ingested_run, tmp_path_factory):
+    import shutil
+
+    run = tmp_path_factory.mktemp("packrun")
+    shutil.copytree(ingested_run / "ingest", run / "ingest")
+    from packing.tiny_tokenizer import main as build_tok
+
+    assert build_tok(["--out", str(run / "tokenizer"), "--run-dir", str(run)]) == 0
+    assert main(["lengths", "--set", f"tokenizer={run / 'tokenizer'}", "--set", "seq_len=1024",
+                 "--run-dir", str(run), "--tasks", "2", "--quiet"]) == 0
+    assert main(["pack", "--set", "seq_len=1024", "--set", "packs_per_shard=8", "--run-dir", str(run),
+                 "--tasks", "2", "--quiet"]) == 0
+    return run
+
+
+def test_lengths_statuses_and_sum(packed_run):
+    t = read_manifest(packed_run, "lengths").to_pylist()
+    st = {}
+    for r in t:
+        st[r["status"]] = st.get(r["status"], 0) + 1
+    assert st["ok"] == 195 and st["corrupt_image"] == 1 and st["duplicate"] == 1
+    for r in t:
+        assert r["total_tokens"] == r["text_tokens"] + r["image_tokens"]
+        if r["status"] != "ok":
+            assert r["total_tokens"] == 0
+
+
+def test_packs_cover_every_sample_once_and_respect_capacity(packed_run):
+    lengths = {r["sample_id"]: r["total_tokens"] for r in read_manifest(packed_run, "lengths").to_pylist()
+               if r["status"] == "ok"}
+    packs = read_manifest(packed_run, "packs").to_pylist()
+    seen = [s for p in packs for s in p["sample_ids"]]
+    assert sorted(seen) == sorted(lengths)
+    assert sum(p["total_tokens"] for p in packs) == sum(lengths.values())
+    for p in packs:
+        assert p["total_tokens"] <= 1024 and p["total_tokens"] == sum(p["lengths"])
+        assert p["lengths"] == [lengths[s] for s in p["sample_ids"]]
+        assert p["offsets"] == list(np.cumsum([0] + p["lengths"][:-1]))
+    stats = json.loads((packed_run / "pack" / "stats.json").read_text())
+    assert stats["counters"]["bins"] == len(packs)
+    assert stats["counters"]["bins"] <= stats["counters"]["lower_bound"] + 1
+    assert (packed_run / "pack" / "fill_histogram.png").stat().st_size > 1000
+    assert "online buffer B=512" in (packed_run / "pack" / "report.md").read_text()
+
+
+def test_loader_sequence_equals_manifest_for_every_pack(packed_run):
+    from packing.shards import iter_packed, packed_shards
+
+    manifest = {p["pack_id"]: p for p in read_manifest(packed_run, "packs").to_pylist()}
+    seen = 0
+    for shard in packed_shards(packed_run):
+        for seq in iter_packed(shard):
+            p = manifest[seq.pack_id]
+            assert seq.total_tokens == p["total_tokens"]
+            assert seq.sample_ids == p["sample_ids"]
+            assert seq.cu_seqlens.tolist() == [*p["offsets"], p["total_tokens"]]
+            assert (seq.position_ids[seq.cu_seqlens[:-1]] == 0).all()
+            assert len(seq.images) == len(seq.sample_ids) == len(seq.image_grids)
+            assert seq.loss_mask.sum() > 0
+            seen += 1
+    assert seen == len(manifest)
+
+
+def test_task_count_does_not_change_packs(packed_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "one"
+    for d in ("ingest", "lengths"):
+        shutil.copytree(packed_run / d, run / d)
+    assert main(["pack", "--set", "seq_len=1024", "--set", "packs_per_shard=8", "--run-dir", str(run),
+                 "--quiet"]) == 0
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    cols = ["pack_id", "sample_ids", "lengths", "offsets", "total_tokens"]
+    write_table(read_manifest(run, "packs", columns=cols), a)
+    write_table(read_manifest(packed_run, "packs", columns=cols), b)
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_balanced_copies_are_honoured(packed_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "bal"
+    for d in ("ingest", "lengths"):
+        shutil.copytree(packed_run / d, run / d)
+    ids = [r["sample_id"] for r in read_manifest(run, "lengths").to_pylist() if r["status"] == "ok"]
+    copies = {s: i % 3 for i, s in enumerate(ids)}  # 0, 1 or 2 copies
+    write_part({"sample_id": ids, "weight": [1.0] * len(ids), "copies": [copies[s] for s in ids]},
+               run / "balance" / "balanced" / "part-00000.parquet", "balanced")
+    assert main(["pack", "--set", "seq_len=1024", "--set", "copies_from=balanced", "--set", "write_shards=false",
+                 "--run-dir", str(run), "--quiet"]) == 0
+    seen = {}
+    for p in read_manifest(run, "packs").to_pylist():
+        for s in p["sample_ids"]:
+            seen[s] = seen.get(s, 0) + 1
+    assert seen == {s: c for s, c in copies.items() if c}
+
+
+def test_too_long_and_truncate(packed_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "short"
+    shutil.copytree(packed_run / "ingest", run / "ingest")
+    tok = packed_run / "tokenizer"
+    assert main(["lengths", "--set", f"tokenizer={tok}", "--set", "seq_len=128", "--run-dir", str(run), "--quiet"]) == 0
+    rows = read_manifest(run, "lengths").to_pylist()
+    long = [r for r in rows if r["status"] == "too_long"]
+    assert long and all(r["total_tokens"] > 128 for r in long)
+    assert all(r["error"] for r in long)
+    assert main(["pack", "--set", "seq_len=128", "--set", "write_shards=false", "--run-dir", str(run), "--quiet"]) == 0
+    packed = {s for p in read_manifest(run, "packs").to_pylist() for s in p["sample_ids"]}
+    assert not packed & {r["sample_id"] for r in long}
+    run2 = tmp_path / "trunc"
+    shutil.copytree(packed_run / "ingest", run2 / "ingest")
+    assert main(["lengths", "--set", f"tokenizer={tok}", "--set", "seq_len=128", "--set", "on_too_long=truncate",
+                 "--run-dir", str(run2), "--quiet"]) == 0
+    rows2 = {r["sample_id"]: r for r in read_manifest(run2, "lengths").to_pylist()}
+    for r in long:
+        r2 = rows2[r["sample_id"]]
+        assert r2["status"] in ("truncated", "too_long")
+        if r2["status"] == "truncated":
+            assert r2["total_tokens"] == 128
