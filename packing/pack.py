@@ -56,8 +56,9 @@ def packing_items(task: TaskContext, cfg: PackConfig):
     copies = np.ones(len(L), np.int64)
     if cfg.copies_from == "balanced":
         bal = task.read_input("balanced", columns=["sample_id", "copies"])
-        lut = dict(zip(bal.column("sample_id").to_pylist(), bal.column("copies").to_pylist()))
-        copies = np.array([lut.get(s, 0) for s in sid.to_pylist()], np.int64)
+        pos = pc.index_in(sid, value_set=bal.column("sample_id").combine_chunks())
+        got = pc.take(bal.column("copies").combine_chunks(), pos)
+        copies = pc.fill_null(got, 0).to_numpy(zero_copy_only=False).astype(np.int64)
     idx = np.repeat(np.arange(len(L)), copies)
     copy_no = np.arange(len(idx)) - np.repeat(np.cumsum(copies) - copies, copies)
     u = hex_ids_to_u64(sid)[idx]
@@ -80,30 +81,46 @@ def run(cfg: PackConfig, task: TaskContext) -> None:
         task.stats.inc("bins", P.n_bins)
         task.stats.inc("lower_bound", lower_bound(L[idx], cfg.seq_len))
         task.stats.inc("tokens", int(L[idx].sum()))
-    item = P.item
-    sids = sid.to_pylist()
-    rows_sid, rows_len, rows_off, rows_total, rows_shard = [], [], [], [], []
-    for b in range(lo, hi):
-        it = idx[item[P.start[b]:P.start[b + 1]]]
-        ls = L[it]
-        rows_sid.append([sids[i] for i in it])
-        rows_len.append(ls.astype(np.int32))
-        rows_off.append((np.cumsum(ls) - ls).astype(np.int32))
-        rows_total.append(int(ls.sum()))
-        rows_shard.append(f"pack-{task.rank:05d}-{(b - lo) // cfg.packs_per_shard:05d}.tar" if cfg.write_shards else None)
-    table = pa.table({
-        "pack_id": pa.array(np.arange(lo, hi, dtype=np.int64)),
-        "sample_ids": pa.array(rows_sid, pa.list_(pa.string())),
-        "lengths": pa.array([x.tolist() for x in rows_len], pa.list_(pa.int32())),
-        "offsets": pa.array([x.tolist() for x in rows_off], pa.list_(pa.int32())),
-        "total_tokens": pa.array(rows_total, pa.int32()),
-        "shard": pa.array(rows_shard, pa.string()),
-    })
+    table = packs_table(sid, L, idx, P, lo, hi, cfg.packs_per_shard if cfg.write_shards else None, task.rank)
     task.stats.inc("packs_written", hi - lo)
     if cfg.write_shards and hi > lo:
         with task.stats.timer("write_shards"):
             write_pack_shards(task, cfg, table)
     task.write_part("packs", table)
+
+
+def packs_table(sid, L, idx, P, lo: int, hi: int, packs_per_shard: int | None, rank: int = 0):
+    """The ``packs`` rows of bins [lo, hi) — built with Arrow list arrays, no loop per bin."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    a, b = int(P.start[lo]), int(P.start[hi])
+    items = idx[P.item[a:b]]
+    offs = (P.start[lo:hi + 1] - a).astype(np.int32)
+    lens = L[items].astype(np.int32)
+    n_in_bin = np.diff(offs)
+    bin_start_tok = np.zeros(len(lens), np.int64)
+    if len(lens):
+        csum = np.cumsum(lens, dtype=np.int64)
+        first = np.repeat(offs[:-1], n_in_bin)
+        bin_base = np.where(first > 0, csum[np.maximum(first - 1, 0)], 0)
+        bin_start_tok = (csum - lens) - bin_base
+    off_arr = pa.array(offs)
+    shard = None
+    if packs_per_shard:
+        j = np.arange(hi - lo) // packs_per_shard
+        names = np.array([f"pack-{rank:05d}-{k:05d}.tar" for k in range(int(j.max()) + 1 if len(j) else 0)])
+        shard = pa.array(names[j] if len(j) else [], pa.string())
+    else:
+        shard = pa.nulls(hi - lo, pa.string())
+    return pa.table({
+        "pack_id": pa.array(np.arange(lo, hi, dtype=np.int64)),
+        "sample_ids": pa.ListArray.from_arrays(off_arr, pc.take(sid, pa.array(items))),
+        "lengths": pa.ListArray.from_arrays(off_arr, pa.array(lens)),
+        "offsets": pa.ListArray.from_arrays(off_arr, pa.array(bin_start_tok.astype(np.int32))),
+        "total_tokens": pa.array(P.load[lo:hi].astype(np.int32)),
+        "shard": shard,
+    })
 
 
 def write_pack_shards(task: TaskContext, cfg: PackConfig, packs) -> None:
