@@ -37,8 +37,10 @@ SCHEMAS: dict[str, pa.Schema] = {
     # embed-images — vectors live in fp16 .npy shards, L2-normalised, row-aligned with this.
     "image_embeddings": pa.schema([
         ("sample_id", pa.string()),
-        ("file", pa.string()),
-        ("row", pa.int32()),
+        ("file", pa.string()),              # .npy shard, relative to the run folder
+        ("row", pa.int32()),                # -1 when status is not ok
+        ("status", STATUS),
+        ("error", pa.string()),
     ]),
     # embed-concepts
     "concepts": pa.schema([
