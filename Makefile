@@ -31,7 +31,8 @@ ingest: demo-data
 # Stage targets (curation, packing, pretrain, rl) live in mk/<stage>.mk.
 -include mk/*.mk
 
-DEMO_STAGES ?= ingest $(DEMO_TARGETS)
+DEMO_ORDER  := curation packing pretrain rl gym
+DEMO_STAGES ?= ingest $(filter $(DEMO_TARGETS),$(DEMO_ORDER))
 demo: install
 	$(MAKE) --no-print-directory $(DEMO_STAGES)
 	$(OVPIPE) report $(RUN)

@@ -1,0 +1,14 @@
+# curation: demo CLIP (demo only) → image / concept embeddings → top-K concepts → balance → report
+DEMO_TARGETS += curation
+CLIP_CKPT = $(abspath $(RUN))/demo-clip/data/tiny-clip.pt
+
+.PHONY: curation
+curation:
+	$(OVPIPE) demo-clip --config configs/demo/demo-clip.yaml --run-dir $(RUN) \
+	  --set ground_truth=$(abspath $(DEMO_DATA))/ground_truth.parquet --set vocabulary=$(abspath $(DEMO_DATA))/concepts.txt
+	$(OVPIPE) embed-images --config configs/demo/embed-images.yaml --set pretrained=$(CLIP_CKPT) $(STEP_ARGS)
+	$(OVPIPE) embed-concepts --config configs/demo/embed-concepts.yaml --set pretrained=$(CLIP_CKPT) \
+	  --set vocabulary=$(abspath $(DEMO_DATA))/concepts.txt $(STEP_ARGS)
+	$(OVPIPE) assign --config configs/demo/assign.yaml $(STEP_ARGS)
+	$(OVPIPE) balance --config configs/demo/balance.yaml $(STEP_ARGS)
+	$(OVPIPE) balance-report --run-dir $(RUN)
