@@ -1,0 +1,189 @@
+"""``rl-ingest``: RL prompt sets (Parquet / JSONL) → the ``rl_prompts`` manifest.
+
+Adapters (``layout``):
+
+* ``generic`` — columns ``question``/``problem``, ``answer``/``ground_truth``, ``images`` (list of
+  bytes, ``{"bytes": …}`` structs or paths), optional ``answer_type``, ``source``, ``category``;
+* ``geometry3k`` — ``images`` / ``problem`` / ``answer`` (the hiyouga/geometry3k parquet); math;
+* ``verl`` — ``data_source``, ``prompt`` (chat messages), ``images``, ``ability``,
+  ``reward_model {style, ground_truth}``, ``extra_info``;
+* ``roll`` — the ROLL VLM schema: verl-like plus ``reward_model.{accuracy_ratio, format_ratio,
+  verifier, verifier_parm}``, kept in ``extra``.
+
+``<image>`` placeholders must match the number of images: a mismatch is a row with
+``status = image_mismatch``; with ``auto_placeholder`` a question with *no* placeholder gets one
+per image prepended (most public sets omit them). ``prompt_id`` = xxh3-64 of source, question,
+ground truth and image bytes.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ovpipe.step import Step, TaskContext
+
+PLACEHOLDER = "<image>"
+
+
+@dataclass
+class RLIngestConfig:
+    inputs: list[str] = field(default_factory=list)
+    layout: Literal["generic", "geometry3k", "verl", "roll"] = "generic"
+    source: str | None = None
+    default_answer_type: str = "math"
+    auto_placeholder: bool = True
+    max_images: int = 16
+
+    def __post_init__(self):
+        if not self.inputs:
+            raise ValueError("inputs: give at least one .parquet / .jsonl path or glob")
+
+
+def _read_rows(path: str) -> list[dict]:
+    if path.endswith((".jsonl", ".json")):
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def _image_bytes(v, base: Path) -> bytes:
+    if v is None:
+        raise ValueError("null image")
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v)
+    if isinstance(v, dict):
+        if v.get("bytes"):
+            return bytes(v["bytes"])
+        if v.get("path"):
+            return _image_bytes(v["path"], base)
+        raise ValueError("image struct without bytes or path")
+    if isinstance(v, str):
+        p = Path(v) if os.path.isabs(v) else base / v
+        return p.read_bytes()
+    raise ValueError(f"unsupported image value {type(v).__name__}")
+
+
+def _message_text(prompt) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    parts = []
+    for m in prompt or []:
+        if m.get("role") == "user":
+            c = m.get("content")
+            parts.append(c if isinstance(c, str) else "".join(
+                PLACEHOLDER if x.get("type") == "image" else x.get("text", "") for x in c))
+    return "\n".join(parts)
+
+
+def adapt(row: dict, layout: str, cfg: RLIngestConfig) -> dict:
+    """One input row → (question, ground_truth, images raw, answer_type, source, category, extra)."""
+    if layout == "geometry3k":
+        return {"question": row.get("problem"), "ground_truth": row.get("answer"), "images": row.get("images") or [],
+                "answer_type": "math", "source": "geometry3k", "category": "geometry", "extra": {}}
+    if layout in ("verl", "roll"):
+        rm = row.get("reward_model") or {}
+        extra = {k: v for k, v in (row.get("extra_info") or {}).items()}
+        if layout == "roll":
+            extra.update({k: rm[k] for k in ("accuracy_ratio", "format_ratio", "verifier", "verifier_parm") if k in rm})
+        gt = rm.get("ground_truth")
+        return {"question": _message_text(row.get("prompt")) or row.get("problem"),
+                "ground_truth": gt if isinstance(gt, str) or gt is None else json.dumps(gt),
+                "images": row.get("images") or [],
+                "answer_type": row.get("answer_type") or rm.get("verifier")
+                or (rm.get("style") if rm.get("style") not in (None, "rule") else None),
+                "source": row.get("data_source"), "category": row.get("ability"), "extra": extra}
+    q = row.get("question") if row.get("question") is not None else row.get("problem")
+    gt = row.get("ground_truth") if row.get("ground_truth") is not None else row.get("answer")
+    return {"question": q, "ground_truth": gt if isinstance(gt, str) or gt is None else json.dumps(gt),
+            "images": row.get("images") or ([row["image"]] if row.get("image") is not None else []),
+            "answer_type": row.get("answer_type"), "source": row.get("source"), "category": row.get("category"),
+            "extra": {k: row[k] for k in ("id", "prompt_type") if k in row}}
+
+
+def ingest_file(path: str, cfg: RLIngestConfig, stats) -> list[dict]:
+    import xxhash
+
+    base = Path(path).parent
+    out = []
+    for i, row in enumerate(_read_rows(path)):
+        status, error, images = "ok", None, []
+        try:
+            a = adapt(row, cfg.layout, cfg)
+        except Exception as e:
+            a = {"question": None, "ground_truth": None, "images": [], "answer_type": None, "source": None,
+                 "category": None, "extra": {}}
+            status, error = "bad_row", f"{type(e).__name__}: {e}"[:300]
+        q = a["question"] or ""
+        try:
+            images = [_image_bytes(v, base) for v in a["images"]]
+        except Exception as e:
+            status, error = "bad_image", f"{type(e).__name__}: {e}"[:300]
+        n_ph = q.count(PLACEHOLDER)
+        if status == "ok":
+            if not q.strip():
+                status, error = "empty_question", "question is empty"
+            elif a["ground_truth"] in (None, ""):
+                status, error = "missing_ground_truth", "no ground truth"
+            elif len(images) > cfg.max_images:
+                status, error = "too_many_images", f"{len(images)} > {cfg.max_images}"
+            elif n_ph == 0 and images and cfg.auto_placeholder:
+                q = PLACEHOLDER * len(images) + q
+            elif n_ph != len(images):
+                status, error = "image_mismatch", f"{n_ph} {PLACEHOLDER} placeholder(s) for {len(images)} image(s)"
+        source = cfg.source or a["source"] or Path(path).stem
+        h = xxhash.xxh3_64()
+        for part in (source, q, a["ground_truth"] or "", *images):
+            h.update(part if isinstance(part, bytes) else str(part).encode())
+            h.update(b"\x00")
+        out.append({"prompt_id": h.hexdigest(), "source": source, "category": a["category"] or "default",
+                    "question": q, "images": images, "ground_truth": a["ground_truth"],
+                    "answer_type": a["answer_type"] or cfg.default_answer_type,
+                    "extra": json.dumps(a["extra"], default=str, sort_keys=True), "status": status, "error": error})
+        stats.inc(f"status/{status}")
+    return out
+
+
+def run(cfg: RLIngestConfig, task: TaskContext) -> None:
+    files = sorted({str(Path(f).resolve()) for p in cfg.inputs for f in glob.glob(os.path.expanduser(p))})
+    if not files:
+        raise FileNotFoundError(f"rl-ingest.inputs {cfg.inputs} match no file")
+    rows = []
+    for f in files[task.rank::task.world_size]:
+        rows.extend(ingest_file(f, cfg, task.stats))
+    task.write_part("rl_prompts", rows)
+
+
+def finalize(cfg: RLIngestConfig, task: TaskContext) -> None:
+    """Identical prompts (same prompt_id) across all parts: the first (part, row) stays, the rest
+    become ``status = duplicate`` — so a prompt is never rolled out, scored or exported twice."""
+    import pyarrow as pa
+
+    from manifests.io import manifest_files, read_part, write_part
+
+    files = manifest_files(task.run_dir, "rl_prompts", step=task.step)
+    seen: set[str] = set()
+    for f in files:
+        t = read_part(f, "rl_prompts")
+        ids = t.column("prompt_id").to_pylist()
+        status = t.column("status").to_pylist()
+        error = t.column("error").to_pylist()
+        changed = False
+        for i, pid in enumerate(ids):
+            if pid in seen and status[i] != "duplicate":
+                status[i], error[i], changed = "duplicate", "same source, question, answer and images as another row", True
+                task.stats.inc("duplicates")
+            seen.add(pid)
+        if changed:
+            t = t.set_column(t.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
+            t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
+            write_part(t, f, "rl_prompts")
+
+
+STEP = Step("rl-ingest", RLIngestConfig, run, outputs=("rl_prompts",), finalize=finalize,
+            description="RL prompt sets (geometry3k / verl / ROLL / generic) → rl_prompts")

@@ -1,0 +1,147 @@
+"""Reward registry keyed by answer type, and a runner that scores untrusted responses in worker
+processes under a time limit.
+
+    REWARDS["math"](response, ground_truth, extra) -> (reward, correct)
+
+Why processes: a pathological answer (a 10⁹-digit power, a deeply nested LaTeX fraction) can
+spin SymPy forever, and math-verify's own timeout uses ``signal.alarm``, which only works in a
+process's main thread. ``RewardRunner`` sends each job to a pool of worker processes; a job that
+exceeds ``timeout_s`` becomes ``status = timeout`` (reward 0) and the pool is replaced, a job
+that raises becomes ``status = error`` with the message. Nothing in a response is executed.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from typing import Callable
+
+from rl_select.rewards.detection import detection_reward
+from rl_select.rewards.rules import (bbox_reward, bool_reward, choice_reward, format_reward, html_reward, math_reward,
+                                     number_reward, ocr_reward, string_reward)
+from rl_select.rewards.svg import svg_reward
+
+REWARDS: dict[str, Callable] = {
+    "math": math_reward,
+    "choice": choice_reward,
+    "multiple_choice": choice_reward,
+    "number": number_reward,
+    "numeric": number_reward,
+    "bbox": bbox_reward,
+    "ocr": ocr_reward,
+    "html": html_reward,
+    "svg": svg_reward,
+    "bool": bool_reward,
+    "string": string_reward,
+    "format": format_reward,
+    "detection": detection_reward,
+}
+
+
+def register(name: str, fn: Callable) -> None:
+    REWARDS[name] = fn
+
+
+def resolve(answer_type: str) -> Callable:
+    if answer_type in REWARDS:
+        return REWARDS[answer_type]
+    if answer_type.startswith("gym-"):
+        from rl_select.gym import reward as gym_reward  # the game environments check their own answers
+
+        return lambda r, g, e: gym_reward(answer_type, r, g, e)
+    raise KeyError(f"no reward for answer_type {answer_type!r}; known: {sorted(REWARDS)}")
+
+
+def score_one(job: tuple) -> tuple[float, bool, str, str | None]:
+    answer_type, response, gt, extra = job
+    try:
+        fn = resolve(answer_type)
+        r, c = fn(response, gt, json.loads(extra) if isinstance(extra, str) and extra else (extra or {}))
+        return float(r), bool(c), "ok", None
+    except Exception as e:
+        return 0.0, False, "error", f"{type(e).__name__}: {e}"[:300]
+
+
+def _worker(conn) -> None:
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        i, job = msg
+        conn.send((i, score_one(job)))
+
+
+class RewardRunner:
+    """Score jobs ``(answer_type, response, ground_truth, extra_json)`` in ``workers`` processes.
+
+    Each worker runs one job at a time; the parent knows when each job started, so a job past
+    ``timeout_s`` is answered ``timeout`` and only its worker is killed and replaced.
+    """
+
+    def __init__(self, workers: int = 2, timeout_s: float = 5.0):
+        self.workers = max(1, workers)
+        self.timeout_s = timeout_s
+        self._ctx = mp.get_context("fork")  # workers inherit the imported reward modules
+        self._procs: list = []
+
+    def _spawn(self):
+        parent, child = self._ctx.Pipe()
+        p = self._ctx.Process(target=_worker, args=(child,), daemon=True)
+        p.start()
+        child.close()
+        return p, parent
+
+    def __enter__(self):
+        self._procs = [self._spawn() for _ in range(self.workers)]
+        return self
+
+    def __exit__(self, *exc):
+        for p, conn in self._procs:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            p.join(timeout=1)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self._procs = []
+
+    def score(self, jobs: list[tuple]) -> list[tuple[float, bool, str, str | None]]:
+        from multiprocessing.connection import wait
+
+        out: list = [None] * len(jobs)
+        queue = list(range(len(jobs)))[::-1]
+        busy: dict[int, tuple[int, float]] = {}   # worker slot -> (job index, start time)
+        while queue or busy:
+            for w in range(len(self._procs)):
+                if w not in busy and queue:
+                    i = queue.pop()
+                    self._procs[w][1].send((i, jobs[i]))
+                    busy[w] = (i, time.monotonic())
+            now = time.monotonic()
+            wait_s = max(0.0, min(start + self.timeout_s - now for _, start in busy.values())) if busy else 0
+            ready = wait([self._procs[w][1] for w in busy], timeout=wait_s)
+            for w in list(busy):
+                conn = self._procs[w][1]
+                if conn in ready:
+                    try:
+                        i, res = conn.recv()
+                        out[i] = res
+                    except (EOFError, OSError):   # the worker died (e.g. out of memory)
+                        i = busy[w][0]
+                        out[i] = (0.0, False, "error", "reward worker died")
+                        self._replace(w)
+                    del busy[w]
+                elif time.monotonic() - busy[w][1] > self.timeout_s:
+                    out[busy[w][0]] = (0.0, False, "timeout", f"reward exceeded {self.timeout_s}s")
+                    self._replace(w)
+                    del busy[w]
+        return out
+
+    def _replace(self, w: int) -> None:
+        p, conn = self._procs[w]
+        p.kill()
+        p.join()
+        conn.close()
+        self._procs[w] = self._spawn()

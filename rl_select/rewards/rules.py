@@ -1,0 +1,200 @@
+"""Rule-based rewards, one function per answer type: ``reward(response, ground_truth, extra) -> (score, correct)``.
+
+Coverage follows the published recipe's reward module: math (math-verify, SymPy fallback),
+multiple choice, number, bbox IoU, OCR text, HTML, SVG, bool, string, the format reward, and the
+ROLL detection verifier (``rl_select.rewards.detection``). Every function treats the response as
+untrusted text: size-limited, parsed, never executed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from rl_select.rewards.extract import MAX_RESPONSE_CHARS, extract_answer, last_boxed
+
+_NUM = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[\s\.\,\;\:\!\?\"'`]+", " ", (s or "").strip().lower()).strip()
+
+
+# -- math -------------------------------------------------------------------------------
+def math_reward(response: str, gt: str, extra: dict):
+    ans = extract_answer(response)
+    if not ans:
+        return 0.0, False
+    try:
+        from math_verify import parse, verify
+
+        # math-verify's own timeouts use signal.alarm: fine here, rewards run in a worker's main thread
+        gold = parse(f"${gt}$" if "$" not in gt and "\\boxed" not in gt else gt)
+        pred = parse(f"${ans}$" if "$" not in ans else ans)
+        if gold and pred and verify(gold, pred):
+            return 1.0, True
+    except Exception:
+        pass
+    try:
+        from rl_select.rewards.safe_math import sympy_equal
+
+        ok = sympy_equal(ans, gt)
+    except Exception:
+        ok = _norm(ans) == _norm(gt)
+    return float(ok), bool(ok)
+
+
+# -- multiple choice, number, bool, string ----------------------------------------------
+_CHOICE = re.compile(r"(?:^|[^A-Za-z])\(?([A-J])\)?(?:[^A-Za-z]|$)")
+
+
+def choice_letter(s: str) -> str | None:
+    s = (s or "").strip()
+    m = re.search(r"answer\s*(?:is|:)?\s*\(?([A-J])\)?\b", s, re.I)
+    if m:
+        return m.group(1).upper()
+    found = _CHOICE.findall(s)
+    return found[-1].upper() if found else None
+
+
+def choice_reward(response: str, gt: str, extra: dict):
+    pred = choice_letter(extract_answer(response))
+    ok = pred is not None and pred == (choice_letter(gt) or gt.strip().upper())
+    return float(ok), ok
+
+
+def parse_number(s: str) -> float | None:
+    s = (s or "").replace("$", "").replace("\\%", "%")
+    frac = re.search(r"\\d?frac\{([-\d.]+)\}\{([-\d.]+)\}", s)
+    if frac:
+        try:
+            return float(frac.group(1)) / float(frac.group(2))
+        except (ValueError, ZeroDivisionError):
+            return None
+    m = re.search(r"([-+]?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)", s)
+    nums = _NUM.findall(s)
+    if m and (not nums or m.group(0).startswith(nums[-1].split("/")[0])):
+        try:
+            return float(m.group(1)) / float(m.group(2))
+        except ZeroDivisionError:
+            return None
+    if not nums:
+        return None
+    tok = nums[-1].replace(",", "")
+    if len(tok) > 40:
+        return None
+    try:
+        v = float(tok)
+    except ValueError:
+        return None
+    return v
+
+
+def number_reward(response: str, gt: str, extra: dict):
+    p, g = parse_number(extract_answer(response)), parse_number(gt)
+    if p is None or g is None or not math.isfinite(p):
+        return 0.0, False
+    ok = math.isclose(p, g, rel_tol=float(extra.get("rel_tol", 1e-4)), abs_tol=float(extra.get("abs_tol", 1e-6)))
+    return float(ok), ok
+
+
+_TRUE, _FALSE = {"yes", "true", "correct", "right", "1", "y", "t"}, {"no", "false", "incorrect", "wrong", "0", "n", "f"}
+
+
+def bool_value(s: str) -> bool | None:
+    w = _norm(s).split()
+    if not w:
+        return None
+    return True if w[0] in _TRUE else False if w[0] in _FALSE else None
+
+
+def bool_reward(response: str, gt: str, extra: dict):
+    p, g = bool_value(extract_answer(response)), bool_value(gt)
+    ok = p is not None and p == g
+    return float(ok), ok
+
+
+def string_reward(response: str, gt: str, extra: dict):
+    ok = _norm(extract_answer(response)) == _norm(gt)
+    return float(ok), ok
+
+
+# -- bbox, OCR, HTML ----------------------------------------------------------------------
+def parse_box(s: str) -> list[float] | None:
+    s = (s or "")[:10_000]
+    try:
+        v = json.loads(s)
+        if isinstance(v, dict):
+            v = v.get("bbox_2d") or v.get("bbox") or v.get("box")
+        if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (list, dict)):
+            v = v[0].get("bbox_2d") if isinstance(v[0], dict) else v[0]
+        if isinstance(v, list) and len(v) == 4 and all(isinstance(x, (int, float)) for x in v):
+            return [float(x) for x in v]
+    except (ValueError, TypeError, AttributeError):
+        pass
+    nums = _NUM.findall(s)
+    if len(nums) >= 4:
+        try:
+            return [float(x.replace(",", "")) for x in nums[-4:]]
+        except ValueError:
+            return None
+    return None
+
+
+def iou(a: list[float], b: list[float]) -> float:
+    ax1, ay1, ax2, ay2 = a
+    bx1, by1, bx2, by2 = b
+    iw = max(0.0, min(ax2, bx2) - max(ax1, bx1))
+    ih = max(0.0, min(ay2, by2) - max(ay1, by1))
+    inter = iw * ih
+    union = max(0.0, ax2 - ax1) * max(0.0, ay2 - ay1) + max(0.0, bx2 - bx1) * max(0.0, by2 - by1) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def bbox_reward(response: str, gt: str, extra: dict):
+    p, g = parse_box(extract_answer(response)), parse_box(gt)
+    if p is None or g is None:
+        return 0.0, False
+    v = iou(p, g)
+    return v, v >= float(extra.get("iou_threshold", 0.5))
+
+
+def ocr_reward(response: str, gt: str, extra: dict):
+    """1 − Levenshtein / max length, zero below 0.5."""
+    from rapidfuzz.distance import Levenshtein
+
+    p, g = extract_answer(response).strip(), (gt or "").strip()
+    if not p and not g:
+        return 1.0, True
+    score = 1 - Levenshtein.distance(p, g) / max(len(p), len(g))
+    score = score if score >= 0.5 else 0.0
+    return score, score >= 0.9
+
+
+_TAG = re.compile(r"</?\s*([a-zA-Z][a-zA-Z0-9-]*)")
+_WORD = re.compile(r"[A-Za-z0-9]+")
+
+
+def jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if (a or b) else 1.0
+
+
+def html_reward(response: str, gt: str, extra: dict):
+    """0.6 · token Jaccard + 0.4 · tag Jaccard."""
+    body = extract_answer(response) if "<answer>" in (response or "") else (response or "")[:MAX_RESPONSE_CHARS]
+    text = lambda h: set(_WORD.findall(re.sub(r"<[^>]*>", " ", h)))  # noqa: E731
+    tags = lambda h: set(t.lower() for t in _TAG.findall(h))  # noqa: E731
+    score = 0.6 * jaccard(text(body), text(gt)) + 0.4 * jaccard(tags(body), tags(gt))
+    return score, score >= 0.9
+
+
+# -- format -------------------------------------------------------------------------------
+def format_reward(response: str, gt: str = "", extra: dict | None = None):
+    """1 iff exactly one <think>…</think>, at least one <answer>…</answer> or \\boxed{}, and the
+    boxed content is at most 20% of the response."""
+    r = (response or "")[:MAX_RESPONSE_CHARS]
+    thinks = re.findall(r"<think>.*?</think>", r, re.S)
+    has_answer = bool(re.search(r"<answer>.*?</answer>", r, re.S)) or last_boxed(r) is not None
+    boxed = last_boxed(r)
+    ok = len(thinks) == 1 and r.count("<think>") == 1 and has_answer and (boxed is None or len(boxed) <= 0.2 * len(r))
+    return float(ok), ok

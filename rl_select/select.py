@@ -1,0 +1,185 @@
+"""``select``: keep the prompts with latent capability — solvable with enough attempts, rarely on
+the first.
+
+Per prompt (over its accuracy rewards; ``format`` rows are not correctness): ``n`` rollouts,
+``c`` correct, ``pass@1 = c/n``, unbiased ``pass@k`` for the configured k (``rl_select.passk``),
+``pass@N = pass@n``, ``gap = pass@N − pass@1``, mean reward. Rules (``rule``):
+
+* ``gap`` (default): keep iff pass@N ≥ ``min_pass_at_n`` (0.5), pass@1 ≤ ``max_pass_at_1`` (0.7)
+  and gap ≥ ``min_gap`` (0.2); otherwise ``too_hard`` / ``too_easy`` / ``no_gap``, checked in
+  that order;
+* ``mean_band`` (the published code): keep iff ``low < mean reward < high`` (0, 0.6).
+
+A prompt with any reward ``timeout``/``error`` (or none at all) is dropped as ``error``.
+Split of the kept prompts (``split_rule``):
+
+* ``pass_at_1`` (default): pass@1 ≥ ``cot_below_pass_at_1`` (0.25) → ``stage1-answer-only`` (the
+  model already answers it directly now and then), else ``stage2-cot`` (it needs reasoning);
+* ``prompt_type``: answer-only rollouts show a gap → stage 1, else stage 2;
+* ``category``: categories in ``cot_categories`` → stage 2, the rest → stage 1.
+
+Vectorised with polars: 10M rollouts in seconds (``bench/bench_rl.py``). ``finalize`` writes the
+report: counts kept/dropped per source and category and ``pass1_vs_passn.png``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from ovpipe.step import Step, TaskContext, slice_bounds
+
+
+@dataclass
+class SelectConfig:
+    rollouts_step: str = "rollout"
+    rule: Literal["gap", "mean_band"] = "gap"
+    min_pass_at_n: float = 0.5
+    max_pass_at_1: float = 0.7
+    min_gap: float = 0.2
+    band_low: float = 0.0
+    band_high: float = 0.6
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    split_rule: Literal["pass_at_1", "prompt_type", "category"] = "pass_at_1"
+    cot_below_pass_at_1: float = 0.25
+    cot_categories: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        for name in ("min_pass_at_n", "max_pass_at_1", "min_gap", "band_low", "band_high", "cot_below_pass_at_1"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {v}")
+        if any(k < 1 for k in self.ks):
+            raise ValueError(f"ks must be >= 1, got {self.ks}")
+
+
+def aggregate(rewards, rollouts=None):
+    """polars DataFrame per prompt: n, c, errors, mean_reward (+ answer-only n/c when rollouts given)."""
+    import polars as pl
+
+    r = pl.from_arrow(rewards).filter(pl.col("reward_type") != "format")
+    if rollouts is not None:
+        r = r.join(pl.from_arrow(rollouts).select("prompt_id", "rollout_idx", "prompt_type"),
+                   on=["prompt_id", "rollout_idx"], how="left")
+    else:
+        r = r.with_columns(pl.lit(None, pl.Utf8).alias("prompt_type"))
+    ok = pl.col("status") == "ok"
+    ao = pl.col("prompt_type") == "answer_only"
+    return r.group_by("prompt_id").agg(
+        n=ok.sum().cast(pl.Int64),
+        c=(ok & pl.col("correct")).sum().cast(pl.Int64),
+        errors=(~ok).sum().cast(pl.Int64),
+        mean_reward=pl.col("reward").filter(ok).mean(),
+        n_ao=(ok & ao).sum().cast(pl.Int64),
+        c_ao=(ok & ao & pl.col("correct")).sum().cast(pl.Int64),
+    ).sort("prompt_id")
+
+
+def decide(n, c, errors, mean, n_ao, c_ao, categories, cfg: SelectConfig) -> dict:
+    from rl_select.passk import pass_at_k
+
+    n = np.asarray(n)
+    c = np.asarray(c)
+    valid = n > 0
+    nn = np.maximum(n, 1)
+    p1 = np.where(valid, c / nn, 0.0)
+    pn = np.where(valid, pass_at_k(nn, np.minimum(c, nn), nn), 0.0)
+    gap = pn - p1
+    mean = np.nan_to_num(np.asarray(mean, dtype=np.float64), nan=0.0)
+    reason = np.full(len(n), "kept", dtype=object)
+    if cfg.rule == "gap":
+        reason[gap < cfg.min_gap] = "no_gap"
+        reason[p1 > cfg.max_pass_at_1] = "too_easy"
+        reason[pn < cfg.min_pass_at_n] = "too_hard"
+    else:
+        reason[mean >= cfg.band_high] = "too_easy"
+        reason[mean <= cfg.band_low] = "too_hard"
+    reason[(np.asarray(errors) > 0) | ~valid] = "error"
+    kept = reason == "kept"
+    if cfg.split_rule == "pass_at_1":
+        cot = p1 < cfg.cot_below_pass_at_1
+    elif cfg.split_rule == "prompt_type":
+        n_ao = np.asarray(n_ao)
+        c_ao = np.asarray(c_ao)
+        ao_gap = (c_ao > 0) & (c_ao < n_ao)
+        cot = ~ao_gap
+    else:
+        cot = np.isin(np.asarray(categories, dtype=object), cfg.cot_categories)
+    split = np.where(kept, np.where(cot, "stage2-cot", "stage1-answer-only"), None)
+    passk = {}
+    for k in cfg.ks:
+        kk = np.minimum(k, nn)
+        passk[k] = np.where(valid, pass_at_k(nn, np.minimum(c, nn), kk), 0.0)
+    return {"pass_at_1": p1, "pass_at_n": pn, "gap": gap, "mean_reward": mean, "reason": reason, "kept": kept,
+            "split": split, "passk": passk}
+
+
+def run(cfg: SelectConfig, task: TaskContext) -> None:
+    import pyarrow as pa
+
+    rewards = task.read_input("rewards")
+    rollouts = task.read_input("rollouts", step=cfg.rollouts_step, columns=["prompt_id", "rollout_idx", "prompt_type"])
+    prompts = task.read_input("rl_prompts", columns=["prompt_id", "source", "category", "status"])
+    with task.stats.timer("aggregate"):
+        agg = aggregate(rewards, rollouts)
+    meta = {r["prompt_id"]: r for r in prompts.to_pylist() if r["status"] != "duplicate"}
+    # prompts that never got a reward (bad rows, no rollouts) are reported too, as errors
+    ids = sorted(set(agg["prompt_id"].to_list()) | set(meta))
+    lo, hi = slice_bounds(len(ids), task.rank, task.world_size)
+    ids = ids[lo:hi]
+    a = {r["prompt_id"]: r for r in agg.filter(agg["prompt_id"].is_in(ids)).to_dicts()}
+    z = {"n": 0, "c": 0, "errors": 1, "mean_reward": None, "n_ao": 0, "c_ao": 0}
+    rows = [a.get(i, z) for i in ids]
+    cats = [(meta.get(i) or {}).get("category") for i in ids]
+    d = decide([r["n"] for r in rows], [r["c"] for r in rows], [r["errors"] for r in rows],
+               [r["mean_reward"] if r["mean_reward"] is not None else np.nan for r in rows],
+               [r["n_ao"] for r in rows], [r["c_ao"] for r in rows], cats, cfg)
+    for reason in d["reason"]:
+        task.stats.inc(f"reason/{reason}")
+    task.write_part("selection", pa.table({
+        "prompt_id": pa.array(ids, pa.string()),
+        "source": pa.array([(meta.get(i) or {}).get("source") for i in ids], pa.string()),
+        "category": pa.array(cats, pa.string()),
+        "n": pa.array([r["n"] for r in rows], pa.int32()),
+        "correct": pa.array([r["c"] for r in rows], pa.int32()),
+        "pass_at_1": pa.array(d["pass_at_1"]), "pass_at_n": pa.array(d["pass_at_n"]), "gap": pa.array(d["gap"]),
+        "mean_reward": pa.array(d["mean_reward"]),
+        "pass_at_k": pa.array([json.dumps({str(k): round(float(v[j]), 12) for k, v in d["passk"].items()})
+                               for j in range(len(ids))], pa.string()),
+        "kept": pa.array(d["kept"].astype(bool)), "reason": pa.array(list(d["reason"]), pa.string()),
+        "split": pa.array(list(d["split"]), pa.string()),
+    }))
+
+
+def finalize(cfg: SelectConfig, task: TaskContext) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import polars as pl
+
+    sel = pl.from_arrow(task.read_output("selection"))
+    plt.figure(figsize=(4.8, 4))
+    plt.hist2d(sel["pass_at_1"].to_numpy(), sel["pass_at_n"].to_numpy(), bins=[20, 20], range=[[0, 1], [0, 1]],
+               cmap="Blues", cmin=1)
+    plt.colorbar(label="prompts")
+    plt.plot([0, 1], [cfg.min_gap, 1 + cfg.min_gap], "r--", lw=0.8)
+    plt.xlabel("Pass@1")
+    plt.ylabel("Pass@N")
+    plt.tight_layout()
+    plt.savefig(task.step_dir / "pass1_vs_passn.png", dpi=110)
+    plt.close()
+    by = sel.group_by("source", "category", "reason").len().sort("source", "category", "reason")
+    splits = sel.filter(pl.col("kept")).group_by("split").len().sort("split")
+    lines = [f"{sel.height} prompts, {int(sel['kept'].sum())} kept (rule `{cfg.rule}`).", "",
+             "| source | category | reason | prompts |", "| --- | --- | --- | ---: |"]
+    lines += [f"| {r['source']} | {r['category']} | {r['reason']} | {r['len']} |" for r in by.to_dicts()]
+    lines += ["", "| split | prompts |", "| --- | ---: |"] + [f"| {r['split']} | {r['len']} |" for r in splits.to_dicts()]
+    lines.append("\nPlot: pass1_vs_passn.png")
+    (task.step_dir / "report.md").write_text("\n".join(lines) + "\n")
+
+
+STEP = Step("select", SelectConfig, run, inputs=("rewards", "rollouts", "rl_prompts"), outputs=("selection",),
+            finalize=finalize, description="unbiased pass@k, keep prompts with a Pass@N − Pass@1 gap")
