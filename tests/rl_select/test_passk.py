@@ -1,0 +1,36 @@
+import math
+
+import numpy as np
+import pytest
+
+from rl_select.passk import pass_at_k
+
+
+def exact(n, c, k):
+    if n - c < k:
+        return 1.0
+    return 1 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def test_matches_math_comb_on_a_grid():
+    ns, cs, ks, ref = [], [], [], []
+    for n in (1, 2, 3, 5, 8, 16, 32, 64, 100, 256):
+        for c in range(0, n + 1, max(1, n // 16)):
+            for k in sorted({1, 2, 4, 8, 16, 32, n}):
+                if k <= n:
+                    ns.append(n), cs.append(c), ks.append(k), ref.append(exact(n, c, k))
+    got = pass_at_k(ns, cs, ks)
+    assert np.max(np.abs(got - np.array(ref))) < 1e-12
+
+
+@pytest.mark.parametrize("n, c, k, want", [(8, 0, 1, 0.0), (8, 0, 8, 0.0), (8, 8, 1, 1.0), (8, 3, 8, 1.0),
+                                           (8, 6, 4, 1.0), (10, 1, 1, 0.1), (4, 1, 2, 0.5)])
+def test_edge_cases(n, c, k, want):
+    assert abs(float(pass_at_k(n, c, k)) - want) < 1e-12
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)

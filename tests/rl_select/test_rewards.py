@@ -1,0 +1,131 @@
+import json
+import time
+
+import pytest
+
+from rl_select.rewards import RewardRunner, resolve, score_one
+from rl_select.rewards.detection import detection_accuracy, match
+from rl_select.rewards.safe_math import Unsafe, to_sympy
+
+
+def R(t, response, gt, extra=None):
+    return resolve(t)(response, gt, extra or {})
+
+
+@pytest.mark.parametrize("resp, gt, ok", [
+    ("<answer>\\frac{1}{2}</answer>", "0.5", True),
+    ("so \\boxed{2x+2}", "2(x+1)", True),
+    ("<answer>\\sqrt{4}</answer>", "2", True),
+    ("<answer>3</answer>", "2", False),
+    ("no answer at all", "2", False),
+])
+def test_math(resp, gt, ok):
+    assert R("math", resp, gt)[1] is ok
+
+
+def test_safe_math_never_evaluates_code():
+    for bad in ["__import__('os').system('true')", "(lambda: 1)()", "x.__class__", "open('/etc/passwd')"]:
+        with pytest.raises((Unsafe, SyntaxError)):
+            to_sympy(bad)
+    with pytest.raises(Unsafe):
+        to_sympy("9**9**9**9")
+
+
+@pytest.mark.parametrize("t, resp, gt, ok", [
+    ("choice", "<answer>(B)</answer>", "B", True),
+    ("choice", "The answer is C.", "B", False),
+    ("number", "<answer>1,234.0</answer>", "1234", True),
+    ("number", "<answer>\\frac{3}{4}</answer>", "0.75", True),
+    ("number", "<answer>12</answer>", "13", False),
+    ("bool", "<answer>Yes.</answer>", "true", True),
+    ("bool", "<answer>no</answer>", "true", False),
+    ("string", "<answer>  Red Circle! </answer>", "red circle", True),
+    ("string", "<answer>blue</answer>", "red", False),
+])
+def test_simple_types(t, resp, gt, ok):
+    assert R(t, resp, gt)[1] is ok
+
+
+def test_bbox_iou():
+    r, ok = R("bbox", "<answer>[0, 0, 10, 10]</answer>", "[5, 0, 15, 10]")
+    assert abs(r - 50 / 150) < 1e-9 and not ok
+    assert R("bbox", '<answer>{"bbox_2d": [0,0,10,10]}</answer>', "[0,0,10,10]") == (1.0, True)
+    assert R("bbox", "<answer>[1, 2, oops</answer>", "[0,0,10,10]") == (0.0, False)  # malformed
+
+
+def test_ocr_levenshtein_and_floor():
+    r, _ = R("ocr", "<answer>hello world</answer>", "hello world")
+    assert r == 1.0
+    r, _ = R("ocr", "<answer>helo world</answer>", "hello world")
+    assert abs(r - (1 - 1 / 11)) < 1e-9
+    assert R("ocr", "<answer>xyz</answer>", "hello world")[0] == 0.0  # below 0.5 → 0
+
+
+def test_html_weights():
+    gt = "<div><p>hello there</p></div>"
+    assert R("html", gt, gt)[0] == 1.0
+    r, _ = R("html", "<span>hello there</span>", gt)
+    assert abs(r - (0.6 * 1.0 + 0.4 * 0.0)) < 1e-9
+
+
+SVG = "<svg xmlns='http://www.w3.org/2000/svg' width='64' height='64'><rect x='8' y='8' width='30' height='30' fill='red'/></svg>"
+
+
+def test_svg_reward_and_external_refs():
+    assert R("svg", SVG, SVG)[0] > 0.99
+    other = SVG.replace("width='30'", "width='10'")
+    assert 0.3 < R("svg", other, SVG)[0] < 0.99
+    for evil in ["<svg xmlns='http://www.w3.org/2000/svg'><image href='http://example.com/x.png'/></svg>",
+                 "<!DOCTYPE svg [<!ENTITY x SYSTEM 'file:///etc/passwd'>]><svg>&x;</svg>",
+                 "<svg xmlns='http://www.w3.org/2000/svg'><rect style=\"fill:url(http://x/y)\"/></svg>"]:
+        reward, correct, status, error = score_one(("svg", evil, SVG, "{}"))
+        assert status == "error" and reward == 0.0
+
+
+def test_format_reward():
+    assert R("format", "<think>a</think><answer>3</answer>", "")[0] == 1.0
+    assert R("format", "<think>a</think><think>b</think><answer>3</answer>", "")[0] == 0.0
+    assert R("format", "<answer>3</answer>", "")[0] == 0.0
+    assert R("format", "<think>" + "x" * 10 + "</think>\\boxed{" + "y" * 50 + "}", "")[0] == 0.0  # boxed > 20%
+
+
+def test_detection_matching_and_penalties():
+    gt = [{"bbox": [0, 0, 10, 10], "label": "cat"}, {"bbox": [20, 20, 30, 30], "label": "dog"}]
+    assert detection_accuracy(gt, gt) == 1.0
+    swapped = [{"bbox": [0, 0, 10, 10], "label": "dog"}, {"bbox": [20, 20, 30, 30], "label": "cat"}]
+    assert detection_accuracy(swapped, gt) < 0.5
+    # label_first: a same-label box with lower IoU is preferred over a better-overlapping wrong label
+    pred = [{"bbox": [0, 0, 10, 10], "label": "dog"}, {"bbox": [1, 1, 10, 10], "label": "cat"}]
+    one = [{"bbox": [0, 0, 10, 10], "label": "cat"}]
+    assert match(pred, one, 0.5, "label_first") == 1 and match(pred, one, 0.5, "iou_first") == 0
+    spam = gt + [{"bbox": [50 + i, 50, 60 + i, 60], "label": "cat"} for i in range(10)]
+    assert detection_accuracy(spam, gt) < detection_accuracy(gt, gt) / 2
+    resp = "<think>x</think><answer>" + json.dumps([{"bbox_2d": b["bbox"], "label": b["label"]} for b in gt]) + "</answer>"
+    gts = json.dumps([{"bbox_2d": b["bbox"], "label": b["label"]} for b in gt])
+    assert R("detection", resp, gts, {"accuracy_ratio": 0.8, "format_ratio": 0.2})[0] == pytest.approx(1.0)
+    assert score_one(("detection", "<answer>[{not json</answer>", gts, "{}"))[2] == "error"
+
+
+def test_runner_timeouts_and_adversarial_inputs():
+    jobs = [
+        ("math", "<answer>9^{9^{9^{9^{9}}}}</answer>", "1", "{}"),              # huge exponent
+        ("math", "<answer>" + "\\frac{1}{" * 2000 + "2" + "}" * 2000 + "</answer>", "1", "{}"),  # deep LaTeX
+        ("number", "<answer>" + "9" * 10_000_000 + "</answer>", "1", "{}"),     # 10 MB response
+        ("math", "<answer>2</answer>", "2", "{}"),
+        ("nonexistent-type", "x", "y", "{}"),
+    ]
+    t0 = time.time()
+    with RewardRunner(workers=2, timeout_s=3.0) as runner:
+        out = runner.score(jobs)
+    assert time.time() - t0 < 20
+    for reward, correct, status, error in out[:3]:
+        assert status in ("ok", "timeout", "error") and reward == 0.0 and not correct
+    assert out[3][:3] == (1.0, True, "ok")
+    assert out[4][2] == "error" and "no reward" in out[4][3]
+
+
+def test_runner_kills_only_the_stuck_job():
+    jobs = [("math", "<answer>9^{9^{9^{9^{9}}}}</answer>", "1", "{}")] + [("math", "<answer>2</answer>", "2", "{}")] * 6
+    with RewardRunner(workers=2, timeout_s=1.5) as runner:
+        out = runner.score(jobs)
+    assert all(o[:3] == (1.0, True, "ok") for o in out[1:])

@@ -1,0 +1,118 @@
+"""rl-ingest → rollout (file backend with known success rates, and a tiny real model) → score →
+select → export, checked exactly."""
+import io
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from manifests import read_manifest
+from ovpipe.cli import main
+
+
+def png(color):
+    b = io.BytesIO()
+    Image.new("RGB", (20, 20), color).save(b, format="PNG")
+    return b.getvalue()
+
+
+@pytest.fixture(scope="module")
+def rl_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("rl")
+    data = run / "data"
+    data.mkdir()
+    rows = [{"images": [{"bytes": png((i * 20, 0, 0)), "path": None}], "problem": f"<image>What is {i} + {i}?",
+             "answer": str(2 * i)} for i in range(10)]
+    rows.append({"images": [{"bytes": png("blue"), "path": None}], "problem": "<image><image>Two?", "answer": "x"})
+    pq.write_table(pa.Table.from_pylist(rows), data / "train.parquet")
+    assert main(["rl-ingest", "--set", f"inputs=['{data}/train.parquet']", "--set", "layout=geometry3k",
+                 "--run-dir", str(run), "--quiet", "--tasks", "2"]) == 0
+    prompts = [p for p in read_manifest(run, "rl_prompts").to_pylist() if p["status"] == "ok"]
+    # prompt j: c_j = j correct answers out of n = 8 (answer-only)
+    rates = {}
+    with open(data / "rollouts.jsonl", "w") as f:
+        for j, p in enumerate(sorted(prompts, key=lambda p: p["prompt_id"])):
+            c = j % 9
+            rates[p["prompt_id"]] = c
+            for i in range(8):
+                ans = p["ground_truth"] if i < c else "-1"
+                f.write(json.dumps({"prompt_id": p["prompt_id"], "rollout_idx": i, "response": f"<answer>{ans}</answer>"}) + "\n")
+    assert main(["rollout", "--set", "backend=file", "--set", f"file={data}/rollouts.jsonl", "--run-dir", str(run),
+                 "--quiet", "--tasks", "2"]) == 0
+    assert main(["score", "--run-dir", str(run), "--quiet", "--tasks", "2"]) == 0
+    assert main(["select", "--run-dir", str(run), "--quiet", "--set", "ks=[1,2,4,8]"]) == 0
+    assert main(["export", "--run-dir", str(run), "--quiet", "--set", "areal_shard_rows=3"]) == 0
+    return run, rates
+
+
+def test_ingest_placeholder_mismatch_is_a_row(rl_run):
+    run, _ = rl_run
+    st = {p["status"] for p in read_manifest(run, "rl_prompts").to_pylist()}
+    assert st == {"ok", "image_mismatch"}
+
+
+def test_selection_exact(rl_run):
+    run, rates = rl_run
+    sel = {r["prompt_id"]: r for r in read_manifest(run, "selection").to_pylist()}
+    for pid, c in rates.items():
+        r = sel[pid]
+        assert (r["n"], r["correct"]) == (8, c)
+        p1, pn = c / 8, 1.0 if c > 0 else 0.0
+        assert r["pass_at_1"] == pytest.approx(p1) and r["pass_at_n"] == pytest.approx(pn)
+        k4 = json.loads(r["pass_at_k"])["4"]
+        assert k4 == pytest.approx(1 - math.comb(8 - c, 4) / math.comb(8, 4) if 8 - c >= 4 else 1.0, abs=1e-12)
+        want = "too_hard" if pn < 0.5 else "too_easy" if p1 > 0.7 else "no_gap" if pn - p1 < 0.2 else "kept"
+        assert r["reason"] == want, (c, r)
+        if want == "kept":
+            assert r["split"] == ("stage2-cot" if p1 < 0.25 else "stage1-answer-only")
+    assert sum(r["reason"] == "error" for r in sel.values()) == 1  # the mismatch row
+
+
+def test_exports_round_trip(rl_run):
+    run, rates = rl_run
+    kept = {r["prompt_id"]: r for r in read_manifest(run, "selection").to_pylist() if r["kept"]}
+    prompts = {p["prompt_id"]: p for p in read_manifest(run, "rl_prompts").to_pylist()}
+    ex = run / "export"
+    n = 0
+    for split_file in (ex / "verl").glob("*.parquet"):
+        for r in pq.read_table(split_file).to_pylist():
+            p = prompts[r["extra_info"]["prompt_id"]]
+            assert r["reward_model"]["ground_truth"] == p["ground_truth"]
+            assert [i["bytes"] for i in r["images"]] == p["images"]
+            assert r["prompt"][0]["content"].count("<image>") == len(r["images"])
+            n += 1
+    assert n == len(kept)
+    roll = [r for f in (ex / "roll").glob("*.parquet") for r in pq.read_table(f).to_pylist()]
+    assert len(roll) == len(kept) and all(r["reward_model"]["verifier"] == "math" for r in roll)
+    areal = [(f, json.loads(line)) for f in (ex / "areal").glob("*/part-*.jsonl") for line in f.read_text().splitlines()]
+    assert len(areal) == len(kept)
+    assert all(len(f.read_text().splitlines()) <= 3 for f in (ex / "areal").glob("*/part-*.jsonl"))
+    for f, r in areal:
+        p = prompts[r["id"]]
+        assert r["answer"] == p["ground_truth"] and f.parent.name == kept[r["id"]]["split"]
+        assert [(ex / "areal" / i).read_bytes() for i in r["images"]] == p["images"]
+        assert r["problem"].count("<image>") == len(r["images"])
+    orl = [json.loads(line) for f in (ex / "openrlhf").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert sorted(r["label"] for r in orl) == sorted(prompts[i]["ground_truth"] for i in kept)
+
+
+@pytest.mark.slow
+def test_tiny_transformers_model_generates_for_real(rl_run, tmp_path):
+    import shutil
+
+    from rl_select.demo import build_tiny_model
+
+    run, _ = rl_run
+    model = build_tiny_model(tmp_path / "lm")
+    r2 = tmp_path / "run"
+    shutil.copytree(run / "rl-ingest", r2 / "rl-ingest")
+    assert main(["rollout", "--set", f"model={model}", "--set", "n=3", "--set", "max_new_tokens=8",
+                 "--run-dir", str(r2), "--quiet"]) == 0
+    rows = read_manifest(r2, "rollouts").to_pylist()
+    assert len(rows) == 10 * 3
+    assert all(r["backend"] == "transformers" and json.loads(r["sampling"])["n"] == 3 for r in rows)
+    assert len({r["response"] for r in rows}) > 1
