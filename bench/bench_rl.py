@@ -1,0 +1,89 @@
+"""RL benchmarks: rewards/s per core for each reward type, and ``select`` over 10M rollouts.
+
+    python -m bench.bench_rl            # 10M rollouts (625K prompts × 16)
+    python -m bench.bench_rl --quick    # 1M rollouts
+
+Rewards are timed in-process on one core (``score_one``: parse, extract, verify), i.e. what one
+``RewardRunner`` worker sustains; select is timed from the Arrow ``rewards`` table to the
+per-prompt decisions (polars aggregation + vectorised pass@k).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+SVG = "<svg xmlns='http://www.w3.org/2000/svg' width='64' height='64'><rect x='8' y='8' width='30' height='30' fill='red'/></svg>"
+CASES = {
+    "math": ("<think>2+2</think><answer>\\frac{8}{2}</answer>", "4"),
+    "choice": ("The answer is (C).", "C"),
+    "number": ("<answer>1,234.5</answer>", "1234.5"),
+    "bbox": ("<answer>[10, 10, 50, 50]</answer>", "[12, 10, 50, 52]"),
+    "ocr": ("<answer>the quick brown fox</answer>", "the quick brown fax"),
+    "html": ("<answer><div><p>hello <b>world</b></p></div></answer>", "<div><p>hello world</p></div>"),
+    "svg": (SVG, SVG.replace("30", "28")),
+    "bool": ("<answer>yes</answer>", "true"),
+    "string": ("<answer>Red Circle</answer>", "red circle"),
+    "format": ("<think>reasoning</think><answer>4</answer>", ""),
+    "detection": ("<answer>" + json.dumps([{"bbox_2d": [0, 0, 10, 10], "label": "cat"},
+                                           {"bbox_2d": [20, 20, 30, 31], "label": "dog"}]) + "</answer>",
+                  json.dumps([{"bbox_2d": [0, 0, 10, 10], "label": "cat"}, {"bbox_2d": [20, 20, 30, 30], "label": "dog"}])),
+}
+
+
+def bench_rewards(seconds: float) -> None:
+    from rl_select.rewards import score_one
+
+    print("\n### rewards per second, one core (in-process score_one)\n| reward | rewards/s | result |\n| --- | ---: | --- |")
+    for name, (resp, gt) in CASES.items():
+        score_one((name, resp, gt, "{}"))  # warm-up (imports, caches)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            r = score_one((name, resp, gt, "{}"))
+            n += 1
+        dt = time.perf_counter() - t0
+        print(f"| {name} | {n / dt:,.0f} | {r[0]:.3f} ({r[2]}) |", flush=True)
+
+
+def bench_select(n_rollouts: int, per_prompt: int = 16) -> None:
+    import pyarrow as pa
+
+    from rl_select.select import SelectConfig, aggregate, decide
+
+    rng = np.random.default_rng(0)
+    n_prompts = n_rollouts // per_prompt
+    pids = np.char.mod("%016x", np.arange(n_prompts, dtype=np.uint64)).astype(str)
+    rate = rng.beta(0.6, 0.6, n_prompts)
+    correct = rng.random((n_prompts, per_prompt)) < rate[:, None]
+    table = pa.table({
+        "prompt_id": pa.array(np.repeat(pids, per_prompt)),
+        "rollout_idx": pa.array(np.tile(np.arange(per_prompt, dtype=np.int32), n_prompts)),
+        "reward": pa.array(correct.ravel().astype(np.float64)),
+        "correct": pa.array(correct.ravel()),
+        "reward_type": pa.array(np.full(n_rollouts, "math")),
+        "status": pa.array(np.full(n_rollouts, "ok")),
+        "error": pa.nulls(n_rollouts, pa.string()),
+    })
+    t0 = time.perf_counter()
+    agg = aggregate(table)
+    d = decide(agg["n"].to_numpy(), agg["c"].to_numpy(), agg["errors"].to_numpy(), agg["mean_reward"].to_numpy(),
+               agg["n_ao"].to_numpy(), agg["c_ao"].to_numpy(), [None] * agg.height, SelectConfig(ks=[1, 2, 4, 8, 16]))
+    dt = time.perf_counter() - t0
+    print(f"\n### select: {n_rollouts:,} rollouts ({n_prompts:,} prompts × {per_prompt})\n"
+          f"| seconds | rollouts/s | kept |\n| ---: | ---: | ---: |\n| {dt:.2f} | {n_rollouts / dt:,.0f} | {int(d['kept'].sum()):,} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv or [])
+    bench_rewards(0.5 if a.quick else 2.0)
+    bench_select(1_000_000 if a.quick else 10_000_000)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
