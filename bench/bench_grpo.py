@@ -43,6 +43,35 @@ def main(argv: list[str] | None = None) -> int:
     print("| | advantage collapsing (|A| < 0.1) | rollouts with non-zero gradient |\n| --- | ---: | ---: |")
     print(f"| before | {b['advantage_collapsing']:.1%} | {b['nonzero_gradient_share']:.1%} |")
     print(f"| after PTS + ABS | {af['advantage_collapsing']:.1%} | {af['nonzero_gradient_share']:.1%} |")
+    import time
+
+    from rl_select.gym import GAMES, VecEnv, games, score_actions
+
+    print("\n### VLM-Gym: environment throughput (one core)\n| game | env steps/s (VecEnv × 64) | renders/s | parallel-action scores/s |\n| --- | ---: | ---: | ---: |")
+    for game in GAMES:
+        env = VecEnv(game, 64, seed=0)
+        t0 = time.perf_counter()
+        steps = 0
+        while time.perf_counter() - t0 < (0.3 if a.quick else 1.0):
+            acts = []
+            for st in env.states:
+                legal = games.legal_actions(st)
+                x = legal[0] if legal else None
+                acts.append("<answer>none</answer>" if x is None else f"<answer>{x}</answer>" if game == "2048"
+                            else f"<answer>({x[0][0]},{x[0][1]}),({x[1][0]},{x[1][1]})</answer>")
+            env.step(acts)
+            steps += len(acts)
+        sps = steps / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            env.observations()
+        rps = 20 * 64 / (time.perf_counter() - t0)
+        st = env.states[0]
+        t0 = time.perf_counter()
+        for _ in range(20):
+            score_actions(st, ["<answer>up</answer>", "<answer>(0,0),(0,1)</answer>"] * 8)
+        aps = 20 * 16 / (time.perf_counter() - t0)
+        print(f"| {game} | {sps:,.0f} | {rps:,.0f} | {aps:,.0f} |")
     return 0
 
 
