@@ -45,6 +45,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {value!r} is not a {_type_name(tp)}")
     if origin is Literal:
         allowed = get_args(tp)
+        if value not in allowed and not isinstance(value, bool) and str(value) in allowed:
+            return str(value)  # `--set game=2048` parses as an int; the choice is the string "2048"
         if value not in allowed:
             raise ConfigError(f"{where}: {value!r} is not one of {list(allowed)}")
         return value
