@@ -51,6 +51,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not slurm"
 
 bench: install
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
