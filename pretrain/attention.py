@@ -1,0 +1,64 @@
+"""Core attention on ``torch.nn.functional.scaled_dot_product_attention`` that honours
+``PackedSeqParams`` — swapped into megatron-core's layer spec for CPU runs (megatron's local
+``DotProductAttention`` asserts ``packed_seq_params is None`` and allocates through a CUDA memory
+buffer; Transformer Engine's attention handles THD on GPU).
+
+Packed (``qkv_format == "thd"``): query/key/value are ``[t, heads, dim]`` for all samples of all
+packs of the micro-batch concatenated; ``cu_seqlens_q`` marks sample boundaries. The mask is
+block-diagonal causal — a token attends only to earlier tokens of its own sample — so packing never
+lets information cross sample boundaries, and any number of packs can share one micro-batch.
+Unpacked (``sbhd``): ``[s, b, heads, dim]`` with plain causal attention.
+GQA: key/value groups are repeated to the query heads, as megatron does.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.module import MegatronModule
+
+
+def block_causal_mask(cu_seqlens: torch.Tensor, total: int, device=None) -> torch.Tensor:
+    """Boolean [total, total]: True where attention is allowed."""
+    seg = torch.zeros(total, dtype=torch.long, device=device)
+    seg[cu_seqlens[1:-1].long()] = 1
+    seg = seg.cumsum(0)
+    same = seg[:, None] == seg[None, :]
+    causal = torch.ones(total, total, dtype=torch.bool, device=device).tril()
+    return same & causal
+
+
+class SDPACoreAttention(MegatronModule):
+    def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection=None, **kwargs):
+        super().__init__(config=config)
+        tp = getattr(config, "tensor_model_parallel_size", 1) or 1
+        self.heads = config.num_attention_heads // tp
+        self.groups = (config.num_query_groups or config.num_attention_heads) // tp
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.softmax_scale = softmax_scale
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        rep = self.heads // self.groups
+        p = self.dropout if self.training else 0.0
+        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
+            # [t, np, hn] (megatron squeezes the batch dim for THD)
+            if query.dim() == 4:
+                query, key, value = query.squeeze(1), key.squeeze(1), value.squeeze(1)
+            t = query.shape[0]
+            if rep > 1:
+                key = key.repeat_interleave(rep, dim=1)
+                value = value.repeat_interleave(rep, dim=1)
+            mask = block_causal_mask(packed_seq_params.cu_seqlens_q, t, query.device)
+            out = F.scaled_dot_product_attention(query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1),
+                                                 attn_mask=mask, dropout_p=p, scale=self.softmax_scale)
+            return out.transpose(0, 1).reshape(t, -1)
+        # sbhd: [s, b, np, hn]
+        s, b = query.shape[:2]
+        if rep > 1:
+            key = key.repeat_interleave(rep, dim=2)
+            value = value.repeat_interleave(rep, dim=2)
+        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, scale=self.softmax_scale)
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)

@@ -1,0 +1,84 @@
+"""The LLM of the recipe from megatron-core building blocks: a Qwen3-style decoder (GQA, qk-norm,
+RMSNorm, SwiGLU, RoPE) as ``GPTModel`` built from a layer spec.
+
+Spec choice (``layer_spec``): Transformer Engine's spec where TE is installed (its fused attention
+runs THD packed sequences on GPU); otherwise megatron's local spec with the core attention swapped
+for ``SDPACoreAttention`` (``pretrain.attention``), which honours ``PackedSeqParams`` on any device.
+Swapping through the spec is megatron's supported extension route — no flag, no patch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LLMSize:
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    vocab_size: int
+    rope_theta: float = 1_000_000.0
+    tie_embeddings: bool = False
+
+
+# Qwen3-4B / 8B as published (config.json of the released checkpoints); `tiny` for tests and the demo.
+LLM_SIZES = {
+    "tiny": LLMSize(2, 64, 128, 4, 2, 16, 512, tie_embeddings=True),
+    "qwen3-4b": LLMSize(36, 2560, 9728, 32, 8, 128, 151936, tie_embeddings=True),
+    "qwen3-8b": LLMSize(36, 4096, 12288, 32, 8, 128, 151936, tie_embeddings=False),
+}
+
+
+def transformer_config(size: LLMSize, tp: int = 1, dtype: torch.dtype = torch.float32, **overrides):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=size.num_layers, hidden_size=size.hidden_size, ffn_hidden_size=size.ffn_hidden_size,
+        num_attention_heads=size.num_attention_heads, num_query_groups=size.num_query_groups,
+        kv_channels=size.kv_channels, normalization="RMSNorm", layernorm_epsilon=1e-6, qk_layernorm=True,
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu, add_bias_linear=False,
+        add_qkv_bias=False, hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
+        use_cpu_initialization=not torch.cuda.is_available(), params_dtype=dtype,
+        bf16=dtype == torch.bfloat16, **overrides)
+
+
+def layer_spec(backend: str = "auto"):
+    """``te`` (GPU, THD via TE fused attention) | ``sdpa`` (local spec + SDPA THD core attention)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    if backend in ("auto", "te"):
+        try:
+            import transformer_engine  # noqa: F401
+            from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+            return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
+        except ImportError:
+            if backend == "te":
+                raise
+    from pretrain.attention import SDPACoreAttention
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return spec
+
+
+def build_llm(size: LLMSize, tp: int = 1, backend: str = "auto", max_seq_len: int = 32768, **overrides):
+    from megatron.core.models.gpt import GPTModel
+
+    cfg = transformer_config(size, tp, **overrides)
+    return GPTModel(cfg, layer_spec(backend), vocab_size=size.vocab_size, max_sequence_length=max_seq_len,
+                    position_embedding_type="rope", rotary_base=int(size.rope_theta),
+                    share_embeddings_and_output_weights=size.tie_embeddings)
+
+
+def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = cu_seqlens.to(torch.int32)
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max_seqlen,
+                           max_seqlen_kv=max_seqlen)
