@@ -1,0 +1,62 @@
+"""Packed shards (``packing.shards``) → THD micro-batches for megatron-core.
+
+A micro-batch is ``micro_batch`` packs concatenated into one THD sequence: megatron sees
+``tokens [1, T]`` with ``PackedSeqParams(cu_seqlens)`` over *all samples of all packs*, so
+micro-batch > 1 costs nothing special (block-diagonal attention keeps samples apart) — the
+published code is stuck at 1 when packing. Labels are the next token *within the same sample*;
+the loss mask is the target mask of that next token (caption / assistant turn), 0 on each
+sample's last position. Position ids restart at every sample.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+
+@dataclass
+class PackedBatch:
+    tokens: torch.Tensor        # [1, T]
+    labels: torch.Tensor        # [1, T]
+    loss_mask: torch.Tensor     # [1, T] float
+    position_ids: torch.Tensor  # [1, T]
+    cu_seqlens: torch.Tensor    # [n_samples + 1] int32
+    max_seqlen: int
+    n_images: int
+
+
+def collate(seqs) -> PackedBatch:
+    ids = np.concatenate([s.input_ids for s in seqs]).astype(np.int64)
+    mask = np.concatenate([s.loss_mask for s in seqs]).astype(np.float32)
+    pos = np.concatenate([s.position_ids for s in seqs]).astype(np.int64)
+    lens = np.concatenate([np.diff(s.cu_seqlens) for s in seqs])
+    cu = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=cu[1:])
+    labels = np.zeros_like(ids)
+    labels[:-1] = ids[1:]
+    lmask = np.zeros_like(mask)
+    lmask[:-1] = mask[1:]
+    lmask[cu[1:] - 1] = 0.0   # a sample's last token predicts nothing (the next token is another sample)
+    return PackedBatch(torch.from_numpy(ids)[None], torch.from_numpy(labels)[None], torch.from_numpy(lmask)[None],
+                       torch.from_numpy(pos)[None], torch.from_numpy(cu).to(torch.int32), int(lens.max()),
+                       sum(len(s.images) for s in seqs))
+
+
+def iter_batches(run_dir: str | Path, pack_step: str, micro_batch: int, epochs: int | None = None) -> Iterator[PackedBatch]:
+    """Deterministic order: shards sorted, packs in file order, repeated ``epochs`` times (None: forever)."""
+    from packing.shards import iter_packed, packed_shards
+
+    shards = packed_shards(run_dir, pack_step)
+    e = 0
+    while epochs is None or e < epochs:
+        buf = []
+        for sh in shards:
+            for seq in iter_packed(sh):
+                buf.append(seq)
+                if len(buf) == micro_batch:
+                    yield collate(buf)
+                    buf = []
+        e += 1
