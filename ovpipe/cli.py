@@ -219,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pretrain"]:  # its own argument parser (torchrun / srun launch options)
+        from pretrain.launch import main as pretrain_main
+
+        return int(pretrain_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     rc = args.func(args)
     return int(rc or 0)

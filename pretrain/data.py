@@ -26,9 +26,28 @@ class PackedBatch:
     cu_seqlens: torch.Tensor    # [n_samples + 1] int32
     max_seqlen: int
     n_images: int
+    images: list = None          # [3, H, W] float tensors, H = grid_h·14, W = grid_w·14 (CLIP-normalised)
 
 
-def collate(seqs) -> PackedBatch:
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def pixels(image_bytes: bytes, grid_h: int, grid_w: int, patch: int = 14) -> torch.Tensor:
+    """Decode and resize to the grid ``packing`` counted tokens for (smart_resize), normalise."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(image_bytes)) as im:
+        im = im.convert("RGB").resize((grid_w * patch, grid_h * patch), Image.BICUBIC)
+        x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1)
+    mean = torch.tensor(CLIP_MEAN)[:, None, None]
+    std = torch.tensor(CLIP_STD)[:, None, None]
+    return (x - mean) / std
+
+
+def collate(seqs, with_images: bool = True) -> PackedBatch:
     ids = np.concatenate([s.input_ids for s in seqs]).astype(np.int64)
     mask = np.concatenate([s.loss_mask for s in seqs]).astype(np.float32)
     pos = np.concatenate([s.position_ids for s in seqs]).astype(np.int64)
@@ -40,9 +59,11 @@ def collate(seqs) -> PackedBatch:
     lmask = np.zeros_like(mask)
     lmask[:-1] = mask[1:]
     lmask[cu[1:] - 1] = 0.0   # a sample's last token predicts nothing (the next token is another sample)
+    images = [pixels(img, int(g[0]), int(g[1])) for s in seqs for img, g in zip(s.images, s.image_grids)] \
+        if with_images else []
     return PackedBatch(torch.from_numpy(ids)[None], torch.from_numpy(labels)[None], torch.from_numpy(lmask)[None],
                        torch.from_numpy(pos)[None], torch.from_numpy(cu).to(torch.int32), int(lens.max()),
-                       sum(len(s.images) for s in seqs))
+                       sum(len(s.images) for s in seqs), images)
 
 
 def iter_batches(run_dir: str | Path, pack_step: str, micro_batch: int, epochs: int | None = None) -> Iterator[PackedBatch]:

@@ -17,10 +17,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--lr", type=float)
     ap.add_argument("--executor", choices=["local"], default="local")
     a = ap.parse_args(argv)
     args = ["--run-dir", a.run_dir, "--recipe", a.recipe, "--stage", a.stage, "--steps", str(a.steps),
-            "--micro-batch", str(a.micro_batch)]
+            "--micro-batch", str(a.micro_batch)] + (["--lr", str(a.lr)] if a.lr is not None else [])
     if a.tp > 1:
         return subprocess.call(["torchrun", "--standalone", f"--nproc-per-node={a.tp}", "-m", "pretrain.train", *args])
     from pretrain.train import main as train_main

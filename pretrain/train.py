@@ -1,12 +1,14 @@
-"""Training loop on packed THD batches (work in progress: the LLM side of the recipe).
+"""Three-stage training of RICE-ViT + projector + LLM on packed THD batches.
 
-    python -m pretrain.train --run-dir RUN --recipe tiny --stage 1.5 --steps 30
-    (or under torchrun; TP = WORLD_SIZE)
+    python -m pretrain.train --run-dir RUN --recipe tiny --stage 1 --steps 30     (or under torchrun)
 
-Per step: loss (token mean over target tokens), lr (linear warmup, cosine decay to ``min_lr``),
-grad norm, tokens/s and an MFU estimate (6·N·tokens/s over ``peak_tflops``) go to
-``RUN/pretrain/stage-<S>/metrics.jsonl``; a checkpoint (model, optimizer, step, data position) is
-written at the end and resumed from if present.
+Stage 1 trains the projector alone (vision tower and LLM frozen), 1.5 and 2 train everything; each
+stage starts from the previous stage's checkpoint (``RUN/pretrain/stage-<S>/checkpoint.pt``) and
+resumes its own if present, skipping the batches already seen, so an interrupted stage continues
+with the same losses as an uninterrupted one. Per step, ``metrics.jsonl`` gets loss (token mean
+over target tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s and an MFU
+estimate (6·N_trainable-forward-and-backward·tokens/s / ``peak_tflops``), and the stage config is
+saved as ``stage.json``.
 """
 from __future__ import annotations
 
@@ -15,13 +17,12 @@ import json
 import math
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-STAGE_LR = {"1": 1e-4, "1.5": 1e-5, "2": 1e-5}
-STAGE_DATA = {"1": "pack", "1.5": "pack", "2": "pack-instruct"}
-PREV = {"1.5": "1", "2": "1.5"}
+from pretrain.recipes import PREVIOUS, RECIPES, STAGES
 
 
 def lr_at(step: int, total: int, peak: float, min_lr: float = 1e-6, warmup_frac: float = 0.002) -> float:
@@ -32,13 +33,7 @@ def lr_at(step: int, total: int, peak: float, min_lr: float = 1e-6, warmup_frac:
     return min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
-def save_checkpoint(path: Path, model, opt, step: int) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
-    os.replace(tmp, path)
-
-
-def setup_distributed() -> int:
+def setup_distributed(tp: int | None = None) -> int:
     import torch.distributed as dist
 
     if not torch.cuda.is_available():
@@ -54,47 +49,63 @@ def setup_distributed() -> int:
     from megatron.core import parallel_state
 
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
-    return world
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp or world)
+    return tp or world
+
+
+def save_checkpoint(path: Path, model, opt, step: int) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+    os.replace(tmp, path)
+
+
+def image_pad_id(run_dir: Path, tokenizer: str | None) -> int:
+    from packing.tokens import IMAGE_PAD, load_tokenizer
+
+    return load_tokenizer(tokenizer or str(run_dir / "tokenizer")).convert_tokens_to_ids(IMAGE_PAD)
 
 
 def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int = 2, lr: float | None = None,
           seed: int = 0, peak_tflops: float | None = None, log=print, save_every: int = 0,
-          stop_after: int | None = None) -> dict:
+          stop_after: int | None = None, tokenizer: str | None = None, tp: int | None = None) -> dict:
     """``stop_after``: end (with a checkpoint) after that many steps of this run — a killed job, for drills."""
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from pretrain.data import iter_batches
-    from pretrain.model import LLM_SIZES, build_llm, packed_seq_params
+    from pretrain.vlm import VLM
 
-    if stage == "1":
-        raise NotImplementedError("stage 1 trains the projector alone; the RICE-ViT tower and projector are "
-                                  "not built yet — run stage 1.5 / 2 (the LLM side) for now")
-    tp = setup_distributed()
+    run_dir = Path(run_dir)
+    st_cfg = STAGES[stage]
+    tp = setup_distributed(tp)
     torch.manual_seed(seed)
     try:
         model_parallel_cuda_manual_seed(seed)
     except Exception:
         pass
-    size = LLM_SIZES[recipe]
-    model = build_llm(size, tp=tp, backend="auto" if torch.cuda.is_available() else "sdpa")
+    model = VLM(RECIPES[recipe], image_pad_id(run_dir, tokenizer), tp=tp,
+                backend="auto" if torch.cuda.is_available() else "sdpa")
     out = run_dir / "pretrain" / f"stage-{stage}"
     out.mkdir(parents=True, exist_ok=True)
+    peak = lr if lr is not None else st_cfg.lr
+    (out / "stage.json").write_text(json.dumps({**asdict(st_cfg), "lr": peak, "recipe": recipe, "steps": steps,
+                                                "micro_batch": micro_batch, "tp": tp, "seed": seed}, indent=2))
     ckpt = out / "checkpoint.pt"
-    peak = lr if lr is not None else STAGE_LR[stage]
-    opt = torch.optim.AdamW(model.parameters(), lr=peak, betas=(0.9, 0.95), eps=1e-5, weight_decay=0.0)
     start = 0
-    if ckpt.exists():                                   # resume mid-stage
-        st = torch.load(ckpt, weights_only=False)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["optimizer"])
-        start = st["step"]
-    elif stage in PREV and (run_dir / "pretrain" / f"stage-{PREV[stage]}" / "checkpoint.pt").exists():
-        st = torch.load(run_dir / "pretrain" / f"stage-{PREV[stage]}" / "checkpoint.pt", weights_only=False)
-        model.load_state_dict(st["model"])              # each stage starts from the previous one
+    prev = run_dir / "pretrain" / f"stage-{PREVIOUS.get(stage, '')}" / "checkpoint.pt"
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(state["model"])
+        start = state["step"]
+    elif stage in PREVIOUS and prev.exists():
+        model.load_state_dict(torch.load(prev, weights_only=False)["model"])  # each stage starts from the last
+    model.set_trainable(st_cfg.trainable)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=peak, betas=(0.9, 0.95), eps=st_cfg.adam_eps, weight_decay=0.0)
+    if ckpt.exists() and start:
+        opt.load_state_dict(torch.load(ckpt, weights_only=False)["optimizer"])
     n_params = sum(p.numel() for p in model.parameters())
     peak_flops = (peak_tflops or (989.0 if torch.cuda.is_available() else 0.2)) * 1e12
-    batches = iter_batches(run_dir, STAGE_DATA[stage], micro_batch)
+    batches = iter_batches(run_dir, st_cfg.data, micro_batch)
     for _ in range(start):                              # same data order as an uninterrupted run
         next(batches)
     metrics = []
@@ -103,18 +114,18 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
             b = next(batches)
             t0 = time.perf_counter()
             for g in opt.param_groups:
-                g["lr"] = lr_at(step, steps, peak)
-            psp = packed_seq_params(b.cu_seqlens, b.max_seqlen)
-            per_tok = model(b.tokens, b.position_ids, attention_mask=None, labels=b.labels, packed_seq_params=psp)
+                g["lr"] = lr_at(step, steps, peak, st_cfg.min_lr, st_cfg.warmup_frac)
+            per_tok = model(b)
             loss = (per_tok * b.loss_mask).sum() / b.loss_mask.sum().clamp(min=1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             dt = time.perf_counter() - t0
             ntok = b.tokens.numel()
-            rec = {"step": step + 1, "loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"], "grad_norm": float(gn),
-                   "tokens_per_s": ntok / dt, "mfu": 6 * n_params * ntok / dt / peak_flops, "tokens": ntok}
+            rec = {"step": step + 1, "loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"],
+                   "grad_norm": float(gn), "tokens_per_s": ntok / dt, "mfu": 6 * n_params * ntok / dt / peak_flops,
+                   "tokens": ntok, "images": b.n_images}
             f.write(json.dumps(rec) + "\n")
             metrics.append(rec)
             log(f"stage {stage} step {step + 1}/{steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
@@ -130,15 +141,18 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--recipe", default="tiny")
-    ap.add_argument("--stage", choices=["1", "1.5", "2"], required=True)
+    ap.add_argument("--recipe", default="tiny", choices=sorted(RECIPES))
+    ap.add_argument("--stage", choices=sorted(STAGES), required=True)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--lr", type=float)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer")
+    ap.add_argument("--save-every", type=int, default=0)
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    train(Path(a.run_dir), a.recipe, a.stage, a.steps, a.micro_batch, a.lr, a.seed)
+    train(Path(a.run_dir), a.recipe, a.stage, a.steps, a.micro_batch, a.lr, a.seed, tokenizer=a.tokenizer,
+          save_every=a.save_every)
     return 0
 
 

@@ -39,6 +39,23 @@ def test_collate_labels_masks_and_boundaries(packed_demo):
     assert T == sum(packs[i]["total_tokens"] for i in first3)   # exactly the packs' tokens, no padding
 
 
+def test_stage1_changes_only_the_projector(megatron_single, packed_demo, tmp_path):
+    from pretrain.recipes import RECIPES
+    from pretrain.train import image_pad_id, train
+    from pretrain.vlm import VLM
+
+    a = tmp_path / "s1"
+    shutil.copytree(packed_demo, a)
+    torch.manual_seed(0)
+    init = VLM(RECIPES["tiny"], image_pad_id(a, None), backend="sdpa").state_dict()
+    out = train(a, "tiny", "1", steps=4, micro_batch=2, lr=1e-2, log=lambda *_: None)
+    assert all(m["images"] > 0 for m in out["metrics"])            # images really went through the tower
+    after = torch.load(out["checkpoint"], weights_only=False)["model"]
+    changed = {k for k, v in after.items() if not k.endswith("_extra_state") and not torch.equal(v, init[k])}
+    assert changed and all(k.startswith("projector.") for k in changed)
+    assert any(k.startswith("projector.") for k in changed)
+
+
 def test_loss_falls_and_resume_is_exact(megatron_single, packed_demo, tmp_path):
     from pretrain.train import train
 
