@@ -74,7 +74,11 @@ def iter_packed(path: str | Path) -> Iterator[PackedSequence]:
     """Yield the packed sequences of one shard, in file order."""
     import webdataset as wds
 
-    for s in wds.WebDataset(str(path), shardshuffle=False, empty_check=False):
+    # One shard, read whole: which rank reads which shard is the caller's decision (tensor-parallel
+    # ranks must see the same data), so webdataset's own node/worker splitting is switched off.
+    keep_all = lambda urls: urls  # noqa: E731
+    for s in wds.WebDataset(str(path), shardshuffle=False, empty_check=False, nodesplitter=keep_all,
+                            workersplitter=keep_all):
         meta = json.loads(s["json"])
         ids = np.load(io.BytesIO(s["ids.npy"]), allow_pickle=False)
         mask = np.load(io.BytesIO(s["mask.npy"]), allow_pickle=False)

@@ -1,4 +1,5 @@
 import os
+import shutil
 import socket
 
 import pytest
@@ -32,3 +33,19 @@ def megatron_single():
     except Exception:
         pass
     yield
+
+
+@pytest.fixture(scope="session")
+def packed_demo(ingested_run, tmp_path_factory):
+    from ovpipe.cli import main
+    from packing.tiny_tokenizer import main as build_tok
+
+    run = tmp_path_factory.mktemp("pt")
+    shutil.copytree(ingested_run / "ingest", run / "ingest")
+    assert build_tok(["--out", str(run / "tokenizer"), "--run-dir", str(run)]) == 0
+    assert main(["lengths", "--set", f"tokenizer={run / 'tokenizer'}", "--set", "seq_len=512", "--run-dir", str(run),
+                 "--quiet"]) == 0
+    assert main(["pack", "--set", "seq_len=512", "--run-dir", str(run), "--quiet"]) == 0
+    return run
+
+

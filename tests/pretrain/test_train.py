@@ -7,20 +7,6 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="module")
-def packed_demo(ingested_run, tmp_path_factory):
-    from ovpipe.cli import main
-    from packing.tiny_tokenizer import main as build_tok
-
-    run = tmp_path_factory.mktemp("pt")
-    shutil.copytree(ingested_run / "ingest", run / "ingest")
-    assert build_tok(["--out", str(run / "tokenizer"), "--run-dir", str(run)]) == 0
-    assert main(["lengths", "--set", f"tokenizer={run / 'tokenizer'}", "--set", "seq_len=512", "--run-dir", str(run),
-                 "--quiet"]) == 0
-    assert main(["pack", "--set", "seq_len=512", "--run-dir", str(run), "--quiet"]) == 0
-    return run
-
-
 def test_collate_labels_masks_and_boundaries(packed_demo):
     from manifests import read_manifest
     from pretrain.data import iter_batches

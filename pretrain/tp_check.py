@@ -1,0 +1,48 @@
+"""Step-1 loss of the tiny recipe on the first demo batch, for the TP=1 vs TP=2 parity check.
+
+    torchrun --nproc-per-node=2 -m pretrain.tp_check --run-dir RUN --out loss.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--stage", default="1.5")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from pretrain.data import iter_batches
+    from pretrain.recipes import RECIPES
+    from pretrain.train import image_pad_id, setup_distributed
+    from pretrain.vlm import VLM
+
+    tp = setup_distributed()
+    torch.manual_seed(0)
+    try:
+        model_parallel_cuda_manual_seed(0)
+    except Exception:
+        pass
+    model = VLM(RECIPES["tiny"], image_pad_id(Path(a.run_dir), None), tp=tp, backend="sdpa")
+    b = next(iter_batches(a.run_dir, "pack", 2))
+    per_tok = model(b)
+    loss = (per_tok * b.loss_mask).sum() / b.loss_mask.sum()
+    loss.backward()
+    gn = torch.sqrt(sum((p.grad.float() ** 2).sum() for n, p in model.named_parameters()
+                        if p.grad is not None and n.startswith("projector.")))
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(a.out).write_text(json.dumps({"tp": tp, "loss": float(loss.detach()), "projector_grad_norm": float(gn)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
