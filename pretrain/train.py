@@ -109,8 +109,18 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
     for _ in range(start):                              # same data order as an uninterrupted run
         next(batches)
     metrics = []
+    try:  # tensorboard beside the JSONL when it is installed
+        from torch.utils.tensorboard import SummaryWriter
+
+        tb = SummaryWriter(str(out / "tensorboard"))
+    except Exception:
+        tb = None
+    from tqdm import tqdm
+
+    bar = tqdm(range(start, steps), desc=f"stage {stage}", unit="step", initial=start, total=steps, leave=False,
+               disable=log is not print)
     with open(out / "metrics.jsonl", "a") as f:
-        for step in range(start, steps):
+        for step in bar:
             b = next(batches)
             t0 = time.perf_counter()
             for g in opt.param_groups:
@@ -128,6 +138,10 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
                    "tokens": ntok, "images": b.n_images}
             f.write(json.dumps(rec) + "\n")
             metrics.append(rec)
+            bar.set_postfix(loss=f"{rec['loss']:.3f}")
+            if tb is not None:
+                for k in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
+                    tb.add_scalar(k, rec[k], step + 1)
             log(f"stage {stage} step {step + 1}/{steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
                 f"gn {rec['grad_norm']:.3f} {rec['tokens_per_s']:.0f} tok/s")
             if (save_every and (step + 1) % save_every == 0) or (stop_after and step + 1 - start >= stop_after):
