@@ -84,12 +84,7 @@ def run(cfg: EmbedConceptsConfig, task: TaskContext) -> None:
     empty = [i for i, t in enumerate(mine) if not t]
     with task.stats.timer("embed"):
         emb = embed_texts(mine, cfg.templates, net, tokenizer, device, cfg.batch_size)
-    rel = f"{task.step}/data/concepts-{task.rank:05d}.npy"
-    path = task.data_path(f"concepts-{task.rank:05d}.npy")
-    tmp = path.with_name(f".tmp-{path.name}")
-    with open(tmp, "wb") as f:
-        np.save(f, emb.astype(np.float16))
-    tmp.replace(path)
+    rel = task.write_npy(f"concepts-{task.rank:05d}.npy", emb.astype(np.float16))
     task.stats.inc("concepts", hi - lo)
     task.stats.inc("empty_concepts", len(empty))
     task.write_part("concepts", {"concept_id": ids[lo:hi].astype(np.int32), "text": texts[lo:hi],

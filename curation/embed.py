@@ -88,12 +88,7 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     net, preprocess, _, device = load_clip(cfg.model, cfg.pretrained, cfg.device)
     with task.stats.timer("embed"):
         emb, errors = embed_rows(ok_rows, net, preprocess, device, cfg.batch_size, cfg.decode_workers, task.stats)
-    rel = f"{task.step}/data/emb-{task.rank:05d}.npy"
-    path = task.data_path(f"emb-{task.rank:05d}.npy")
-    tmp = path.with_name(f".tmp-{path.name}")
-    with open(tmp, "wb") as f:
-        np.save(f, emb.astype(np.float16))
-    tmp.replace(path)
+    rel = task.write_npy(f"emb-{task.rank:05d}.npy", emb.astype(np.float16))
     rows, k = [], 0
     err_by_id = {r["sample_id"]: e for r, e in zip(ok_rows, errors)}
     for r in samples:

@@ -116,6 +116,19 @@ class TaskContext:
         p.parent.mkdir(parents=True, exist_ok=True)
         return p
 
+    def write_npy(self, name: str, array) -> str:
+        """Save a data array atomically under ``RUN/<step>/data/``; returns its path relative to the run."""
+        import os
+
+        import numpy as np
+
+        path = self.data_path(name)
+        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+        os.replace(tmp, path)
+        return f"{self.step}/data/{name}"
+
     def write_part(self, kind: str, data, sort: bool = True) -> Path:
         from manifests.io import write_part
 
