@@ -89,16 +89,16 @@ SCHEMAS: dict[str, pa.Schema] = {
     ]),
     # rl-ingest / rl-gym
     "rl_prompts": pa.schema([
-        ("prompt_id", pa.string()),
-        ("source", pa.string()),
-        ("category", pa.string()),
-        ("question", pa.string()),
-        ("images", pa.list_(pa.binary())),
-        ("ground_truth", pa.string()),
-        ("answer_type", pa.string()),
-        ("extra", pa.string()),             # JSON: adapter-specific fields kept verbatim
-        ("status", STATUS),
-        ("error", pa.string()),
+        ("prompt_id", pa.string()),         # xxh3-64 hex of source, question, ground truth, image bytes
+        ("source", pa.string()),            # data set name (config `source`, else the row's, else file stem)
+        ("category", pa.string()),          # free-form task family (verl `ability`); "default" when absent
+        ("question", pa.string()),          # user text; exactly one "<image>" per entry of `images`
+        ("images", pa.list_(pa.binary())),  # encoded image files (PNG/JPEG bytes), in placeholder order
+        ("ground_truth", pa.string()),      # plain string; structured answers (boxes, lists) as JSON text
+        ("answer_type", pa.string()),       # key of rl_select.rewards.REWARDS (math, choice, number, bbox, ...)
+        ("extra", pa.string()),             # JSON object: adapter-specific fields, reward parameters
+        ("status", STATUS),                 # ok | image_mismatch | bad_image | bad_row | duplicate | ...
+        ("error", pa.string()),             # human-readable reason when status != ok
     ]),
     # rollout
     "rollouts": pa.schema([
