@@ -1,0 +1,84 @@
+"""rl-ingest adapters: verl, ROLL, generic JSONL with image paths; per-row errors."""
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+from manifests import read_manifest
+from ovpipe.cli import main
+
+
+def png(color):
+    b = io.BytesIO()
+    Image.new("RGB", (8, 8), color).save(b, format="PNG")
+    return b.getvalue()
+
+
+def ingest(run, path, layout, *extra):
+    assert main(["rl-ingest", "--set", f"inputs=['{path}']", "--set", f"layout={layout}", "--run-dir", str(run),
+                 "--quiet", *extra]) == 0
+    return sorted(read_manifest(run, "rl_prompts").to_pylist(), key=lambda r: r["question"])
+
+
+def test_verl_layout(tmp_path):
+    rows = [{"data_source": "mathvista", "ability": "math",
+             "prompt": [{"role": "user", "content": "<image>How many dots?"}],
+             "images": [{"bytes": png("red")}], "reward_model": {"style": "rule", "ground_truth": "3"},
+             "extra_info": {"index": 0}},
+            {"data_source": "mathvista", "ability": "math",
+             "prompt": [{"role": "user", "content": "<image><image>Which is larger?"}],
+             "images": [{"bytes": png("red")}], "reward_model": {"style": "rule", "ground_truth": "A"},
+             "extra_info": {"index": 1}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "verl.parquet")
+    got = ingest(tmp_path / "run", tmp_path / "verl.parquet", "verl")
+    ok, bad = got[1], got[0]
+    assert (ok["status"], ok["source"], ok["category"], ok["ground_truth"]) == ("ok", "mathvista", "math", "3")
+    assert ok["images"] == [png("red")] and ok["answer_type"] == "math"     # style "rule" → default type
+    assert json.loads(ok["extra"]) == {"index": 0}
+    assert bad["status"] == "image_mismatch" and "2 <image>" in bad["error"]
+
+
+def test_roll_layout_keeps_verifier_fields(tmp_path):
+    boxes = [{"bbox_2d": [0, 0, 4, 4], "label": "cat"}]
+    rows = [{"data_source": "refcoco", "ability": "grounding",
+             "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find the cat."}]}],
+             "images": [{"bytes": png("blue")}],
+             "reward_model": {"style": "rule", "ground_truth": json.dumps(boxes), "accuracy_ratio": 0.9,
+                              "format_ratio": 0.1, "verifier": "detection", "verifier_parm": "{}"}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "roll.parquet")
+    (p,) = ingest(tmp_path / "run", tmp_path / "roll.parquet", "roll")
+    assert p["status"] == "ok" and p["answer_type"] == "detection" and p["question"] == "<image>Find the cat."
+    assert json.loads(p["ground_truth"]) == boxes
+    extra = json.loads(p["extra"])
+    assert extra["accuracy_ratio"] == 0.9 and extra["format_ratio"] == 0.1 and extra["verifier"] == "detection"
+
+
+def test_generic_jsonl_with_paths_and_bad_rows(tmp_path):
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "a.png").write_bytes(png("green"))
+    rows = [{"question": "Color?", "answer": "green", "images": ["img/a.png"], "answer_type": "string",
+             "source": "colors", "category": "perception"},
+            {"question": "<image>Color?", "answer": "green", "images": ["img/missing.png"]},
+            {"question": "", "answer": "1"},
+            {"question": "1+1?", "answer": None},
+            {"question": "<image> and <image>?", "answer": "x", "images": ["img/a.png"]}]
+    with open(tmp_path / "p.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    got = ingest(tmp_path / "run", tmp_path / "p.jsonl", "generic")
+    statuses = sorted(r["status"] for r in got)
+    assert statuses == ["bad_image", "empty_question", "image_mismatch", "missing_ground_truth", "ok"]
+    ok = next(r for r in got if r["status"] == "ok")
+    assert ok["question"] == "<image>Color?" and ok["images"] == [png("green")]   # placeholder added
+    assert (ok["source"], ok["category"], ok["answer_type"]) == ("colors", "perception", "string")
+
+
+def test_duplicates_marked_across_files(tmp_path):
+    rows = [{"problem": "<image>2+2?", "answer": "4", "images": [{"bytes": png("red")}]}]
+    for name in ("a", "b"):
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{name}.parquet")
+    assert main(["rl-ingest", "--set", f"inputs=['{tmp_path}/*.parquet']", "--set", "layout=geometry3k",
+                 "--run-dir", str(tmp_path / "run"), "--quiet", "--tasks", "2"]) == 0
+    st = sorted(r["status"] for r in read_manifest(tmp_path / "run", "rl_prompts").to_pylist())
+    assert st == ["duplicate", "ok"]
