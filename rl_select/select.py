@@ -10,7 +10,8 @@ Per prompt (over its accuracy rewards; ``format`` rows are not correctness): ``n
   that order;
 * ``mean_band`` (the published code): keep iff ``low < mean reward < high`` (0, 0.6).
 
-A prompt with any reward ``timeout``/``error`` (or none at all) is dropped as ``error``.
+A prompt with any reward ``timeout``/``error`` (or none at all) is dropped as ``error``; a
+``bad_response`` (unparseable answer) is an ordinary incorrect rollout.
 Split of the kept prompts (``split_rule``):
 
 * ``pass_at_1`` (default): pass@1 ≥ ``cot_below_pass_at_1`` (0.25) → ``stage1-answer-only`` (the
@@ -65,7 +66,7 @@ def aggregate(rewards, rollouts=None):
                    on=["prompt_id", "rollout_idx"], how="left")
     else:
         r = r.with_columns(pl.lit(None, pl.Utf8).alias("prompt_type"))
-    ok = pl.col("status") == "ok"
+    ok = pl.col("status").is_in(["ok", "bad_response"])   # an unparseable response is a wrong answer
     ao = pl.col("prompt_type") == "answer_only"
     return r.group_by("prompt_id").agg(
         n=ok.sum().cast(pl.Int64),

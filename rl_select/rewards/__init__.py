@@ -6,8 +6,9 @@ processes under a time limit.
 Why processes: a pathological answer (a 10⁹-digit power, a deeply nested LaTeX fraction) can
 spin SymPy forever, and math-verify's own timeout uses ``signal.alarm``, which only works in a
 process's main thread. ``RewardRunner`` sends each job to a pool of worker processes; a job that
-exceeds ``timeout_s`` becomes ``status = timeout`` (reward 0) and the pool is replaced, a job
-that raises becomes ``status = error`` with the message. Nothing in a response is executed.
+exceeds ``timeout_s`` becomes ``status = timeout`` (reward 0) and its worker is replaced; a response
+that cannot be parsed (malformed JSON boxes, unsafe SVG) is ``status = bad_response`` (reward 0, an
+incorrect rollout); any other exception is ``status = error`` with the message. Nothing in a response is executed.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import time
 from typing import Callable
 
 from rl_select.rewards.detection import detection_reward
+from rl_select.rewards.extract import BadResponse
 from rl_select.rewards.rules import (bbox_reward, bool_reward, choice_reward, format_reward, html_reward, math_reward,
                                      number_reward, ocr_reward, string_reward)
 from rl_select.rewards.svg import svg_reward
@@ -58,6 +60,8 @@ def score_one(job: tuple) -> tuple[float, bool, str, str | None]:
         fn = resolve(answer_type)
         r, c = fn(response, gt, json.loads(extra) if isinstance(extra, str) and extra else (extra or {}))
         return float(r), bool(c), "ok", None
+    except BadResponse as e:
+        return 0.0, False, "bad_response", str(e)[:300]
     except Exception as e:
         return 0.0, False, "error", f"{type(e).__name__}: {e}"[:300]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from rl_select.rewards.extract import extract_answer
+from rl_select.rewards.extract import extract_answer, parse_response
 from rl_select.rewards.rules import format_reward, iou
 
 THRESHOLDS = [0.5 + 0.05 * i for i in range(10)] + [0.99]
@@ -38,7 +38,11 @@ def parse_boxes(text: str) -> list[dict]:
         raise ValueError("no JSON list of boxes")
     data = json.loads(text[start:end + 1])
     out = []
+    if not isinstance(data, list):
+        raise ValueError("boxes must be a JSON list")
     for d in data:
+        if not isinstance(d, dict):
+            raise ValueError("each box must be a JSON object")
         b = d.get("bbox_2d") or d.get("bbox")
         if not (isinstance(b, list) and len(b) == 4):
             raise ValueError("box without 4 coordinates")
@@ -82,8 +86,8 @@ def detection_accuracy(pred: list[dict], gt: list[dict], strategy: str = "iou_fi
 
 
 def detection_reward(response: str, gt: str, extra: dict):
-    pred = parse_boxes(extract_answer(response))
     gold = parse_boxes(gt)
+    pred = parse_response(parse_boxes, extract_answer(response))
     acc = detection_accuracy(pred, gold, extra.get("match", "iou_first"), extra.get("schedule", "average"),
                              int(extra.get("step", 0)), int(extra.get("total_steps", 1)))
     fmt, _ = format_reward(response)

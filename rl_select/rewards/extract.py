@@ -6,6 +6,24 @@ import re
 MAX_RESPONSE_CHARS = 200_000          # longer responses are cut before any parsing
 MAX_ANSWER_CHARS = 4_000
 
+
+
+class BadResponse(ValueError):
+    """The response cannot be scored (malformed JSON, unsafe SVG, no <svg>): reward 0, status
+    ``bad_response``. It counts as an incorrect rollout, unlike ``error`` (a broken ground truth or
+    reward), which drops the prompt."""
+
+
+def parse_response(fn, text: str):
+    """``fn(text)``, with any parsing failure of the untrusted text turned into ``BadResponse``."""
+    try:
+        return fn(text)
+    except BadResponse:
+        raise
+    except Exception as e:  # any failure on the untrusted side (the same parser accepted the ground truth)
+        raise BadResponse(f"{type(e).__name__}: {e}"[:200]) from None
+
+
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 
 

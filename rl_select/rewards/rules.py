@@ -8,10 +8,15 @@ untrusted text: size-limited, parsed, never executed.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 
 from rl_select.rewards.extract import MAX_RESPONSE_CHARS, extract_answer, last_boxed
+
+# math-verify logs every timed-out input in full (a 10 MB response would land in the task log)
+logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+MATH_VERIFY_TIMEOUT_S = 2   # its own signal.alarm budget per parse/verify; the runner's timeout_s caps the whole job
 
 _NUM = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
 
@@ -29,9 +34,10 @@ def math_reward(response: str, gt: str, extra: dict):
         from math_verify import parse, verify
 
         # math-verify's own timeouts use signal.alarm: fine here, rewards run in a worker's main thread
-        gold = parse(f"${gt}$" if "$" not in gt and "\\boxed" not in gt else gt)
-        pred = parse(f"${ans}$" if "$" not in ans else ans)
-        if gold and pred and verify(gold, pred):
+        t = MATH_VERIFY_TIMEOUT_S
+        gold = parse(f"${gt}$" if "$" not in gt and "\\boxed" not in gt else gt, parsing_timeout=t)
+        pred = parse(f"${ans}$" if "$" not in ans else ans, parsing_timeout=t)
+        if gold and pred and verify(gold, pred, timeout_seconds=t):
             return 1.0, True
     except Exception:
         pass
@@ -130,7 +136,7 @@ def parse_box(s: str) -> list[float] | None:
             v = v[0].get("bbox_2d") if isinstance(v[0], dict) else v[0]
         if isinstance(v, list) and len(v) == 4 and all(isinstance(x, (int, float)) for x in v):
             return [float(x) for x in v]
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, RecursionError):
         pass
     nums = _NUM.findall(s)
     if len(nums) >= 4:

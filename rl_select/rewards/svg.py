@@ -52,11 +52,14 @@ def tags(svg: str) -> list[str]:
 def svg_reward(response: str, gt: str, extra: dict):
     from skimage.metrics import structural_similarity
 
+    from rl_select.rewards.extract import parse_response
     from rl_select.rewards.rules import jaccard
 
-    pred = extract_svg(response)
     gold = extract_svg(gt)
-    ssim = float(structural_similarity(render(pred), render(gold), data_range=1.0))
+    gold_img = render(gold)                      # a broken reference is an error, not the response's fault
+    pred = parse_response(extract_svg, response)
+    pred_img = parse_response(render, pred)      # unsafe, oversized or malformed → bad_response
+    ssim = float(structural_similarity(pred_img, gold_img, data_range=1.0))
     tok = jaccard(set(re.findall(r"[\w.#-]+", pred)), set(re.findall(r"[\w.#-]+", gold)))
     struct = difflib.SequenceMatcher(a=tags(pred), b=tags(gold)).ratio()
     score = 0.5 * max(ssim, 0.0) + 0.25 * tok + 0.25 * struct

@@ -79,7 +79,7 @@ def test_svg_reward_and_external_refs():
                  "<!DOCTYPE svg [<!ENTITY x SYSTEM 'file:///etc/passwd'>]><svg>&x;</svg>",
                  "<svg xmlns='http://www.w3.org/2000/svg'><rect style=\"fill:url(http://x/y)\"/></svg>"]:
         reward, correct, status, error = score_one(("svg", evil, SVG, "{}"))
-        assert status == "error" and reward == 0.0
+        assert status == "bad_response" and reward == 0.0 and not correct   # an incorrect rollout, not a crash
 
 
 def test_format_reward():
@@ -103,7 +103,8 @@ def test_detection_matching_and_penalties():
     resp = "<think>x</think><answer>" + json.dumps([{"bbox_2d": b["bbox"], "label": b["label"]} for b in gt]) + "</answer>"
     gts = json.dumps([{"bbox_2d": b["bbox"], "label": b["label"]} for b in gt])
     assert R("detection", resp, gts, {"accuracy_ratio": 0.8, "format_ratio": 0.2})[0] == pytest.approx(1.0)
-    assert score_one(("detection", "<answer>[{not json</answer>", gts, "{}"))[2] == "error"
+    assert score_one(("detection", "<answer>[{not json</answer>", gts, "{}"))[2] == "bad_response"
+    assert score_one(("detection", resp, "[{broken reference", "{}"))[2] == "error"     # the ground truth's fault
 
 
 def test_runner_timeouts_and_adversarial_inputs():

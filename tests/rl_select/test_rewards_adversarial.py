@@ -1,0 +1,72 @@
+"""Untrusted responses: every reward returns a status row quickly, whatever it is fed."""
+import json
+import time
+
+import pytest
+
+from rl_select.rewards import RewardRunner, score_one
+from rl_select.rewards.detection import detection_accuracy
+
+BIG = "x" * 10_000_000        # a 10 MB response
+SVG = "<svg xmlns='http://www.w3.org/2000/svg' width='64' height='64'><rect x='8' y='8' width='30' height='30' fill='red'/></svg>"
+BOXES = json.dumps([{"bbox_2d": [0, 0, 4, 4], "label": "cat"}])
+
+
+@pytest.mark.parametrize("t, gt", [("ocr", "hello"), ("html", "<p>x</p>"), ("string", "x"), ("choice", "A"),
+                                   ("bool", "yes"), ("number", "1"), ("bbox", "[0,0,4,4]"), ("format", ""),
+                                   ("detection", BOXES), ("svg", SVG)])
+def test_ten_megabyte_responses(t, gt):
+    t0 = time.time()
+    reward, correct, status, _ = score_one((t, BIG, gt, "{}"))
+    assert time.time() - t0 < 2 and reward == 0.0 and not correct and status in ("ok", "bad_response")
+
+
+@pytest.mark.parametrize("t, resp, gt, status", [
+    ("number", "<answer>1e999999</answer>", "1", "ok"),                          # overflows to inf → 0
+    ("number", "<answer>" + "1" * 5000 + "</answer>", "1", "ok"),
+    ("bbox", '<answer>{"bbox_2d": [1, 2, "x", 4]}</answer>', "[0,0,4,4]", "ok"),  # malformed JSON box
+    ("bbox", "<answer>" + "[" * 100_000 + "</answer>", "[0,0,4,4]", "ok"),        # JSON nesting bomb
+    ("detection", "<answer>" + "[" * 100_000 + "]" * 100_000 + "</answer>", BOXES, "bad_response"),
+    ("detection", '<answer>[{"bbox_2d": null}]</answer>', BOXES, "bad_response"),
+    ("detection", "<answer>[1, 2]</answer>", BOXES, "bad_response"),
+    ("detection", '<answer>{"a": 1}</answer>', BOXES, "bad_response"),
+    ("svg", "<svg xmlns='http://www.w3.org/2000/svg'>" + "<rect width='1' height='1'/>" * 20_000 + "</svg>", SVG,
+     "bad_response"),                                                             # over the size cap
+    ("svg", "<svg xmlns:xlink='http://www.w3.org/1999/xlink' xmlns='http://www.w3.org/2000/svg'>"
+            "<use xlink:href='file:///etc/passwd#a'/></svg>", SVG, "bad_response"),
+    ("svg", "<svg xmlns='http://www.w3.org/2000/svg'><style>@import url(http://x/y.css);</style></svg>", SVG,
+     "bad_response"),
+    ("svg", "<svg xmlns='http://www.w3.org/2000/svg'><rect width='10' height='10'", SVG, "bad_response"),  # no </svg>
+    ("svg", "<svg xmlns='http://www.w3.org/2000/svg'><rect></svg>", SVG, "bad_response"),  # malformed XML
+])
+def test_malformed_and_hostile(t, resp, gt, status):
+    reward, correct, got, _ = score_one((t, resp, gt, "{}"))
+    assert (reward, correct, got) == (0.0, False, status)
+
+
+def test_svg_huge_canvas_renders_at_fixed_size():
+    resp = "<svg xmlns='http://www.w3.org/2000/svg' width='100000000' height='100000000'><rect width='1' height='1'/></svg>"
+    t0 = time.time()
+    assert score_one(("svg", resp, SVG, "{}"))[2] == "ok" and time.time() - t0 < 2
+
+
+def test_math_pathologies_are_bounded_by_the_runner():
+    jobs = [("math", "<answer>" + "(" * 5000 + "1" + ")" * 5000 + "</answer>", "1", "{}"),
+            ("math", "<answer>10^{10^{10}}</answer>", "1", "{}"),
+            ("math", "<answer>" + "{" * 3000 + "</answer>", "1", "{}"),
+            ("math", BIG, "1", "{}")]
+    t0 = time.time()
+    with RewardRunner(workers=2, timeout_s=3.0) as runner:
+        out = runner.score(jobs)
+    assert time.time() - t0 < 15
+    assert all(o[0] == 0.0 and not o[1] and o[2] in ("ok", "timeout") for o in out)
+
+
+def test_detection_dynamic_schedule():
+    gt = [{"bbox": [0, 0, 10, 10], "label": "cat"}]
+    pred = [{"bbox": [0, 0, 10, 8], "label": "cat"}]                         # IoU 0.8
+    early = detection_accuracy(pred, gt, schedule="dynamic", step=0, total_steps=100)     # τ = 0.5
+    late = detection_accuracy(pred, gt, schedule="dynamic", step=100, total_steps=100)    # τ = 0.95
+    assert early == 1.0 and late == pytest.approx(0.5 * 0 + 0.5 * 1.0)
+    avg = detection_accuracy(pred, gt)                                         # τ ∈ {.5, …, .95, .99}
+    assert avg == pytest.approx(0.5 * (7 / 11) + 0.5)                          # matched at τ ≤ 0.8

@@ -1,0 +1,39 @@
+"""select's per-prompt counting and rules on hand-made reward tables."""
+import numpy as np
+import pyarrow as pa
+
+from rl_select.select import SelectConfig, aggregate, decide
+
+
+def rewards(rows):
+    cols = ["prompt_id", "rollout_idx", "reward", "correct", "reward_type", "status"]
+    return pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)})
+
+
+def test_bad_response_is_incorrect_but_error_drops_the_prompt():
+    rows = [("a", i, float(i < 2), i < 2, "detection", "ok" if i < 6 else "bad_response") for i in range(8)]
+    rows += [("b", i, float(i < 2), i < 2, "math", "ok" if i else "timeout") for i in range(8)]
+    rows += [("a", i, 1.0, True, "format", "ok") for i in range(8)]            # format rows are not correctness
+    agg = aggregate(rewards(rows)).to_dicts()
+    a, b = agg
+    assert (a["n"], a["c"], a["errors"]) == (8, 2, 0) and (b["n"], b["c"], b["errors"]) == (7, 1, 1)
+    d = decide([8, 7], [2, 1], [0, 1], [a["mean_reward"], b["mean_reward"]], [0, 0], [0, 0], ["x", "x"], SelectConfig())
+    assert list(d["reason"]) == ["kept", "error"] and d["split"][0] == "stage1-answer-only"
+
+
+def test_rules_and_splits():
+    cfg = SelectConfig()
+    n = np.full(5, 16)
+    c = np.array([0, 16, 1, 4, 12])
+    d = decide(n, c, np.zeros(5), c / 16, n, c, ["a", "b", "a", "b", "a"], cfg)
+    # c=0 too hard; c=16 too easy; c=1 gap 1−1/16 kept → CoT (pass@1 < .25); c=4 kept → answer-only;
+    # c=12 pass@1 .75 > .7 → too easy
+    assert list(d["reason"]) == ["too_hard", "too_easy", "kept", "kept", "too_easy"]
+    assert list(d["split"]) == [None, None, "stage2-cot", "stage1-answer-only", None]
+    band = decide(n, c, np.zeros(5), c / 16, n, c, ["a"] * 5, SelectConfig(rule="mean_band"))
+    assert list(band["reason"]) == ["too_hard", "too_easy", "kept", "kept", "too_easy"]
+    cat = decide(n, c, np.zeros(5), c / 16, n, c, ["a", "b", "a", "b", "a"],
+                 SelectConfig(split_rule="category", cot_categories=["a"]))
+    assert list(cat["split"])[2:4] == ["stage2-cot", "stage1-answer-only"]
+    no_gap = decide([4], [3], [0], [0.75], [4], [3], ["a"], SelectConfig(max_pass_at_1=0.9, min_gap=0.3))
+    assert no_gap["reason"][0] == "no_gap"                                      # 1 − 0.75 < 0.3
