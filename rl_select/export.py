@@ -8,7 +8,7 @@
   2000 rows per shard — ``id, images, problem, answer, problem_type, answer_type, source,
   prompt_type``; images written once as PNG/JPEG files under ``areal/images/`` and referenced by path;
 * ``roll`` (ROLL VLM): parquet like verl plus ``reward_model.{accuracy_ratio, format_ratio, verifier,
-  verifier_parm}`` and ``tag``;
+  verifier_parm}`` and ``tag``; ratios come from the prompt's ``extra`` (a ROLL input) else the config;
 * ``openrlhf``: ``RUN/export/openrlhf/<split>.jsonl`` — ``{"prompt", "label", "images": [paths],
   "datasource"}``.
 """
@@ -55,8 +55,10 @@ def kept_rows(task: TaskContext) -> list[dict]:
 def _verl_row(i: int, p: dict, roll: bool, cfg: ExportConfig) -> dict:
     rm = {"style": "rule", "ground_truth": p["ground_truth"]}
     if roll:
-        rm.update({"accuracy_ratio": cfg.accuracy_ratio, "format_ratio": cfg.format_ratio,
-                   "verifier": p["answer_type"], "verifier_parm": json.dumps(json.loads(p["extra"] or "{}"))})
+        extra = json.loads(p["extra"] or "{}")   # per-sample ratios ingested from a ROLL set win over the config's
+        rm.update({"accuracy_ratio": float(extra.get("accuracy_ratio", cfg.accuracy_ratio)),
+                   "format_ratio": float(extra.get("format_ratio", cfg.format_ratio)),
+                   "verifier": p["answer_type"], "verifier_parm": json.dumps(extra, sort_keys=True)})
     row = {"data_source": p["source"], "prompt": [{"role": "user", "content": p["question"]}],
            "images": [{"bytes": b} for b in p["images"]], "ability": p["category"], "reward_model": rm,
            "extra_info": {"index": i, "prompt_id": p["prompt_id"], "answer_type": p["answer_type"], "split": p["split"]}}

@@ -88,6 +88,11 @@ def test_exports_round_trip(rl_run):
     assert n == len(kept)
     roll = [r for f in (ex / "roll").glob("*.parquet") for r in pq.read_table(f).to_pylist()]
     assert len(roll) == len(kept) and all(r["reward_model"]["verifier"] == "math" for r in roll)
+    for r in roll:
+        p = prompts[r["extra_info"]["prompt_id"]]
+        assert r["reward_model"]["ground_truth"] == p["ground_truth"] and [i["bytes"] for i in r["images"]] == p["images"]
+        assert (r["reward_model"]["accuracy_ratio"], r["reward_model"]["format_ratio"]) == (1.0, 0.0)
+        assert r["prompt"][0]["content"].count("<image>") == len(r["images"])
     areal = [(f, json.loads(line)) for f in (ex / "areal").glob("*/part-*.jsonl") for line in f.read_text().splitlines()]
     assert len(areal) == len(kept)
     assert all(len(f.read_text().splitlines()) <= 3 for f in (ex / "areal").glob("*/part-*.jsonl"))
@@ -98,6 +103,11 @@ def test_exports_round_trip(rl_run):
         assert r["problem"].count("<image>") == len(r["images"])
     orl = [json.loads(line) for f in (ex / "openrlhf").glob("*.jsonl") for line in f.read_text().splitlines()]
     assert sorted(r["label"] for r in orl) == sorted(prompts[i]["ground_truth"] for i in kept)
+    by_label = {p["ground_truth"]: p for i, p in prompts.items() if i in kept}
+    for r in orl:
+        p = by_label[r["label"]]
+        assert [(ex / "openrlhf" / i).read_bytes() for i in r["images"]] == p["images"]
+        assert r["prompt"].count("<image>") == len(r["images"])
 
 
 @pytest.mark.slow
