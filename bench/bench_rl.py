@@ -76,11 +76,58 @@ def bench_select(n_rollouts: int, per_prompt: int = 16) -> None:
           f"| seconds | rollouts/s | kept |\n| ---: | ---: | ---: |\n| {dt:.2f} | {n_rollouts / dt:,.0f} | {int(d['kept'].sum()):,} |")
 
 
+def bench_passk(n_prompts: int) -> None:
+    """Peer: the exact ``math.comb`` loop (Python ints), on a sample, vs our vectorised product."""
+    import math
+
+    from rl_select.passk import pass_at_k
+
+    rng = np.random.default_rng(1)
+    n = np.full(n_prompts, 16)
+    c = rng.integers(0, 17, n_prompts)
+    t0 = time.perf_counter()
+    ours = {k: pass_at_k(n, c, k) for k in (1, 2, 4, 8, 16)}
+    dt_ours = time.perf_counter() - t0
+    m = min(n_prompts, 200_000)
+    t0 = time.perf_counter()
+    err = 0.0
+    for k in (1, 2, 4, 8, 16):
+        for j in range(m):
+            nj, cj = int(n[j]), int(c[j])
+            ref = 1.0 if nj - cj < k else 1 - math.comb(nj - cj, k) / math.comb(nj, k)
+            err = max(err, abs(ref - ours[k][j]))
+    dt_comb = (time.perf_counter() - t0) * n_prompts / m
+    print(f"\n### pass@k, {n_prompts:,} prompts × 5 k values\n| implementation | seconds | ratio |\n| --- | ---: | ---: |\n"
+          f"| `math.comb` loop (peer, extrapolated from {m:,}) | {dt_comb:.2f} | 1.0× |\n"
+          f"| rl_select.passk (vectorised log1p product) | {dt_ours:.3f} | {dt_comb / dt_ours:,.0f}× |\n"
+          f"max |difference| = {err:.1e}")
+
+
+def bench_runner(n_jobs: int) -> None:
+    """The sandbox's price: time-limited worker processes (2) vs calling the reward in-process."""
+    from rl_select.rewards import RewardRunner, score_one
+
+    jobs = [("number", CASES["number"][0], CASES["number"][1], "{}")] * n_jobs
+    t0 = time.perf_counter()
+    for j in jobs:
+        score_one(j)
+    dt_in = time.perf_counter() - t0
+    with RewardRunner(workers=2, timeout_s=5.0) as runner:
+        t0 = time.perf_counter()
+        runner.score(jobs)
+        dt_pool = time.perf_counter() - t0
+    print(f"\n### reward runner, {n_jobs:,} cheap rewards (number)\n| path | rewards/s |\n| --- | ---: |\n"
+          f"| in-process, 1 core (no time limit) | {n_jobs / dt_in:,.0f} |\n"
+          f"| RewardRunner, 2 workers, per-job time limit | {n_jobs / dt_pool:,.0f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args(argv or [])
     bench_rewards(0.5 if a.quick else 2.0)
+    bench_runner(5_000 if a.quick else 20_000)
+    bench_passk(625_000)
     bench_select(1_000_000 if a.quick else 10_000_000)
     return 0
 

@@ -130,3 +130,14 @@ def test_runner_kills_only_the_stuck_job():
     with RewardRunner(workers=2, timeout_s=1.5) as runner:
         out = runner.score(jobs)
     assert all(o[:3] == (1.0, True, "ok") for o in out[1:])
+
+
+def test_runner_batches_requeue_the_rest_after_a_timeout():
+    good = ("math", "<answer>2</answer>", "2", "{}")
+    stuck = ("math", "<answer>9^{9^{9^{9^{9}}}}</answer>", "1", "{}")
+    jobs = [good] * 5 + [stuck] + [good] * 30 + [("number", "<answer>1</answer>", "2", "{}")]
+    with RewardRunner(workers=1, timeout_s=1.5, batch=16) as runner:
+        out = runner.score(jobs)
+    assert out[5][2] == "timeout"
+    assert all(o[:3] == (1.0, True, "ok") for j, o in enumerate(out[:-1]) if j != 5)
+    assert out[-1][:3] == (0.0, False, "ok")
