@@ -42,20 +42,21 @@ def make_prompts(n: int = 24, seed: int = 0) -> list[dict]:
             col = colors[int(rng.integers(len(colors)))]
             img = _png(lambda d: [draw_shape(d, "circle", COLORS[col], 12 + 18 * j, 48, 8) for j in range(k)])
             rows.append({"images": [{"bytes": img, "path": None}], "problem": f"<image>How many {col} circles are there?",
-                         "answer": str(k)})
+                         "answer": str(k), "category": "counting"})
         elif kind == 1:
             a, b = int(rng.integers(2, 50)), int(rng.integers(2, 50))
             img = _png(lambda d: d.text((10, 40), f"{a} + {b}", fill=(0, 0, 0)))
             rows.append({"images": [{"bytes": img, "path": None}], "problem": "<image>Compute the sum shown.",
-                         "answer": str(a + b)})
+                         "answer": str(a + b), "category": "arithmetic"})
         else:
             x = int(rng.integers(1, 9))
             img = _png(lambda d: d.text((10, 40), f"2x = {2 * x}", fill=(0, 0, 0)))
             rows.append({"images": [{"bytes": img, "path": None}], "problem": "Solve for x in the equation shown.",
-                         "answer": f"{x}"})
+                         "answer": f"{x}", "category": "algebra"})
     # one broken row: two placeholders, one image
     rows.append({"images": [{"bytes": rows[0]["images"][0]["bytes"], "path": None}],
-                 "problem": "<image><image>Compare the two images.", "answer": "same"})
+                 "problem": "<image><image>Compare the two images.", "answer": "same",
+                 "category": "comparison"})
     return rows
 
 

@@ -4,7 +4,8 @@ Adapters (``layout``):
 
 * ``generic`` — columns ``question``/``problem``, ``answer``/``ground_truth``, ``images`` (list of
   bytes, ``{"bytes": …}`` structs or paths), optional ``answer_type``, ``source``, ``category``;
-* ``geometry3k`` — ``images`` / ``problem`` / ``answer`` (the hiyouga/geometry3k parquet); math;
+* ``geometry3k`` — ``images`` / ``problem`` / ``answer`` (the hiyouga/geometry3k parquet); math,
+  category ``geometry`` unless optional ``answer_type`` / ``source`` / ``category`` columns say otherwise;
 * ``verl`` — ``data_source``, ``prompt`` (chat messages), ``images``, ``ability``,
   ``reward_model {style, ground_truth}``, ``extra_info``;
 * ``roll`` — the ROLL VLM schema: verl-like plus ``reward_model.{accuracy_ratio, format_ratio,
@@ -85,7 +86,8 @@ def adapt(row: dict, layout: str, cfg: RLIngestConfig) -> dict:
     """One input row → (question, ground_truth, images raw, answer_type, source, category, extra)."""
     if layout == "geometry3k":
         return {"question": row.get("problem"), "ground_truth": row.get("answer"), "images": row.get("images") or [],
-                "answer_type": "math", "source": "geometry3k", "category": "geometry", "extra": {}}
+                "answer_type": row.get("answer_type") or "math", "source": row.get("source") or "geometry3k",
+                "category": row.get("category") or "geometry", "extra": {}}
     if layout in ("verl", "roll"):
         rm = row.get("reward_model") or {}
         extra = {k: v for k, v in (row.get("extra_info") or {}).items()}
