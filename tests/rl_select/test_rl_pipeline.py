@@ -126,3 +126,17 @@ def test_tiny_transformers_model_generates_for_real(rl_run, tmp_path):
     assert len(rows) == 10 * 3
     assert all(r["backend"] == "transformers" and json.loads(r["sampling"])["n"] == 3 for r in rows)
     assert len({r["response"] for r in rows}) > 1
+
+
+def test_outputs_do_not_depend_on_task_count(rl_run, tmp_path):
+    """score and select again with one task: byte-identical rows (canonical sort order)."""
+    import shutil
+
+    run, _ = rl_run
+    r1 = tmp_path / "one"
+    for step in ("rl-ingest", "rollout"):
+        shutil.copytree(run / step, r1 / step)
+    assert main(["score", "--run-dir", str(r1), "--quiet", "--tasks", "1"]) == 0
+    assert main(["select", "--run-dir", str(r1), "--quiet", "--tasks", "1", "--set", "ks=[1,2,4,8]"]) == 0
+    for kind in ("rewards", "selection"):
+        assert read_manifest(run, kind).equals(read_manifest(r1, kind)), kind
