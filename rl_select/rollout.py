@@ -41,6 +41,8 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int = 512
     seed: int = 0
+    device: str = "auto"          # transformers backend: "auto" (cuda when available), "cpu", "cuda", "cuda:1", ...
+    dtype: str = "auto"           # transformers backend: "auto" (bf16 on cuda, fp32 on cpu), "float32", "bfloat16"
 
     def __post_init__(self):
         if self.n < 1:
@@ -52,10 +54,13 @@ class RolloutConfig:
             raise ValueError("file: the JSONL of rollouts (backend=file)")
         if self.backend != "file" and not self.model:
             raise ValueError(f"model: a model path or id (backend={self.backend})")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype: one of auto, float32, bfloat16, float16, got {self.dtype!r}")
 
     def sampling(self) -> str:
         return json.dumps({"n": self.n, "temperature": self.temperature, "top_p": self.top_p,
-                           "max_new_tokens": self.max_new_tokens, "seed": self.seed}, sort_keys=True)
+                           "max_new_tokens": self.max_new_tokens, "seed": self.seed, "dtype": self.dtype},
+                          sort_keys=True)
 
 
 def prompt_seed(seed: int, prompt_id: str) -> int:
@@ -66,16 +71,20 @@ def rollouts_transformers(prompts: list[dict], cfg: RolloutConfig, stats) -> lis
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    dtype = (torch.bfloat16 if device.startswith("cuda") else torch.float32) if cfg.dtype == "auto" \
+        else getattr(torch, cfg.dtype)
     tok = AutoTokenizer.from_pretrained(cfg.model)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(device)
     model.eval()
+    stats.info["device"] = device
     rows = []
     for p in prompts:
         idx = 0
         for ptype in cfg.prompt_types:
             text = TEMPLATES[ptype].format(question=p["question"])
             ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                          return_tensors="pt", return_dict=True)
+                                          return_tensors="pt", return_dict=True).to(device)
             torch.manual_seed(prompt_seed(cfg.seed, p["prompt_id"]) + idx)
             with torch.inference_mode():
                 out = model.generate(**ids, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,

@@ -126,6 +126,12 @@ def test_tiny_transformers_model_generates_for_real(rl_run, tmp_path):
     assert len(rows) == 10 * 3
     assert all(r["backend"] == "transformers" and json.loads(r["sampling"])["n"] == 3 for r in rows)
     assert len({r["response"] for r in rows}) > 1
+    # seeded per prompt: the same rollouts whatever the task count
+    r3 = tmp_path / "run2"
+    shutil.copytree(run / "rl-ingest", r3 / "rl-ingest")
+    assert main(["rollout", "--set", f"model={model}", "--set", "n=3", "--set", "max_new_tokens=8",
+                 "--run-dir", str(r3), "--quiet", "--tasks", "2"]) == 0
+    assert read_manifest(r3, "rollouts").equals(read_manifest(r2, "rollouts"))
 
 
 def test_outputs_do_not_depend_on_task_count(rl_run, tmp_path):
