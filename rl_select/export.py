@@ -3,7 +3,7 @@
 * ``verl`` (also EasyR1): ``RUN/export/verl/<split>.parquet`` — ``data_source``, ``prompt`` (chat
   messages; the user turn keeps one ``<image>`` per image), ``images`` (``[{"bytes": …}]``),
   ``ability``, ``reward_model {style: "rule", ground_truth}``, ``extra_info {index, prompt_id,
-  answer_type, split}``;
+  answer_type, split}``, plus ``problem``/``answer`` so EasyR1's default keys read the same file;
 * ``areal`` (what the published RL recipe hands to AReaL): ``RUN/export/areal/<split>/part-NNNNN.jsonl``,
   2000 rows per shard — ``id, images, problem, answer, problem_type, answer_type, source,
   prompt_type``; images written once as PNG/JPEG files under ``areal/images/`` and referenced by path;
@@ -61,7 +61,9 @@ def _verl_row(i: int, p: dict, roll: bool, cfg: ExportConfig) -> dict:
                    "verifier": p["answer_type"], "verifier_parm": json.dumps(extra, sort_keys=True)})
     row = {"data_source": p["source"], "prompt": [{"role": "user", "content": p["question"]}],
            "images": [{"bytes": b} for b in p["images"]], "ability": p["category"], "reward_model": rm,
-           "extra_info": {"index": i, "prompt_id": p["prompt_id"], "answer_type": p["answer_type"], "split": p["split"]}}
+           "extra_info": {"index": i, "prompt_id": p["prompt_id"], "answer_type": p["answer_type"], "split": p["split"]},
+           # EasyR1's defaults (data.prompt_key=problem, answer_key=answer, image_key=images) read the same file
+           "problem": p["question"], "answer": p["ground_truth"]}
     if roll:
         row["tag"] = p["category"]
     return row

@@ -3,7 +3,8 @@ the first.
 
 Per prompt (over its accuracy rewards; ``format`` rows are not correctness): ``n`` rollouts,
 ``c`` correct, ``pass@1 = c/n``, unbiased ``pass@k`` for the configured k (``rl_select.passk``),
-``pass@N = pass@n``, ``gap = pass@N − pass@1``, mean reward. Rules (``rule``):
+``pass@N = pass@n``, ``gap = pass@N − pass@1``, mean reward (a configured k > n is reported
+as pass@n). Rules (``rule``):
 
 * ``gap`` (default): keep iff pass@N ≥ ``min_pass_at_n`` (0.5), pass@1 ≤ ``max_pass_at_1`` (0.7)
   and gap ≥ ``min_gap`` (0.2); otherwise ``too_hard`` / ``too_easy`` / ``no_gap``, checked in

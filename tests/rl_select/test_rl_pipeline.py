@@ -84,6 +84,7 @@ def test_exports_round_trip(rl_run):
             assert r["reward_model"]["ground_truth"] == p["ground_truth"]
             assert [i["bytes"] for i in r["images"]] == p["images"]
             assert r["prompt"][0]["content"].count("<image>") == len(r["images"])
+            assert (r["problem"], r["answer"]) == (p["question"], p["ground_truth"])   # EasyR1 keys
             n += 1
     assert n == len(kept)
     roll = [r for f in (ex / "roll").glob("*.parquet") for r in pq.read_table(f).to_pylist()]
