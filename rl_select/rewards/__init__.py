@@ -54,11 +54,24 @@ def resolve(answer_type: str) -> Callable:
     raise KeyError(f"no reward for answer_type {answer_type!r}; known: {sorted(REWARDS)}")
 
 
+def reward_params(extra) -> dict:
+    """A prompt's ``extra`` (JSON) as reward parameters; a ROLL ``verifier_parm`` (a JSON object or
+    its text) is merged on top, so e.g. ``{"match": "label_first", "schedule": "dynamic"}`` reaches
+    the detection verifier."""
+    params = json.loads(extra) if isinstance(extra, str) and extra else dict(extra or {})
+    vp = params.get("verifier_parm")
+    if isinstance(vp, str) and vp.strip().startswith("{"):
+        vp = json.loads(vp)
+    if isinstance(vp, dict):
+        params.update(vp)
+    return params
+
+
 def score_one(job: tuple) -> tuple[float, bool, str, str | None]:
     answer_type, response, gt, extra = job
     try:
         fn = resolve(answer_type)
-        r, c = fn(response, gt, json.loads(extra) if isinstance(extra, str) and extra else (extra or {}))
+        r, c = fn(response, gt, reward_params(extra))
         return float(r), bool(c), "ok", None
     except BadResponse as e:
         return 0.0, False, "bad_response", str(e)[:300]

@@ -141,3 +141,15 @@ def test_runner_batches_requeue_the_rest_after_a_timeout():
     assert out[5][2] == "timeout"
     assert all(o[:3] == (1.0, True, "ok") for j, o in enumerate(out[:-1]) if j != 5)
     assert out[-1][:3] == (0.0, False, "ok")
+
+
+def test_roll_verifier_parm_reaches_the_detection_verifier():
+    from rl_select.rewards import reward_params
+
+    gt = json.dumps([{"bbox_2d": [0, 0, 10, 10], "label": "cat"}])
+    resp = "<answer>" + json.dumps([{"bbox_2d": [0, 0, 10, 8], "label": "cat"}]) + "</answer>"   # IoU 0.8
+    late = json.dumps({"accuracy_ratio": 1.0, "verifier_parm": json.dumps({"schedule": "dynamic", "step": 10,
+                                                                          "total_steps": 10})})
+    assert reward_params(late)["schedule"] == "dynamic"
+    assert score_one(("detection", resp, gt, late))[0] == pytest.approx(0.5)       # τ = 0.95: no match
+    assert score_one(("detection", resp, gt, "{}"))[0] == pytest.approx(0.5 * 7 / 11 + 0.5)
