@@ -121,6 +121,44 @@ def bench_runner(n_jobs: int) -> None:
           f"| RewardRunner, 2 workers, per-job time limit | {n_jobs / dt_pool:,.0f} |")
 
 
+def bench_select_step(n_rollouts: int, per_prompt: int = 16) -> None:
+    """The whole ``ovpipe select`` step (read manifests, aggregate, decide, write, report) on a run folder."""
+    import tempfile
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    from manifests.io import write_part
+    from ovpipe.cli import main as ovpipe
+
+    rng = np.random.default_rng(0)
+    P = n_rollouts // per_prompt
+    pids = np.char.mod("%016x", np.arange(P, dtype=np.uint64)).astype(str)
+    correct = (rng.random((P, per_prompt)) < rng.beta(0.6, 0.6, P)[:, None]).ravel()
+    pid, idx = pa.array(np.repeat(pids, per_prompt)), pa.array(np.tile(np.arange(per_prompt, dtype=np.int32), P))
+    full = lambda v: pa.array(np.full(n_rollouts, v))  # noqa: E731
+    with tempfile.TemporaryDirectory() as d:
+        run = Path(d)
+        write_part(pa.table({"prompt_id": pid, "rollout_idx": idx, "reward": pa.array(correct.astype(np.float64)),
+                             "correct": pa.array(correct), "reward_type": full("math"), "status": full("ok"),
+                             "error": pa.nulls(n_rollouts, pa.string())}), run / "score/rewards/part-00000.parquet", "rewards")
+        write_part(pa.table({"prompt_id": pid, "rollout_idx": idx, "prompt_type": full("answer_only"),
+                             "response": full("<answer>1</answer>"), "tokens": pa.array(np.full(n_rollouts, 5, np.int32)),
+                             "backend": full("file"), "model": full("m"), "sampling": full("{}")}),
+                   run / "rollout/rollouts/part-00000.parquet", "rollouts")
+        write_part(pa.table({"prompt_id": pa.array(pids), "source": pa.array(np.full(P, "bench")),
+                             "category": pa.array(np.where(np.arange(P) % 2, "a", "b")), "question": pa.array(np.full(P, "q")),
+                             "images": pa.array([[]] * P, pa.list_(pa.binary())), "ground_truth": pa.array(np.full(P, "1")),
+                             "answer_type": pa.array(np.full(P, "math")), "extra": pa.array(np.full(P, "{}")),
+                             "status": pa.array(np.full(P, "ok")), "error": pa.nulls(P, pa.string())}),
+                   run / "rl-ingest/rl_prompts/part-00000.parquet", "rl_prompts")
+        t0 = time.perf_counter()
+        assert ovpipe(["select", "--run-dir", str(run), "--quiet", "--tasks", "1"]) == 0
+        dt = time.perf_counter() - t0
+    print(f"\n### `ovpipe select` step end to end (tasks=1, incl. report + PNG): {n_rollouts:,} rollouts\n"
+          f"| seconds | rollouts/s |\n| ---: | ---: |\n| {dt:.2f} | {n_rollouts / dt:,.0f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -129,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_runner(5_000 if a.quick else 20_000)
     bench_passk(625_000)
     bench_select(1_000_000 if a.quick else 10_000_000)
+    bench_select_step(1_000_000 if a.quick else 10_000_000)
     return 0
 
 
