@@ -71,7 +71,10 @@ def score_one(job: tuple) -> tuple[float, bool, str, str | None]:
     answer_type, response, gt, extra = job
     try:
         fn = resolve(answer_type)
-        r, c = fn(response, gt, reward_params(extra))
+        params = reward_params(extra)
+        r, c = fn(response, gt, params)
+        if "correct_threshold" in params:      # per-prompt override of a graded reward's notion of correct
+            c = float(r) >= float(params["correct_threshold"])
         return float(r), bool(c), "ok", None
     except BadResponse as e:
         return 0.0, False, "bad_response", str(e)[:300]

@@ -153,3 +153,9 @@ def test_roll_verifier_parm_reaches_the_detection_verifier():
     assert reward_params(late)["schedule"] == "dynamic"
     assert score_one(("detection", resp, gt, late))[0] == pytest.approx(0.5)       # τ = 0.95: no match
     assert score_one(("detection", resp, gt, "{}"))[0] == pytest.approx(0.5 * 7 / 11 + 0.5)
+
+
+def test_correct_threshold_override():
+    r, c, status, _ = score_one(("ocr", "<answer>helo world</answer>", "hello world", "{}"))
+    assert status == "ok" and r > 0.9 and c
+    assert score_one(("ocr", "<answer>helo world</answer>", "hello world", '{"correct_threshold": 0.95}'))[1] is False
