@@ -17,7 +17,7 @@ is unique per prompt across templates (answer-only first). Sampling is seeded pe
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ovpipe.step import Step, TaskContext
@@ -140,7 +140,7 @@ def rollouts_file(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
                 continue
             try:
                 r = json.loads(line)
-            except json.JSONDecodeError as e:
+            except json.JSONDecodeError:
                 stats.inc("file/bad_json")
                 continue
             pid = r.get("prompt_id")

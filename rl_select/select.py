@@ -25,7 +25,6 @@ report: counts kept/dropped per source and category and ``pass1_vs_passn.png``.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Literal
 
