@@ -72,7 +72,7 @@ def run(cfg: BalanceReportConfig, task: TaskContext) -> None:
              f"| concepts with ≥ 1 sample (of {V}) | {fb['concepts_covered']} | {fa['concepts_covered']} |",
              f"| concept assignments | {fb['total']} | {fa['total']} |"]
     demo = task.run_dir / "demo-clip" / "report.md"
-    extra = f"\n\nRetrieval quality of the demo model: see the demo-clip section." if demo.exists() else ""
+    extra = "\n\nRetrieval quality of the demo model: see the demo-clip section." if demo.exists() else ""
     (task.step_dir / "report.md").write_text("\n".join(lines) + "\n\nPlot: concept_coverage.png" + extra + "\n")
 
 
