@@ -2,7 +2,8 @@
 
 Rendering is sandboxed by construction: documents over ``MAX_SVG_BYTES``, with a DOCTYPE or
 ENTITY, or referencing anything outside themselves (``href``/``xlink:href``/``url(…)`` that is
-not a ``#fragment``, ``<image>``, ``<foreignObject>``, ``<script>``) are rejected before
+not a ``#fragment``, ``<image>``, ``<foreignObject>``, ``<script>``, CSS ``@import``,
+``<?xml-stylesheet?>``) are rejected before
 rendering; cairosvg runs with ``unsafe=False`` (no external files, no XML entities) and renders to a fixed 128×128 canvas. Structure = similarity of the element-tag sequences.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 
 MAX_SVG_BYTES = 200_000
 SIZE = 128
-_EXTERNAL = re.compile(r"""(?:href|src)\s*=\s*["'](?!#)|url\(\s*['"]?(?!#)|<\s*(?:image|foreignObject|script)\b|<!DOCTYPE|<!ENTITY""", re.I)
+_EXTERNAL = re.compile(r"""(?:href|src)\s*=\s*["'](?!#)|url\(\s*['"]?(?!#)|<\s*(?:image|foreignObject|script)\b|<!DOCTYPE|<!ENTITY|@import|<\?xml-stylesheet""", re.I)
 
 
 class UnsafeSVG(ValueError):

@@ -44,6 +44,26 @@ def test_malformed_and_hostile(t, resp, gt, status):
     assert (reward, correct, got) == (0.0, False, status)
 
 
+@pytest.mark.parametrize("resp", [
+    "<svg xmlns='http://www.w3.org/2000/svg'><style>@import 'http://x/y.css';</style></svg>",
+    "<svg xmlns='http://www.w3.org/2000/svg'><?xml-stylesheet href='http://x/y.css'?><rect/></svg>",
+])
+def test_svg_stylesheet_imports_are_refused(resp):
+    assert score_one(("svg", resp, SVG, "{}"))[2] == "bad_response"
+
+
+def test_svg_use_bomb_times_out():
+    """10^29 <use> expansions in 7 KB: under the size cap, stopped by the runner's time limit."""
+    parts = ["<svg xmlns='http://www.w3.org/2000/svg' xmlns:xlink='http://www.w3.org/1999/xlink'><defs>"
+             "<g id='a0'><rect width='1' height='1'/></g>"]
+    parts += [f"<g id='a{i}'>" + f"<use xlink:href='#a{i - 1}'/>" * 10 + "</g>" for i in range(1, 30)]
+    bomb = "".join(parts) + "</defs><use xlink:href='#a29'/></svg>"
+    t0 = time.time()
+    with RewardRunner(workers=1, timeout_s=1.5) as runner:
+        (out,) = runner.score([("svg", bomb, SVG, "{}")])
+    assert out[:3] == (0.0, False, "timeout") and time.time() - t0 < 6
+
+
 def test_svg_huge_canvas_renders_at_fixed_size():
     resp = "<svg xmlns='http://www.w3.org/2000/svg' width='100000000' height='100000000'><rect width='1' height='1'/></svg>"
     t0 = time.time()
