@@ -12,7 +12,8 @@ as pass@n). Rules (``rule``):
 * ``mean_band`` (the published code): keep iff ``low < mean reward < high`` (0, 0.6).
 
 A prompt with any reward ``timeout``/``error`` (or none at all) is dropped as ``error``; a
-``bad_response`` (unparseable answer) is an ordinary incorrect rollout.
+``bad_response`` (unparseable answer) is an ordinary incorrect rollout, and so is a ``timeout``
+with ``timeouts_as_incorrect: true`` (a response built to stall the verifier then costs only itself).
 Split of the kept prompts (``split_rule``):
 
 * ``pass_at_1`` (default): pass@1 ≥ ``cot_below_pass_at_1`` (0.25) → ``stage1-answer-only`` (the
@@ -46,6 +47,7 @@ class SelectConfig:
     split_rule: Literal["pass_at_1", "prompt_type", "category"] = "pass_at_1"
     cot_below_pass_at_1: float = 0.25
     cot_categories: list[str] = field(default_factory=list)
+    timeouts_as_incorrect: bool = False   # True: a reward timeout is a wrong rollout, not an `error` prompt
 
     def __post_init__(self):
         for name in ("min_pass_at_n", "max_pass_at_1", "min_gap", "band_low", "band_high", "cot_below_pass_at_1"):
@@ -56,7 +58,7 @@ class SelectConfig:
             raise ValueError(f"ks must be >= 1, got {self.ks}")
 
 
-def aggregate(rewards, rollouts=None):
+def aggregate(rewards, rollouts=None, timeouts_as_incorrect: bool = False):
     """polars DataFrame per prompt: n, c, errors, mean_reward (+ answer-only n/c when rollouts given)."""
     import polars as pl
 
@@ -66,7 +68,8 @@ def aggregate(rewards, rollouts=None):
                    on=["prompt_id", "rollout_idx"], how="left")
     else:
         r = r.with_columns(pl.lit(None, pl.Utf8).alias("prompt_type"))
-    ok = pl.col("status").is_in(["ok", "bad_response"])   # an unparseable response is a wrong answer
+    counted = ["ok", "bad_response"] + (["timeout"] if timeouts_as_incorrect else [])
+    ok = pl.col("status").is_in(counted)   # an unparseable (or, if asked, too slow) response is a wrong answer
     ao = pl.col("prompt_type") == "answer_only"
     return r.group_by("prompt_id").agg(
         n=ok.sum().cast(pl.Int64),
@@ -133,7 +136,7 @@ def run(cfg: SelectConfig, task: TaskContext) -> None:
                                  columns=["prompt_id", "rollout_idx", "prompt_type"], sort=False)
     prompts = read_manifest(task.run_dir, "rl_prompts", columns=["prompt_id", "source", "category", "status"])
     with task.stats.timer("aggregate"):
-        agg = aggregate(rewards, rollouts)
+        agg = aggregate(rewards, rollouts, cfg.timeouts_as_incorrect)
     meta = (pl.from_arrow(prompts).filter(pl.col("status") != "duplicate").drop("status")
             .unique("prompt_id", keep="first", maintain_order=True))
     # prompts that never got a reward (bad rows, no rollouts) are reported too, as errors

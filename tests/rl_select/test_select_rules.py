@@ -12,13 +12,15 @@ def rewards(rows):
 
 def test_bad_response_is_incorrect_but_error_drops_the_prompt():
     rows = [("a", i, float(i < 2), i < 2, "detection", "ok" if i < 6 else "bad_response") for i in range(8)]
-    rows += [("b", i, float(i < 2), i < 2, "math", "ok" if i else "timeout") for i in range(8)]
+    rows += [("b", i, float(0 < i < 2), 0 < i < 2, "math", "ok" if i else "timeout") for i in range(8)]
     rows += [("a", i, 1.0, True, "format", "ok") for i in range(8)]            # format rows are not correctness
     agg = aggregate(rewards(rows)).to_dicts()
     a, b = agg
     assert (a["n"], a["c"], a["errors"]) == (8, 2, 0) and (b["n"], b["c"], b["errors"]) == (7, 1, 1)
     d = decide([8, 7], [2, 1], [0, 1], [a["mean_reward"], b["mean_reward"]], [0, 0], [0, 0], ["x", "x"], SelectConfig())
     assert list(d["reason"]) == ["kept", "error"] and d["split"][0] == "stage1-answer-only"
+    b2 = aggregate(rewards(rows), timeouts_as_incorrect=True).to_dicts()[1]
+    assert (b2["n"], b2["c"], b2["errors"]) == (8, 1, 0)
 
 
 def test_rules_and_splits():
