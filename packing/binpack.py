@@ -174,12 +174,14 @@ def pack(lengths: np.ndarray, capacity: int, keys: np.ndarray | None = None,
     assert len(slot_len) == n, (len(slot_len), n)
 
     # Fill slots: the j-th slot of length L (in bin order) gets the j-th item of length L in key order.
+    # Lengths ≤ 65535 sort as uint16: numpy's stable sort is then a radix sort (~5× faster).
+    ltype = np.uint16 if capacity < 1 << 16 else np.int64
     if keys is None:
         by_key = np.arange(n, dtype=np.int64)
     else:
         by_key = np.argsort(np.asarray(keys, dtype=np.uint64), kind="stable")
-    items_sorted = by_key[np.argsort(lengths[by_key], kind="stable")]
-    slot_order = np.argsort(slot_len, kind="stable")
+    items_sorted = by_key[np.argsort(lengths[by_key].astype(ltype), kind="stable")]
+    slot_order = np.argsort(slot_len.astype(ltype), kind="stable")
     item = np.empty(n, dtype=np.int64)
     item[slot_order] = items_sorted
 
