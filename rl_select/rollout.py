@@ -43,6 +43,8 @@ class RolloutConfig:
     seed: int = 0
     device: str = "auto"          # transformers backend: "auto" (cuda when available), "cpu", "cuda", "cuda:1", ...
     dtype: str = "auto"           # transformers backend: "auto" (bf16 on cuda, fp32 on cpu), "float32", "bfloat16"
+    cpu_threads: int = 0          # transformers on CPU: torch threads per task (0 = torch's default); 1 when
+                                  # several tasks share few cores, else they oversubscribe them
 
     def __post_init__(self):
         if self.n < 1:
@@ -72,8 +74,13 @@ def rollouts_transformers(prompts: list[dict], cfg: RolloutConfig, stats) -> lis
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    if device == "cpu" and cfg.cpu_threads > 0:
+        torch.set_num_threads(cfg.cpu_threads)
     dtype = (torch.bfloat16 if device.startswith("cuda") else torch.float32) if cfg.dtype == "auto" \
         else getattr(torch, cfg.dtype)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()      # the task's own progress/log is enough
     tok = AutoTokenizer.from_pretrained(cfg.model)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(device)
     model.eval()
