@@ -110,6 +110,12 @@ def trl_bfd_bins(L: np.ndarray, C: int) -> tuple[int | None, float, str]:
         from trl import pack_dataset
     except Exception as e:  # pragma: no cover - depends on the environment
         return None, 0.0, f"unavailable ({type(e).__name__})"
+    try:  # keep the progress bar out of the results file
+        from datasets.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
+    except Exception:  # pragma: no cover
+        pass
     ds = Dataset.from_dict({"input_ids": [[1] * int(x) for x in L]})
     t0 = time.perf_counter()
     packed = pack_dataset(ds, seq_length=C, strategy="bfd")
