@@ -128,7 +128,6 @@ def balance(concepts: np.ndarray, u: np.ndarray, n_concepts: int, cfg: BalanceCo
 def run(cfg: BalanceConfig, task: TaskContext) -> None:
     import pyarrow as pa
 
-    from curation.concepts import load_concept_matrix  # noqa: F401  (texts below)
     from manifests import read_manifest
 
     a = task.read_input("assignments", columns=["sample_id", "concept_ids"])

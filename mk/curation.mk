@@ -11,4 +11,4 @@ curation:
 	  --set vocabulary=$(abspath $(DEMO_DATA))/concepts.txt $(STEP_ARGS)
 	$(OVPIPE) assign --config configs/demo/assign.yaml $(STEP_ARGS)
 	$(OVPIPE) balance --config configs/demo/balance.yaml $(STEP_ARGS)
-	$(OVPIPE) balance-report --config configs/demo/balance-report.yaml $(STEP_ARGS)
+	$(OVPIPE) balance-report --config configs/demo/balance-report.yaml --run-dir $(RUN) --executor $(EXECUTOR)
