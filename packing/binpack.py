@@ -138,11 +138,12 @@ def bfd_histogram(counts: np.ndarray, capacity: int):
 
 
 def pack(lengths: np.ndarray, capacity: int, keys: np.ndarray | None = None,
-         seed: int = 0, shuffle_bins: bool = True) -> Packing:
+         seed: int = 0, shuffle_bins: bool = True, refine_passes: int = 0) -> Packing:
     """Pack items of ``lengths`` (1 ≤ L ≤ capacity) into bins of ``capacity``.
 
     ``keys`` (uint64 per item) order items inside each length bucket (the mixing key);
     default: item index. Bins are returned in a seeded random order (``shuffle_bins``).
+    ``refine_passes`` > 0 runs ``packing.refine.eject`` on BFD's bins (never adds a bin).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
@@ -171,6 +172,16 @@ def pack(lengths: np.ndarray, capacity: int, keys: np.ndarray | None = None,
     n_bins = int(reps_a.sum())
     bin_size = np.repeat(sizes, reps_a)
     slot_len = np.concatenate([np.tile(p, r) for p, r in zip(patterns, reps)])
+    if refine_passes:
+        from packing.refine import eject
+
+        lb = lower_bound(lengths, capacity)
+        for _ in range(refine_passes):
+            before = len(bin_size)
+            bin_size, slot_len = eject(bin_size, slot_len, capacity, lb)
+            if len(bin_size) == before:
+                break
+        n_bins = len(bin_size)
     assert len(slot_len) == n, (len(slot_len), n)
 
     # Fill slots: the j-th slot of length L (in bin order) gets the j-th item of length L in key order.

@@ -32,12 +32,15 @@ class PackConfig:
     packs_per_shard: int = 256
     report_buffers: list[int] = field(default_factory=lambda: [64, 512, 4096])
     report_max_samples: int = 1_000_000          # the online-buffer baselines run on at most this many
+    refine_passes: int = 0                       # post-BFD gap consolidation + ejection (packing.refine)
 
     def __post_init__(self):
         if self.seq_len < 64:
             raise ValueError(f"seq_len must be >= 64, got {self.seq_len}")
         if self.packs_per_shard < 1:
             raise ValueError("packs_per_shard must be >= 1")
+        if self.refine_passes < 0:
+            raise ValueError(f"refine_passes must be >= 0, got {self.refine_passes}")
 
 
 def packing_items(task: TaskContext, cfg: PackConfig):
@@ -74,7 +77,7 @@ def run(cfg: PackConfig, task: TaskContext) -> None:
 
     with task.stats.timer("solve"):
         sid, L, idx, keys = packing_items(task, cfg)
-        P = pack(L[idx], cfg.seq_len, keys=keys, seed=cfg.seed)
+        P = pack(L[idx], cfg.seq_len, keys=keys, seed=cfg.seed, refine_passes=cfg.refine_passes)
     lo, hi = slice_bounds(P.n_bins, task.rank, task.world_size)
     if task.rank == 0:  # global figures once (merged stats add ranks up)
         task.stats.inc("items", len(idx))

@@ -74,3 +74,27 @@ def test_peers_are_never_better_than_bfd_on_mixtures():
 def test_hex_ids_to_u64():
     ids = ["0000000000000001", "ffffffffffffffff", "0123456789abcdef"]
     assert hex_ids_to_u64(ids).tolist() == [1, 2 ** 64 - 1, 0x0123456789ABCDEF]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_refine_never_adds_bins_and_keeps_every_item(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        C = int(rng.integers(64, 400))
+        L = np.clip(rng.lognormal(3.5, 0.8, size=int(rng.integers(50, 2000))).astype(np.int64), 1, C)
+        base = pack(L, C, shuffle_bins=False)
+        p = pack(L, C, keys=splitmix64(np.arange(len(L), dtype=np.uint64)), refine_passes=4)
+        assert lower_bound(L, C) <= p.n_bins <= base.n_bins
+        assert np.array_equal(np.sort(p.item), np.arange(len(L)))
+        assert (p.load <= C).all() and p.load.sum() == L.sum()
+        assert [sum(b) for b in _bins(p, L)] == p.load.tolist()
+
+
+def test_refine_removes_bins_bfd_leaves_on_a_demo_like_mix():
+    # image tokens ≥ 66 + short captions at seq_len 1024: BFD's last gaps are smaller than any item
+    rng = np.random.default_rng(0)
+    L = rng.integers(66, 260, 20000) + rng.integers(10, 40, 20000)
+    base, ref = pack(L, 1024).n_bins, pack(L, 1024, refine_passes=8).n_bins
+    assert ref < base, (ref, base)
+    again = pack(L, 1024, refine_passes=8)
+    assert again.n_bins == ref and np.array_equal(again.item, pack(L, 1024, refine_passes=8).item)
