@@ -152,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"{o['seconds']:.2f} s, peak RSS {o['peak_rss_gib']:.2f} GiB"), flush=True)
             if not peers:
                 continue
+            from packing.binpack import pack
+
+            t0 = time.perf_counter()
+            b = pack(L, C, refine_passes=12).n_bins
+            print(row("ovpipe + refine_passes=12 (in-process solve)", b, lb, C, tokens, n, time.perf_counter() - t0),
+                  flush=True)
             t0 = time.perf_counter()
             b = ffd_bins(L, C)
             print(row("first-fit-decreasing", b, lb, C, tokens, n, time.perf_counter() - t0), flush=True)
