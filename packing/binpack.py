@@ -71,7 +71,7 @@ class Packing:
 
     capacity: int
     start: np.ndarray        # int64[n_bins + 1]
-    item: np.ndarray         # int64[N]: index into the input arrays, longest first within a bin
+    item: np.ndarray         # int64[N]: index into the input arrays (longest first within a bin unless refined)
     load: np.ndarray         # int64[n_bins]: tokens used per bin
 
     @property

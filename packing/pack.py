@@ -1,5 +1,6 @@
 """``pack``: the ``lengths`` manifest (optionally weighted by ``balanced`` copies) → ``packs``
-manifest + packed webdataset shards. Algorithm: ``packing.binpack`` (hash buckets + exact BFD).
+manifest + packed webdataset shards. Algorithm: ``packing.binpack`` (hash buckets + exact BFD),
+optionally ``packing.refine`` (``refine_passes``: gap consolidation + ejection chains after BFD).
 
 Every rank solves the same global packing (deterministic, seconds for millions of samples) and
 writes the packs of its contiguous ``pack_id`` range — manifest part and tar shards — so the
