@@ -134,7 +134,6 @@ def run(cfg: DemoClipConfig, task: TaskContext) -> None:
     tmp = ckpt.with_name(".tmp-" + ckpt.name)
     torch.save({"state_dict": net.state_dict()}, tmp)
     tmp.replace(ckpt)
-    chance = float(np.mean([min(cfg.k, len(t)) / len(t) * cfg.k / len(vocab) for t in truth]))
     task.stats.info.update({"recall_before": before, "recall_after": after, "loss_first": losses[0] if losses else None,
                             "loss_last": float(np.mean(losses[-10:])) if losses else None, "checkpoint": str(ckpt)})
     (task.step_dir / "report.md").write_text(
