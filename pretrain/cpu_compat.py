@@ -8,8 +8,11 @@ megatron-core assumes CUDA in a few places that a CPU run (this machine, CI, lap
    dropout) saves/restores CUDA RNG states. We install a tracker with the same interface that forks
    the CPU generator instead (``torch.random.fork_rng``), seeded per name like megatron's.
 
+3. ``dist_checkpointing``'s filesystem writer calls ``torch.cuda.synchronize()`` before staging
+   tensors (``filesystem_async.preload_tensors``). Without a GPU there is nothing to wait for: a no-op.
+
 ``apply()`` is idempotent and refuses to run when CUDA is available, so the GPU path is never
-patched. Pipeline schedules and distributed-checkpoint saves have further CUDA assumptions; they
+patched. Pipeline schedules have further CUDA assumptions; they
 are not used on the CPU path.
 """
 from __future__ import annotations
@@ -78,4 +81,5 @@ def apply() -> None:
         m = __import__(mod, fromlist=["x"])
         if hasattr(m, "get_cuda_rng_tracker"):
             m.get_cuda_rng_tracker = mc_random.get_cuda_rng_tracker
+    torch.cuda.synchronize = lambda *a, **k: None               # (3)
     _APPLIED = True

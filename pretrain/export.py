@@ -19,7 +19,9 @@ def export(run_dir: Path, stage: str, out: Path, recipe: str = "tiny") -> Path:
     from pretrain.recipes import RECIPES
 
     r = RECIPES[recipe]
-    state = torch.load(Path(run_dir) / "pretrain" / f"stage-{stage}" / "checkpoint.pt", weights_only=False)["model"]
+    from pretrain.dist_ckpt import load_state_dict
+
+    state = load_state_dict(Path(run_dir) / "pretrain" / f"stage-{stage}" / "dist_ckpt", recipe)
     llm = {k.removeprefix("llm."): v for k, v in state.items() if k.startswith("llm.") and not k.endswith("_extra_state")}
     s = r.llm
     cfg = Qwen3Config(vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.ffn_hidden_size,
@@ -51,6 +53,9 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe", default="tiny")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    from pretrain.train import setup_distributed
+
+    setup_distributed(1)                 # the dist checkpoint is read into a TP=1 model
     print(export(Path(a.run_dir), a.stage, Path(a.out), a.recipe))
     return 0
 

@@ -3,7 +3,8 @@
     python -m pretrain.train --run-dir RUN --recipe tiny --stage 1 --steps 30     (or under torchrun)
 
 Stage 1 trains the projector alone (vision tower and LLM frozen), 1.5 and 2 train everything; each
-stage starts from the previous stage's checkpoint (``RUN/pretrain/stage-<S>/checkpoint.pt``) and
+stage starts from the previous stage's checkpoint (``RUN/pretrain/stage-<S>/dist_ckpt/``, megatron-core
+distributed checkpointing, see ``pretrain/dist_ckpt.py``) and
 resumes its own if present, skipping the batches already seen, so an interrupted stage continues
 with the same losses as an uninterrupted one. Per step, ``metrics.jsonl`` gets loss (token mean
 over target tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s and an MFU
@@ -53,12 +54,6 @@ def setup_distributed(tp: int | None = None) -> int:
     return tp or world
 
 
-def save_checkpoint(path: Path, model, opt, step: int) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
-    os.replace(tmp, path)
-
-
 def image_pad_id(run_dir: Path, tokenizer: str | None) -> int:
     from packing.tokens import IMAGE_PAD, load_tokenizer
 
@@ -71,6 +66,7 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
     """``stop_after``: end (with a checkpoint) after that many steps of this run — a killed job, for drills."""
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+    from pretrain import dist_ckpt
     from pretrain.data import iter_batches
     from pretrain.vlm import VLM
 
@@ -89,20 +85,18 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
     peak = lr if lr is not None else st_cfg.lr
     (out / "stage.json").write_text(json.dumps({**asdict(st_cfg), "lr": peak, "recipe": recipe, "steps": steps,
                                                 "micro_batch": micro_batch, "tp": tp, "seed": seed}, indent=2))
-    ckpt = out / "checkpoint.pt"
+    ckpt = out / "dist_ckpt"                            # megatron dist_checkpointing (pretrain/dist_ckpt.py)
     start = 0
-    prev = run_dir / "pretrain" / f"stage-{PREVIOUS.get(stage, '')}" / "checkpoint.pt"
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        model.load_state_dict(state["model"])
-        start = state["step"]
-    elif stage in PREVIOUS and prev.exists():
-        model.load_state_dict(torch.load(prev, weights_only=False)["model"])  # each stage starts from the last
+    prev = run_dir / "pretrain" / f"stage-{PREVIOUS.get(stage, '')}" / "dist_ckpt"
+    if dist_ckpt.is_complete(ckpt):
+        start = dist_ckpt.load_model(ckpt, model)
+    elif stage in PREVIOUS and dist_ckpt.is_complete(prev):
+        dist_ckpt.load_model(prev, model)               # each stage starts from the last
     model.set_trainable(st_cfg.trainable)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=peak, betas=(0.9, 0.95), eps=st_cfg.adam_eps, weight_decay=0.0)
-    if ckpt.exists() and start:
-        opt.load_state_dict(torch.load(ckpt, weights_only=False)["optimizer"])
+    if start:
+        dist_ckpt.load_optimizer(ckpt, opt)
     n_params = sum(p.numel() for p in model.parameters())
     peak_flops = (peak_tflops or (989.0 if torch.cuda.is_available() else 0.2)) * 1e12
     batches = iter_batches(run_dir, st_cfg.data, micro_batch)
@@ -145,10 +139,10 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
             log(f"stage {stage} step {step + 1}/{steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
                 f"gn {rec['grad_norm']:.3f} {rec['tokens_per_s']:.0f} tok/s")
             if (save_every and (step + 1) % save_every == 0) or (stop_after and step + 1 - start >= stop_after):
-                save_checkpoint(ckpt, model, opt, step + 1)
+                dist_ckpt.save(ckpt, model, opt, step + 1)
             if stop_after and step + 1 - start >= stop_after:
                 return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params}
-    save_checkpoint(ckpt, model, opt, steps)
+    dist_ckpt.save(ckpt, model, opt, steps)
     return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params}
 
 

@@ -17,7 +17,9 @@ def test_export_roundtrip(megatron_single, packed_demo, tmp_path):
     out = train(run, "tiny", "1.5", steps=2, micro_batch=1, lr=1e-2, log=lambda *_: None)
     export(run, "1.5", tmp_path / "hf")
     ours = VLM(RECIPES["tiny"], image_pad_id(run, None), backend="sdpa").eval()
-    ours.load_state_dict(torch.load(out["checkpoint"], weights_only=False)["model"])
+    from pretrain.dist_ckpt import load_model
+
+    load_model(out["checkpoint"], ours)
     tokens = torch.randint(0, 512, (1, 20))
     with torch.no_grad():
         mine = ours.llm(tokens, torch.arange(20)[None], attention_mask=None)
