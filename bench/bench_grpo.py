@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args(argv or [])
     print("\n### SortedRL (simulated engine, 512 samples, 4 batches)")
-    print("| Q | mode | bubble ratio | trained tokens / step | wasted tokens | steps |\n| ---: | --- | ---: | ---: | ---: | ---: |")
+    print("| Q | mode | bubble ratio | output tokens/s (Δt = 1 s) | wasted tokens | steps |\n| ---: | --- | ---: | ---: | ---: | ---: |")
     for Q in ([128] if a.quick else [64, 128, 256]):
         for r in simulate(512, 4, Q, 8192, seed=0):
             print(f"| {Q} | {r.mode} | {r.bubble_ratio:.1%} | {r.tokens_per_step:.1f} | {r.wasted_tokens:,} | {r.steps:,} |")

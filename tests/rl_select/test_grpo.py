@@ -30,7 +30,7 @@ def test_decoupled_loss_by_hand():
     t1 = -2.0 * 1.25
     # token 2: ratio 1.8 clipped to 1.28 → max(−3.6, −2.56) = −2.56; w = min(0.5/0.05, 5) = 5
     t2 = 5 * max(-2.0 * 1.8, -2.0 * 1.28)
-    assert float(loss) == pytest.approx((t1 + t2) / 2, rel=1e-6)
+    assert loss.item() == pytest.approx((t1 + t2) / 2, rel=1e-6)
     assert stats["clip_fraction"] == pytest.approx(0.5)
 
 
@@ -42,7 +42,7 @@ def test_padding_and_staleness_masks():
     versions = torch.tensor([10, 9, 5])   # sample 3 is 5 versions old → rejected (η = 4)
     loss, stats = decoupled_ppo_loss(logp, prox, prox, A, mask, versions, current_version=10)
     assert stats["rejected_stale"] == 1 and stats["tokens"] == 6
-    assert float(loss) == pytest.approx((2 * -1.0 + 4 * 1.0) / 6)
+    assert loss.item() == pytest.approx((2 * -1.0 + 4 * 1.0) / 6)
     loss.backward()
     assert logp.grad[2].abs().sum() == 0 and logp.grad[0, 2:].abs().sum() == 0
 
@@ -53,4 +53,4 @@ def test_zero_advantage_group_gives_zero_gradient():
     logp = torch.randn(4, 5, requires_grad=True)
     loss, _ = decoupled_ppo_loss(logp, logp.detach(), logp.detach(), a, torch.ones(4, 5))
     loss.backward()
-    assert float(loss) == 0.0 and logp.grad.abs().sum() == 0
+    assert loss.item() == 0.0 and logp.grad.abs().sum() == 0
