@@ -137,6 +137,18 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("reason", pa.string()),            # "kept" | "too_easy" | "too_hard" | "no_gap" | "error"
         ("split", pa.string()),             # "stage1-answer-only" | "stage2-cot" | null
     ]),
+    # pretrain: one row per optimizer step of a stage (RUN/pretrain/train_metrics/part-<stage idx>.parquet)
+    "train_metrics": pa.schema([
+        ("stage", pa.string()),             # "1" | "1.5" | "2"
+        ("step", pa.int64()),
+        ("loss", pa.float64()),             # token mean over target tokens
+        ("lr", pa.float64()),
+        ("grad_norm", pa.float64()),
+        ("tokens_per_s", pa.float64()),
+        ("mfu", pa.float64()),
+        ("tokens", pa.int64()),
+        ("images", pa.int64()),
+    ]),
 }
 
 SORT_KEYS: dict[str, tuple[str, ...]] = {
@@ -152,6 +164,7 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "rollouts": ("prompt_id", "rollout_idx", "prompt_type"),
     "rewards": ("prompt_id", "rollout_idx", "reward_type"),
     "selection": ("prompt_id",),
+    "train_metrics": ("stage", "step"),
 }
 
 

@@ -54,6 +54,23 @@ def setup_distributed(tp: int | None = None) -> int:
     return tp or world
 
 
+def write_metrics_manifest(run_dir: Path, stage: str, jsonl: Path) -> None:
+    """The stage's ``metrics.jsonl`` as the ``train_metrics`` manifest (``ovpipe sql`` / ``ovpipe report``)."""
+    import torch.distributed as dist
+    from manifests.io import write_part
+
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    rows = {}
+    for line in jsonl.read_text().splitlines():  # a resumed stage appends; the last record of a step wins
+        m = json.loads(line)
+        rows[m["step"]] = {"stage": stage, **{k: m[k] for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s",
+                                                                 "mfu", "tokens", "images")}}
+    idx = list(STAGES).index(stage)
+    write_part([rows[k] for k in sorted(rows)], run_dir / "pretrain" / "train_metrics" / f"part-{idx:05d}.parquet",
+               "train_metrics")
+
+
 def image_pad_id(run_dir: Path, tokenizer: str | None) -> int:
     from packing.tokens import IMAGE_PAD, load_tokenizer
 
@@ -143,6 +160,7 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
             if stop_after and step + 1 - start >= stop_after:
                 return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params}
     dist_ckpt.save(ckpt, model, opt, steps)
+    write_metrics_manifest(run_dir, stage, out / "metrics.jsonl")
     return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params}
 
 

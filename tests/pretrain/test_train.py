@@ -66,3 +66,22 @@ def test_loss_falls_and_resume_is_exact(megatron_single, packed_demo, tmp_path):
     lines = [json.loads(x) for x in (b / "pretrain" / "stage-1.5" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(1, 13))
     assert all(k in lines[0] for k in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"))
+
+
+def test_metrics_manifest_and_report(megatron_single, packed_demo, tmp_path):
+    from manifests.catalog import connect
+    from pretrain.train import train
+
+    run = tmp_path / "m"
+    shutil.copytree(packed_demo, run)
+    train(run, "tiny", "1", steps=3, micro_batch=1, lr=1e-2, log=lambda *_: None)
+    con = connect(run)
+    rows = con.execute("SELECT stage, step, loss FROM train_metrics ORDER BY step").fetchall()
+    assert [r[:2] for r in rows] == [("1", 1), ("1", 2), ("1", 3)]
+    from pathlib import Path
+
+    import manifests
+
+    sql = (Path(manifests.__file__).parent / "queries" / "40_pretrain_loss_by_stage.sql").read_text()
+    (stage, steps, first3, last3, *_), = con.execute(sql).fetchall()
+    assert (stage, steps) == ("1", 3) and abs(first3 - np.mean([r[2] for r in rows])) < 1e-3

@@ -1,0 +1,14 @@
+-- requires: train_metrics
+-- Per stage: steps, loss over the first and last 3 steps, tokens/s and MFU estimate (mean), last grad norm.
+SELECT stage,
+       count(*)                                                        AS steps,
+       round(avg(loss) FILTER (WHERE step <= 3), 4)                    AS loss_first3,
+       round(avg(loss) FILTER (WHERE step > max_step - 3), 4)          AS loss_last3,
+       round(avg(tokens_per_s), 1)                                     AS tokens_per_s,
+       round(avg(mfu), 6)                                              AS mfu,
+       round(arg_max(grad_norm, step), 4)                              AS last_grad_norm,
+       sum(tokens)                                                     AS tokens,
+       sum(images)                                                     AS images
+FROM (SELECT *, max(step) OVER (PARTITION BY stage) AS max_step FROM train_metrics)
+GROUP BY stage
+ORDER BY stage;
