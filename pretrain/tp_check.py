@@ -1,6 +1,10 @@
 """Step-1 loss of the tiny recipe on the first demo batch, for the TP=1 vs TP=2 parity check.
 
-    torchrun --nproc-per-node=2 -m pretrain.tp_check --run-dir RUN --out loss.json
+    torchrun --nproc-per-node=2 -m pretrain.tp_check --run-dir RUN --out loss.json [--save CKPT]
+    torchrun --nproc-per-node=1 -m pretrain.tp_check --run-dir RUN --out loss.json --seed 7 --load CKPT
+
+``--save`` writes the initial weights as a megatron dist checkpoint; ``--load`` reads one (saved at any
+TP size) over a differently seeded model: resharding TP=2 -> TP=1 must give the same loss.
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ def main(argv=None) -> int:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--stage", default="1.5")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save")
+    ap.add_argument("--load")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -27,12 +34,18 @@ def main(argv=None) -> int:
     from pretrain.vlm import VLM
 
     tp = setup_distributed()
-    torch.manual_seed(0)
+    torch.manual_seed(a.seed)
     try:
-        model_parallel_cuda_manual_seed(0)
+        model_parallel_cuda_manual_seed(a.seed)
     except Exception:
         pass
     model = VLM(RECIPES["tiny"], image_pad_id(Path(a.run_dir), None), tp=tp, backend="sdpa")
+    from pretrain import dist_ckpt
+
+    if a.save:
+        dist_ckpt.save(Path(a.save), model, torch.optim.SGD(model.parameters(), lr=0.0), 0)
+    if a.load:
+        dist_ckpt.load_model(Path(a.load), model)
     b = next(iter_batches(a.run_dir, "pack", 2))
     per_tok = model(b)
     loss = (per_tok * b.loss_mask).sum() / b.loss_mask.sum()
