@@ -22,7 +22,9 @@ def model_sharded_state_dict(model) -> dict:
 
     sd = dict(model.llm.sharded_state_dict(prefix="llm."))
     replica = (0, ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank(with_context_parallel=True))
-    for part in ("vision", "projector"):          # plain torch modules, replicated on every rank
+    for part in ("vision", "projector"):          # plain torch modules, replicated; first PP stage only
+        if getattr(model, part, None) is None:
+            continue
         for k, t in getattr(model, part).state_dict(keep_vars=True).items():
             key = f"{part}.{k}"
             sd[key] = ShardedTensor.from_rank_offsets(key, t.data if isinstance(t, torch.nn.Parameter) else t,

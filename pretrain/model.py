@@ -67,13 +67,16 @@ def layer_spec(backend: str = "auto"):
     return spec
 
 
-def build_llm(size: LLMSize, tp: int = 1, backend: str = "auto", max_seq_len: int = 32768, **overrides):
+def build_llm(size: LLMSize, tp: int = 1, backend: str = "auto", max_seq_len: int = 32768,
+              pre_process: bool = True, post_process: bool = True, **overrides):
+    """``pre_process`` / ``post_process``: this pipeline stage holds the embedding / the output layer."""
     from megatron.core.models.gpt import GPTModel
 
     cfg = transformer_config(size, tp, **overrides)
     return GPTModel(cfg, layer_spec(backend), vocab_size=size.vocab_size, max_sequence_length=max_seq_len,
                     position_embedding_type="rope", rotary_base=int(size.rope_theta),
-                    share_embeddings_and_output_weights=size.tie_embeddings)
+                    share_embeddings_and_output_weights=size.tie_embeddings,
+                    pre_process=pre_process, post_process=post_process)
 
 
 def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int):
