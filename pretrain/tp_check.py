@@ -42,18 +42,22 @@ def main(argv=None) -> int:
     model = VLM(RECIPES["tiny"], image_pad_id(Path(a.run_dir), None), tp=tp, backend="sdpa")
     from pretrain import dist_ckpt
 
+    b = next(iter_batches(a.run_dir, "pack", 2))
     if a.save:
         dist_ckpt.save(Path(a.save), model, torch.optim.SGD(model.parameters(), lr=0.0), 0)
+    before = None
     if a.load:
+        with torch.no_grad():                     # the seeded model's own loss: loading must change it
+            before = float((model(b) * b.loss_mask).sum() / b.loss_mask.sum())
         dist_ckpt.load_model(Path(a.load), model)
-    b = next(iter_batches(a.run_dir, "pack", 2))
     per_tok = model(b)
     loss = (per_tok * b.loss_mask).sum() / b.loss_mask.sum()
     loss.backward()
     gn = torch.sqrt(sum((p.grad.float() ** 2).sum() for n, p in model.named_parameters()
                         if p.grad is not None and n.startswith("projector.")))
     if int(os.environ.get("RANK", "0")) == 0:
-        Path(a.out).write_text(json.dumps({"tp": tp, "loss": float(loss.detach()), "projector_grad_norm": float(gn)}))
+        Path(a.out).write_text(json.dumps({"tp": tp, "loss": float(loss.detach()), "projector_grad_norm": float(gn),
+                                             "loss_before_load": before}))
     return 0
 
 

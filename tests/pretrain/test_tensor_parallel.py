@@ -26,3 +26,4 @@ def test_tp2_matches_tp1(packed_demo, tmp_path):
     assert abs(one["projector_grad_norm"] - two["projector_grad_norm"]) <= 1e-4 * max(1.0, one["projector_grad_norm"])
     resharded = json.loads((tmp_path / "resharded.json").read_text())
     assert resharded["tp"] == 1 and abs(resharded["loss"] - two["loss"]) <= 1e-5
+    assert abs(resharded["loss_before_load"] - two["loss"]) > 1e-4      # the load did the work, not the seed
