@@ -6,7 +6,6 @@ never pay for torch. A stage adds a step by adding one line here.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 
 STEP_MODULES: dict[str, str] = {
@@ -47,19 +46,6 @@ def _extra_steps() -> dict[str, str]:
 
 def all_steps() -> dict[str, str]:
     return {**STEP_MODULES, **_extra_steps()}
-
-
-def available() -> list[str]:
-    out = []
-    for name, mod in STEP_MODULES.items():
-        if importlib.util.find_spec(mod.split(".")[0]) is None:
-            continue
-        try:
-            if importlib.util.find_spec(mod) is not None:
-                out.append(name)
-        except ModuleNotFoundError:
-            pass
-    return out
 
 
 def get_step(name: str):

@@ -80,9 +80,11 @@ def is_finalized(sdir: Path) -> bool:
     return (sdir / "completions" / FINALIZED).exists()
 
 
-def merge_stats(sdir: Path) -> dict:
-    files = sorted((sdir / "stats").glob("[0-9]*.json"))
+def merge_stats(sdir: Path, tasks: int) -> dict:
+    """Per-rank stats plus the finalize stats, summed into ``stats.json``."""
+    files = sorted((sdir / "stats").glob("*.json"))
     merged = Stats.merge([json.loads(f.read_text()) for f in files])
+    merged["tasks"] = tasks
     save_json(sdir / "stats.json", merged)
     return merged
 
@@ -103,11 +105,6 @@ def step_status(sdir: Path) -> dict:
             pending.append(r)
     return {"step": sdir.name, "tasks": tasks, "done": len(done), "failed": failed,
             "pending": pending, "finalized": is_finalized(sdir)}
-
-
-def rmtree_quiet(p: Path) -> None:
-    if p.exists():
-        shutil.rmtree(p)
 
 
 def write_failure(sdir: Path, rank: int, text: str) -> None:

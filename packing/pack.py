@@ -72,8 +72,6 @@ def packing_items(task: TaskContext, cfg: PackConfig):
 
 
 def run(cfg: PackConfig, task: TaskContext) -> None:
-    import pyarrow as pa
-
     from packing.binpack import lower_bound, pack
 
     with task.stats.timer("solve"):

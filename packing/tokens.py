@@ -19,7 +19,6 @@ expanded — one batched tokenizer call per slice instead of one template render
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, Sequence

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
 
 
 def export(run_dir: Path, stage: str, out: Path, recipe: str = "tiny") -> Path:

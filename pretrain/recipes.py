@@ -12,7 +12,7 @@ concept-balanced packs, lr 1e-5; 2 — all parameters on instruction packs, lr 1
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pretrain.model import LLM_SIZES, LLMSize
 from pretrain.vision import VIT_SIZES, ViTSize

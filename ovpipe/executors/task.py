@@ -107,10 +107,4 @@ def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) 
             logging.getLogger().removeHandler(handler)
             handler.close()
     (sdir / "completions" / runfolder.FINALIZED).touch()
-    files = sorted((sdir / "stats").glob("*.json"))
-    from ovpipe.step import Stats
-
-    merged = Stats.merge([json.loads(f.read_text()) for f in files])
-    merged["tasks"] = meta["tasks"]
-    save_json(sdir / "stats.json", merged)
-    return merged
+    return runfolder.merge_stats(sdir, meta["tasks"])
