@@ -9,6 +9,10 @@ block-diagonal causal — a token attends only to earlier tokens of its own samp
 lets information cross sample boundaries, and any number of packs can share one micro-batch.
 Unpacked (``sbhd``): ``[s, b, heads, dim]`` with plain causal attention.
 GQA: key/value groups are repeated to the query heads, as megatron does.
+
+Context parallel (``config.context_parallel_size > 1``, THD only): the local tokens are this CP
+rank's two chunks of every sample (``pretrain.parallel``); keys/values are all-gathered over the CP
+group and the mask is built from global positions, so the result equals CP=1 row for row.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ class SDPACoreAttention(MegatronModule):
         self.groups = (config.num_query_groups or config.num_attention_heads) // tp
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.softmax_scale = softmax_scale
+        self.cp = getattr(config, "context_parallel_size", 1) or 1
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
@@ -47,13 +52,18 @@ class SDPACoreAttention(MegatronModule):
             if query.dim() == 4:
                 query, key, value = query.squeeze(1), key.squeeze(1), value.squeeze(1)
             t = query.shape[0]
+            if self.cp > 1:     # gather the (fewer) key/value groups before repeating them
+                key, value, mask = self._gather_cp(key, value, packed_seq_params.cu_seqlens_q, query.device)
+            else:
+                mask = block_causal_mask(packed_seq_params.cu_seqlens_q, t, query.device)
             if rep > 1:
                 key = key.repeat_interleave(rep, dim=1)
                 value = value.repeat_interleave(rep, dim=1)
-            mask = block_causal_mask(packed_seq_params.cu_seqlens_q, t, query.device)
             out = F.scaled_dot_product_attention(query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1),
                                                  attn_mask=mask, dropout_p=p, scale=self.softmax_scale)
             return out.transpose(0, 1).reshape(t, -1)
+        if self.cp > 1:
+            raise NotImplementedError("context parallel with SDPA attention needs packed (THD) batches")
         # sbhd: [s, b, np, hn]
         s, b = query.shape[:2]
         if rep > 1:
@@ -62,3 +72,13 @@ class SDPACoreAttention(MegatronModule):
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, scale=self.softmax_scale)
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+    def _gather_cp(self, key, value, cu_seqlens, device):
+        """All CP ranks' keys/values and the mask of local queries over them (global positions)."""
+        from megatron.core import parallel_state as ps
+
+        from pretrain.parallel import cp_mask, gather_cp
+
+        group, rank = ps.get_context_parallel_group(), ps.get_context_parallel_rank()
+        key, value = gather_cp(key, group), gather_cp(value, group)
+        return key, value, cp_mask(cu_seqlens, self.cp, rank).to(device)

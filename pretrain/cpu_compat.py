@@ -10,16 +10,30 @@ megatron-core assumes CUDA in a few places that a CPU run (this machine, CI, lap
 
 3. ``dist_checkpointing``'s filesystem writer calls ``torch.cuda.synchronize()`` before staging
    tensors (``filesystem_async.preload_tensors``). Without a GPU there is nothing to wait for: a no-op.
+4. The pipeline schedules (``total_num_tokens = torch.zeros(..., device="cuda")``), the optimizer
+   (``_scale``, ``found_inf``) and the grad-norm code create small tensors with a literal
+   ``device="cuda"``, and the tied output layer of the last pipeline stage is moved with
+   ``weight.data.cuda()`` before its first all-reduce. A ``TorchFunctionMode`` (``CUDAToCPU``)
+   rewrites that keyword to the CPU for factory calls and makes ``.cuda()`` a no-op; it is entered
+   once, for the process, by ``apply()``.
+5. The DDP grad buffers ask ``torch.cuda.current_stream()`` for a stream to wait on (CUDA-graph
+   replay events): a stream object whose waits are no-ops.
+6. ``clip_grad_by_total_norm_fp32`` asserts ``grad.type() == "torch.cuda.FloatTensor"`` before
+   scaling; the CPU replacement does the same scaling (``max_norm / (norm + 1e-6)`` when below 1)
+   with ``torch._foreach_mul_``. The norm itself is still megatron's (reduced over the model-
+   parallel groups).
 
-``apply()`` is idempotent and refuses to run when CUDA is available, so the GPU path is never
-patched. Pipeline schedules have further CUDA assumptions; they
-are not used on the CPU path.
+With these, megatron-core's own DDP, optimizer (``FP32Optimizer``; the distributed optimizer
+checks for CUDA tensor types and stays a GPU feature) and 1F1B pipeline schedule run on gloo, so
+PP/DP/CP parity is tested on the CPU. ``apply()`` is idempotent and refuses to run when CUDA is
+available, so the GPU path is never patched.
 """
 from __future__ import annotations
 
 import contextlib
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _APPLIED = False
 
@@ -60,6 +74,43 @@ class CPURNGTracker:
                 self.states[name] = torch.get_rng_state()
 
 
+class CUDAToCPU(TorchFunctionMode):
+    """Factory calls with ``device="cuda"`` (or ``cuda:N``) get the CPU instead, and
+    ``tensor.cuda()`` is the tensor itself (4)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        d = kwargs.get("device")
+        if d is not None and (d == "cuda" or (isinstance(d, str) and d.startswith("cuda:"))
+                              or (isinstance(d, torch.device) and d.type == "cuda")):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+class _NoStream:
+    """(5) ``torch.cuda.current_stream()`` stand-in: nothing runs asynchronously on a CPU."""
+
+    def wait_event(self, *_a) -> None:
+        pass
+
+    def wait_stream(self, *_a) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _clip_grads_cpu(parameters, max_norm, total_norm, use_decoupled_grad=False):
+    """(6) megatron's fp32 clip without its CUDA type assertion."""
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, attr) for p in parameters if getattr(p, attr, None) is not None]
+    coeff = max_norm / (float(total_norm) + 1.0e-6)
+    if grads and coeff < 1.0:
+        torch._foreach_mul_(grads, coeff)
+
+
 def apply() -> None:
     global _APPLIED
     if _APPLIED:
@@ -82,4 +133,9 @@ def apply() -> None:
         if hasattr(m, "get_cuda_rng_tracker"):
             m.get_cuda_rng_tracker = mc_random.get_cuda_rng_tracker
     torch.cuda.synchronize = lambda *a, **k: None               # (3)
+    CUDAToCPU().__enter__()                                     # (4), for the whole process
+    torch.cuda.current_stream = lambda *a, **k: _NoStream()     # (5)
+    from megatron.core.optimizer import optimizer as mc_optimizer
+
+    mc_optimizer.clip_grad_by_total_norm_fp32 = _clip_grads_cpu  # (6)
     _APPLIED = True

@@ -27,6 +27,7 @@ class PackedBatch:
     max_seqlen: int
     n_images: int
     images: list = None          # [3, H, W] float tensors, H = grid_h·14, W = grid_w·14 (CLIP-normalised)
+    cp_index: torch.Tensor | None = None   # context parallel: this rank's token positions (pretrain.parallel)
 
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -66,18 +67,23 @@ def collate(seqs, with_images: bool = True) -> PackedBatch:
                        sum(len(s.images) for s in seqs), images)
 
 
-def iter_batches(run_dir: str | Path, pack_step: str, micro_batch: int, epochs: int | None = None) -> Iterator[PackedBatch]:
-    """Deterministic order: shards sorted, packs in file order, repeated ``epochs`` times (None: forever)."""
+def iter_batches(run_dir: str | Path, pack_step: str, micro_batch: int, epochs: int | None = None,
+                 rank: int = 0, world: int = 1) -> Iterator[PackedBatch]:
+    """Deterministic order: shards sorted, packs in file order, repeated ``epochs`` times (None: forever).
+    ``rank`` / ``world``: a data-parallel rank keeps micro-batches ``rank, rank + world, …`` of that
+    order and decodes only those."""
     from packing.shards import iter_packed, packed_shards
 
     shards = packed_shards(run_dir, pack_step)
-    e = 0
+    e, k = 0, 0
     while epochs is None or e < epochs:
         buf = []
         for sh in shards:
             for seq in iter_packed(sh):
                 buf.append(seq)
                 if len(buf) == micro_batch:
-                    yield collate(buf)
+                    if k % world == rank:
+                        yield collate(buf)
+                    k += 1
                     buf = []
         e += 1

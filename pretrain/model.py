@@ -44,7 +44,20 @@ def transformer_config(size: LLMSize, tp: int = 1, dtype: torch.dtype = torch.fl
         gated_linear_unit=True, activation_func=torch.nn.functional.silu, add_bias_linear=False,
         add_qkv_bias=False, hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
         use_cpu_initialization=not torch.cuda.is_available(), params_dtype=dtype,
-        bf16=dtype == torch.bfloat16, **overrides)
+        bf16=dtype == torch.bfloat16, **{"pipeline_dtype": dtype, **overrides})
+
+
+class TorchRMSNorm(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm`` in megatron's norm-builder interface that also works with sequence
+    parallelism. megatron's ``WrappedTorchNorm`` refuses SP because a norm then sees only this TP
+    rank's share of the sequence, so its weight gradient is partial; marking the weight
+    ``sequence_parallel`` makes ``finalize_model_grads`` sum it over the TP group (as TE's norms do).
+    Same parameter names as ``WrappedTorchNorm``, so checkpoints and HF conversion are unchanged."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        for p in self.parameters():
+            p.sequence_parallel = bool(config.sequence_parallel)
 
 
 def layer_spec(backend: str = "auto"):
@@ -63,20 +76,38 @@ def layer_spec(backend: str = "auto"):
     from pretrain.attention import SDPACoreAttention
 
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    sub = spec.submodules
+    sub.self_attention.submodules.core_attention = SDPACoreAttention
+    sub.input_layernorm = sub.pre_mlp_layernorm = TorchRMSNorm
+    sub.self_attention.submodules.q_layernorm = sub.self_attention.submodules.k_layernorm = TorchRMSNorm
     return spec
+
+
+def block_spec(cfg, backend: str = "auto"):
+    """The decoder block of this pipeline stage: ``layer_spec`` × its layer count, and the final
+    norm (``TorchRMSNorm`` on the local spec, so sequence parallelism works without TE)."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    spec = layer_spec(backend)
+    if spec.submodules.input_layernorm is not TorchRMSNorm:      # TE spec: megatron's default block
+        return spec
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(cfg), layer_norm=TorchRMSNorm)
 
 
 def build_llm(size: LLMSize, tp: int = 1, backend: str = "auto", max_seq_len: int = 32768,
               pre_process: bool = True, post_process: bool = True, **overrides):
-    """``pre_process`` / ``post_process``: this pipeline stage holds the embedding / the output layer."""
+    """``pre_process`` / ``post_process``: this pipeline stage holds the embedding / the output layer.
+    ``overrides`` are ``TransformerConfig`` fields (``sequence_parallel``, ``context_parallel_size``,
+    ``pipeline_model_parallel_size``, ``recompute_granularity`` …). The embedding never scatters for
+    sequence parallelism: the VLM scatters after merging image embeddings (``pretrain.vlm``)."""
     from megatron.core.models.gpt import GPTModel
 
     cfg = transformer_config(size, tp, **overrides)
-    return GPTModel(cfg, layer_spec(backend), vocab_size=size.vocab_size, max_sequence_length=max_seq_len,
+    return GPTModel(cfg, block_spec(cfg, backend), vocab_size=size.vocab_size, max_sequence_length=max_seq_len,
                     position_embedding_type="rope", rotary_base=int(size.rope_theta),
                     share_embeddings_and_output_weights=size.tie_embeddings,
-                    pre_process=pre_process, post_process=post_process)
+                    pre_process=pre_process, post_process=post_process,
+                    scatter_embedding_sequence_parallel=False)
 
 
 def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int):

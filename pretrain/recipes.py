@@ -60,12 +60,13 @@ class Parallelism:
     cp: int = 1
     sequence_parallel: bool = False
     distributed_optimizer: bool = True
-    seq_len: int = 8192
+    seq_len: int | None = None
     world_size: int = 1
 
 
-def validate(recipe: Recipe, par: Parallelism) -> None:
-    """Reject impossible combinations before anything launches, naming both settings."""
+def validate(recipe: Recipe, par: Parallelism, cuda: bool | None = None) -> None:
+    """Reject impossible combinations before anything launches, naming both settings. ``cuda``
+    (when known) checks the settings that only exist on GPUs."""
     llm = recipe.llm
     errs = []
     if llm.num_attention_heads % par.tp:
@@ -76,19 +77,50 @@ def validate(recipe: Recipe, par: Parallelism) -> None:
         errs.append(f"pp={par.pp} exceeds num_layers={llm.num_layers}")
     if par.sequence_parallel and par.tp == 1:
         errs.append("sequence_parallel=True requires tp > 1")
-    if par.cp > 1 and par.seq_len % (2 * par.cp):
+    if par.cp > 1 and par.seq_len is not None and par.seq_len % (2 * par.cp):
         errs.append(f"cp={par.cp} requires seq_len={par.seq_len} divisible by 2·cp (load-balanced THD split)")
     if par.world_size % (par.tp * par.pp * par.cp):
         errs.append(f"world_size={par.world_size} must be a multiple of tp·pp·cp={par.tp * par.pp * par.cp}")
+    if par.sequence_parallel and par.seq_len is not None and par.seq_len % par.tp:
+        errs.append(f"sequence_parallel=True requires seq_len={par.seq_len} divisible by tp={par.tp}")
+    if cuda is False and par.distributed_optimizer:
+        errs.append("distributed_optimizer=True needs CUDA (megatron's DistributedOptimizer checks for CUDA "
+                    "tensors); on a CPU use distributed_optimizer=False")
     if errs:
         raise ValueError("; ".join(errs))
 
 
+def pipeline_sizes(num_layers: int, pp: int) -> list[int]:
+    """LLM layers per pipeline stage in the shape megatron accepts (equal middle stages; first and
+    last set by ``num_layers_in_first/last_pipeline_stage``). The slowest stage sets the pace, so
+    the largest stage is kept as small as possible; among those splits the first stage (which also
+    runs RICE-ViT and the projector) and the last (output layer and loss over the whole vocabulary)
+    take the fewer layers."""
+    if pp == 1:
+        return [num_layers]
+    best = None
+    for m in {num_layers // pp, -(-num_layers // pp)}:
+        rest = num_layers - m * (pp - 2)
+        if rest < 2:
+            continue
+        sizes = [rest // 2] + [m] * (pp - 2) + [rest - rest // 2]
+        key = (max(sizes), sizes[0])
+        if best is None or key < best[0]:
+            best = (key, sizes)
+    return best[1]
+
+
+def pipeline_overrides(num_layers: int, pp: int) -> dict:
+    """``TransformerConfig`` fields for an uneven split (none when ``pp`` divides the layers)."""
+    if pp == 1 or num_layers % pp == 0:
+        return {}
+    sizes = pipeline_sizes(num_layers, pp)
+    return {"num_layers_in_first_pipeline_stage": sizes[0], "num_layers_in_last_pipeline_stage": sizes[-1]}
+
+
 def pipeline_layers(num_layers: int, pp: int) -> list[list[int]]:
-    """LLM layers per pipeline stage (balanced, earlier stages take the remainder); the vision tower
-    and projector live on stage 0, so with uneven splits stage 0 gets the *fewer* layers."""
-    base, extra = divmod(num_layers, pp)
-    sizes = [base + (1 if i >= pp - extra else 0) for i in range(pp)]
+    """Global LLM layer indices per pipeline stage (``pipeline_sizes``)."""
+    sizes = pipeline_sizes(num_layers, pp)
     out, start = [], 0
     for s in sizes:
         out.append(list(range(start, start + s)))

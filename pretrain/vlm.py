@@ -1,5 +1,20 @@
 """The multimodal model: RICE-ViT → projector → image embeddings replace the ``<|image_pad|>``
-positions of the LLM's text embeddings → megatron ``GPTModel`` (via ``decoder_input``)."""
+positions of the LLM's text embeddings → megatron ``GPTModel`` (via ``decoder_input``).
+
+One class for every layout. Under pipeline parallelism the first stage holds RICE-ViT, the
+projector, the word embedding and its share of the LLM layers, the last stage the output layer
+and the loss, the stages between layers only (``pre_process`` / ``post_process`` from megatron's
+parallel state); parameter names do not depend on the layout, so a distributed checkpoint saved
+at one TP/PP size loads at another. The attributes megatron's schedules and ``finalize_model_grads``
+look for on the model (``config``, ``model_type``, ``set_input_tensor``, the shared-embedding
+accessors for tied input/output weights across stages) are forwarded to the LLM.
+
+Context parallelism: the first stage embeds the *whole* micro-batch (images are not split), then
+keeps this CP rank's tokens (``batch.cp_index``; labels and loss mask arrive already split, see
+``pretrain.parallel.shard_batch``). Sequence parallelism:
+the GPT embedding does not scatter (``scatter_embedding_sequence_parallel=False``); the merged
+text+image embedding is scattered over the TP ranks here, after the image tokens are in place.
+"""
 from __future__ import annotations
 
 import torch
@@ -11,21 +26,41 @@ from pretrain.vision import Projector, RiceViT
 
 
 class VLM(nn.Module):
-    def __init__(self, recipe: Recipe, image_pad_id: int, tp: int = 1, backend: str = "auto"):
+    def __init__(self, recipe: Recipe, image_pad_id: int, tp: int = 1, backend: str = "auto",
+                 sequence_parallel: bool = False, **overrides):
         super().__init__()
-        self.vision = RiceViT(recipe.vit)
-        self.projector = Projector(recipe.vit.hidden_size, recipe.llm.hidden_size)
-        self.llm = build_llm(recipe.llm, tp=tp, backend=backend)
+        from megatron.core import parallel_state as ps
+
+        pp_ready = ps.model_parallel_is_initialized()
+        self.pre_process = ps.is_pipeline_first_stage() if pp_ready else True
+        self.post_process = ps.is_pipeline_last_stage() if pp_ready else True
+        if self.pre_process:
+            self.vision = RiceViT(recipe.vit)
+            self.projector = Projector(recipe.vit.hidden_size, recipe.llm.hidden_size)
+        self.llm = build_llm(recipe.llm, tp=tp, backend=backend, pre_process=self.pre_process,
+                             post_process=self.post_process, sequence_parallel=sequence_parallel,
+                             **overrides)
         self.image_pad_id = image_pad_id
+        self.sequence_parallel = sequence_parallel
+        # read by megatron's schedules / DDP / finalize_model_grads
+        self.config, self.model_type = self.llm.config, self.llm.model_type
+        self.share_embeddings_and_output_weights = self.llm.share_embeddings_and_output_weights
+
+    def shared_embedding_or_output_weight(self):
+        return self.llm.shared_embedding_or_output_weight()
+
+    def set_input_tensor(self, t) -> None:
+        self.llm.set_input_tensor(t)
 
     def set_trainable(self, which: str) -> None:
         for name, p in self.named_parameters():
             p.requires_grad = which == "all" or name.startswith("projector.")
 
-    def embed(self, tokens, position_ids, images: list[torch.Tensor]):
+    def embed(self, tokens, position_ids, images: list[torch.Tensor], cp_index=None):
         emb = self.llm.embedding(input_ids=tokens, position_ids=position_ids)     # [T, 1, H]
         if images:
-            outs, _ = self.vision(images)
+            dtype = next(self.vision.parameters()).dtype
+            outs, _ = self.vision([x.to(dtype) for x in images])
             img = torch.cat([self.projector(o[1:]) for o in outs])               # drop each class token
             where = (tokens[0] == self.image_pad_id).nonzero().squeeze(-1)
             if len(where) != img.shape[0]:
@@ -33,10 +68,16 @@ class VLM(nn.Module):
                                  f"packing and the vision tower disagree on the image grid")
             emb = emb.clone()
             emb[where, 0] = img.to(emb.dtype)
+        if cp_index is not None:
+            emb = emb[cp_index]                                                  # this CP rank's tokens
+        if self.sequence_parallel:
+            from megatron.core import tensor_parallel
+
+            emb = tensor_parallel.scatter_to_sequence_parallel_region(emb)
         return emb
 
     def forward(self, batch, labels=None):
-        emb = self.embed(batch.tokens, batch.position_ids, batch.images)
-        return self.llm(None, batch.position_ids, attention_mask=None, decoder_input=emb,
-                        labels=batch.labels if labels is None else labels,
+        cp_index = getattr(batch, "cp_index", None)
+        emb = self.embed(batch.tokens, batch.position_ids, batch.images, cp_index) if self.pre_process else None
+        return self.llm(None, batch.position_ids, attention_mask=None, decoder_input=emb, labels=batch.labels if labels is None else labels,
                         packed_seq_params=packed_seq_params(batch.cu_seqlens, batch.max_seqlen))

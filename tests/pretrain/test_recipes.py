@@ -1,6 +1,6 @@
 import pytest
 
-from pretrain.recipes import RECIPES, Parallelism, pipeline_layers, validate
+from pretrain.recipes import RECIPES, Parallelism, pipeline_layers, pipeline_overrides, pipeline_sizes, validate
 
 
 def test_published_sizes():
@@ -17,6 +17,7 @@ def test_published_sizes():
     (Parallelism(sequence_parallel=True), ["sequence_parallel=True", "tp > 1"]),
     (Parallelism(cp=3, seq_len=8192, world_size=3), ["cp=3", "seq_len=8192"]),
     (Parallelism(tp=2, pp=2, world_size=6), ["world_size=6", "tp·pp·cp=4"]),
+    (Parallelism(tp=2, sequence_parallel=True, seq_len=8191, world_size=2), ["seq_len=8191", "tp=2"]),
 ])
 def test_validation_names_conflicting_settings(par, needles):
     with pytest.raises(ValueError) as e:
@@ -25,12 +26,22 @@ def test_validation_names_conflicting_settings(par, needles):
         assert n in str(e.value)
 
 
+def test_distributed_optimizer_needs_cuda():
+    with pytest.raises(ValueError, match="distributed_optimizer=True needs CUDA"):
+        validate(RECIPES["tiny"], Parallelism(distributed_optimizer=True), cuda=False)
+    validate(RECIPES["tiny"], Parallelism(distributed_optimizer=False), cuda=False)
+
+
 def test_valid_combination_passes():
     validate(RECIPES["llava-ov-1.5-8b"], Parallelism(tp=8, pp=4, cp=2, sequence_parallel=True, world_size=128))
 
 
 def test_pipeline_partition():
     parts = pipeline_layers(36, 5)
-    assert [len(p) for p in parts] == [7, 7, 7, 7, 8]              # stage 0 also hosts the ViT + projector
+    assert [len(p) for p in parts] == [6, 8, 8, 8, 6]    # max 8 either way; stage 0 also hosts the ViT
     assert sum(parts, []) == list(range(36))
+    assert pipeline_sizes(28, 8) == [2, 4, 4, 4, 4, 4, 4, 2]         # not [5, 3, …, 3, 5]: max 4, not 5
+    assert pipeline_overrides(36, 5) == {"num_layers_in_first_pipeline_stage": 6,
+                                         "num_layers_in_last_pipeline_stage": 6}
+    assert pipeline_overrides(36, 4) == {}
     assert pipeline_layers(4, 1) == [[0, 1, 2, 3]]
