@@ -1,10 +1,11 @@
-"""Model checkpoints through megatron-core ``dist_checkpointing`` (reshardable across TP sizes).
+"""Model and optimizer checkpoints through megatron-core ``dist_checkpointing`` (reshardable: a
+checkpoint saved at one TP/PP/CP/DP layout loads at any other).
 
-Layout of ``<stage>/dist_ckpt/``: the sharded model (megatron's ``torch_dist`` format: the LLM's
-``sharded_state_dict()`` with TP-sharded tensors, plus the RICE-ViT and projector tensors as
-replicated ``ShardedTensor``s written once, by the rank with replica id 0), ``optim/rank_{r:05d}.pt``
-(the torch AdamW state of that rank's parameters — per rank, so it resumes only at the same TP size)
-and ``step.json``, written last: a folder without it is an interrupted save and is ignored.
+Layout of ``<stage>/dist_ckpt/`` (megatron's ``torch_dist`` format): the LLM's ``sharded_state_dict()``
+(TP-sharded tensors, global layer numbers), the RICE-ViT and projector tensors as replicated
+``ShardedTensor``s (written once, by the rank with replica id 0), and the megatron optimizer's
+``sharded_state_dict`` (Adam moments sharded like their parameters, plus the common step), then
+``step.json``, written last: a folder without it is an interrupted save and is ignored.
 """
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ def model_sharded_state_dict(model) -> dict:
             continue
         for k, t in getattr(model, part).state_dict(keep_vars=True).items():
             key = f"{part}.{k}"
-            sd[key] = ShardedTensor.from_rank_offsets(key, t.data if isinstance(t, torch.nn.Parameter) else t,
-                                                      replica_id=replica)
+            # the Parameter itself (not .data): the optimizer maps its state to params by identity
+            sd[key] = ShardedTensor.from_rank_offsets(key, t, replica_id=replica)
     return sd
 
 
 def save(path: Path, model, opt, step: int) -> None:
+    """``opt``: a megatron optimizer (its sharded state is saved with the model) or None."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
@@ -43,11 +45,11 @@ def save(path: Path, model, opt, step: int) -> None:
     if dist.is_initialized():
         dist.barrier()
     path.mkdir(parents=True, exist_ok=True)
-    dist_checkpointing.save(model_sharded_state_dict(model), str(path))
-    (path / "optim").mkdir(exist_ok=True)
-    tmp = path / "optim" / f"rank_{rank:05d}.pt.tmp"
-    torch.save(opt.state_dict(), tmp)
-    os.replace(tmp, path / "optim" / f"rank_{rank:05d}.pt")
+    model_sd = model_sharded_state_dict(model)
+    sd = {"model": model_sd}
+    if opt is not None:
+        sd["optimizer"] = opt.sharded_state_dict(model_sd)
+    dist_checkpointing.save(sd, str(path))
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:
@@ -61,11 +63,10 @@ def is_complete(path: Path) -> bool:
 
 
 def load_model(path: Path, model) -> int:
-    """Load the weights in place (any TP size); returns the saved step."""
+    """Load the weights in place (any layout); returns the saved step."""
     from megatron.core import dist_checkpointing
 
-    sd = model_sharded_state_dict(model)
-    loaded = dist_checkpointing.load(sd, str(path))
+    loaded = dist_checkpointing.load({"model": model_sharded_state_dict(model)}, str(path))["model"]
     state = {k: v for k, v in loaded.items() if isinstance(v, torch.Tensor)}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
@@ -75,11 +76,12 @@ def load_model(path: Path, model) -> int:
     return json.loads((Path(path) / "step.json").read_text())["step"]
 
 
-def load_optimizer(path: Path, opt) -> None:
-    import torch.distributed as dist
+def load_optimizer(path: Path, model, opt) -> None:
+    """The megatron optimizer's state, resharded to this rank's parameters."""
+    from megatron.core import dist_checkpointing
 
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    opt.load_state_dict(torch.load(Path(path) / "optim" / f"rank_{rank:05d}.pt", weights_only=False))
+    sd = {"optimizer": opt.sharded_state_dict(model_sharded_state_dict(model), is_loading=True)}
+    opt.load_state_dict(dist_checkpointing.load(sd, str(path))["optimizer"])
 
 
 def load_state_dict(path: Path, recipe: str) -> dict:

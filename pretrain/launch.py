@@ -1,5 +1,8 @@
-"""``ovpipe pretrain``: run a stage locally (in-process for TP=1, ``torchrun`` for TP>1) or submit
-it to Slurm (``srun`` + ``torchrun`` over N nodes × G GPUs, ``pretrain.slurm``)."""
+"""``ovpipe pretrain``: run a stage locally (in-process for one process, ``torchrun`` with
+``--nproc`` processes otherwise: gloo on CPU, NCCL on GPU) or submit it to Slurm (``srun`` +
+``torchrun`` over N nodes × G GPUs, ``pretrain.slurm``). The layout (TP/PP/CP, sequence parallel,
+distributed optimizer) is validated against the recipe before anything starts; DP is what is left
+of the world size."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +17,13 @@ def main(argv=None) -> int:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--cp", type=int, default=1)
+    ap.add_argument("--sequence-parallel", action="store_true")
+    ap.add_argument("--distributed-optimizer", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--nproc", type=int, help="local: processes (default tp·pp·cp)")
     ap.add_argument("--lr", type=float)
     ap.add_argument("--executor", choices=["local", "slurm"], default="local")
     ap.add_argument("--nodes", type=int, default=1)
@@ -22,8 +31,22 @@ def main(argv=None) -> int:
     ap.add_argument("--partition")
     ap.add_argument("--dry-run", action="store_true", help="slurm: write the script, do not submit")
     a = ap.parse_args(argv)
+    from pretrain.recipes import RECIPES, Parallelism, validate
+
+    if a.recipe not in RECIPES:
+        ap.error(f"--recipe {a.recipe!r}: known recipes are {', '.join(sorted(RECIPES))}")
+    world = a.nodes * a.gpus_per_node if a.executor == "slurm" else (a.nproc or a.tp * a.pp * a.cp)
+    try:
+        validate(RECIPES[a.recipe], Parallelism(tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
+                                                distributed_optimizer=a.distributed_optimizer == "on",
+                                                world_size=world))
+    except ValueError as e:
+        ap.error(str(e))
+    parallel = ["--tp", str(a.tp), "--pp", str(a.pp), "--cp", str(a.cp), "--grad-accum", str(a.grad_accum),
+                "--distributed-optimizer", a.distributed_optimizer] + (
+                   ["--sequence-parallel"] if a.sequence_parallel else [])
     args = ["--run-dir", a.run_dir, "--recipe", a.recipe, "--stage", a.stage, "--steps", str(a.steps),
-            "--micro-batch", str(a.micro_batch)] + (["--lr", str(a.lr)] if a.lr is not None else [])
+            "--micro-batch", str(a.micro_batch), *parallel] + (["--lr", str(a.lr)] if a.lr is not None else [])
     if a.executor == "slurm":
         from pathlib import Path
 
@@ -33,11 +56,13 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         script = out / "launch_script.slurm"
         script.write_text(render_pretrain_sbatch(Path(a.run_dir), a.recipe, a.stage, a.nodes, a.gpus_per_node,
-                                                 a.steps, a.partition))
+                                                 a.steps, a.partition, train_args=[
+                                                     "--micro-batch", str(a.micro_batch), *parallel]))
         print(script)
         return 0 if a.dry_run else subprocess.call(["sbatch", str(script)])
-    if a.tp > 1:
-        return subprocess.call(["torchrun", "--standalone", f"--nproc-per-node={a.tp}", "-m", "pretrain.train", *args])
+    if world > 1:
+        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                f"--nproc-per-node={world}", "-m", "pretrain.train", *args])
     from pretrain.train import main as train_main
 
     return train_main(args)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 def render_pretrain_sbatch(run_dir: Path, recipe: str, stage: str, nodes: int, gpus_per_node: int, steps: int,
                            partition: str | None = None, time: str = "48:00:00", extra: list[str] | None = None,
-                           python: str | None = None, port: int = 29500) -> str:
+                           python: str | None = None, port: int = 29500, train_args: list[str] | None = None) -> str:
     python = python or sys.executable
     run_dir = Path(run_dir).resolve()
     logs = run_dir / "pretrain" / f"stage-{stage}"
@@ -41,7 +41,7 @@ def render_pretrain_sbatch(run_dir: Path, recipe: str, stage: str, nodes: int, g
               f"--nnodes={nodes} --nproc-per-node={gpus_per_node} --rdzv-backend=c10d "
               f'--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" '
               f"-m pretrain.train --run-dir {shlex.quote(str(run_dir))} --recipe {recipe} --stage {stage} "
-              f"--steps {steps} --save-every 100 &",
+              f"--steps {steps} --save-every 100 {' '.join(shlex.quote(x) for x in train_args or [])} &",
               "wait $!",
               ""]
     return "\n".join(lines)

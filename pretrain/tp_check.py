@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from pretrain.train import image_pad_id, setup_distributed
     from pretrain.vlm import VLM
 
-    tp = setup_distributed()
+    tp = setup_distributed(tp=int(os.environ.get("WORLD_SIZE", "1")))["tp"]
     torch.manual_seed(a.seed)
     try:
         model_parallel_cuda_manual_seed(a.seed)
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
 
     b = next(iter_batches(a.run_dir, "pack", 2))
     if a.save:
-        dist_ckpt.save(Path(a.save), model, torch.optim.SGD(model.parameters(), lr=0.0), 0)
+        dist_ckpt.save(Path(a.save), model, None, 0)
     before = None
     if a.load:
         with torch.no_grad():                     # the seeded model's own loss: loading must change it

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from pretrain.recipes import PREVIOUS, RECIPES, STAGES
+from pretrain.recipes import PREVIOUS, RECIPES, STAGES, pipeline_overrides
 
 
 def lr_at(step: int, total: int, peak: float, min_lr: float = 1e-6, warmup_frac: float = 0.002) -> float:
@@ -34,24 +34,39 @@ def lr_at(step: int, total: int, peak: float, min_lr: float = 1e-6, warmup_frac:
     return min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
-def setup_distributed(tp: int | None = None) -> int:
+def setup_distributed(tp: int = 1, pp: int = 1, cp: int = 1) -> dict:
+    """Process group (nccl on GPU, gloo on CPU) and megatron's TP/PP/CP/DP groups; returns the sizes."""
     import torch.distributed as dist
 
-    if not torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if not cuda:
         from pretrain.cpu_compat import apply
 
         apply()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
-                                rank=int(os.environ.get("RANK", "0")), world_size=world)
-    from megatron.core import parallel_state
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "nccl" if cuda else "gloo"
+        if "RANK" in os.environ:                  # torchrun / srun: its rendezvous variables
+            dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=world)
+        else:                                     # one process on its own: a private loopback store
+            import socket
 
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp or world)
-    return tp or world
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     context_parallel_size=cp)
+    sizes = {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+             "cp": ps.get_context_parallel_world_size(), "dp": ps.get_data_parallel_world_size()}
+    if (sizes["tp"], sizes["pp"], sizes["cp"]) != (tp, pp, cp):
+        raise RuntimeError(f"megatron's parallel state is already set up as {sizes}, not tp={tp} pp={pp} cp={cp}")
+    return sizes
 
 
 def write_metrics_manifest(run_dir: Path, stage: str, jsonl: Path) -> None:
@@ -77,31 +92,105 @@ def image_pad_id(run_dir: Path, tokenizer: str | None) -> int:
     return load_tokenizer(tokenizer or str(run_dir / "tokenizer")).convert_tokens_to_ids(IMAGE_PAD)
 
 
+def _param_count(model) -> int:
+    """Parameters of the whole model (all TP/PP ranks), each counted once."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    n = sum(p.numel() for p in model.parameters()
+            if getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
+    t = torch.tensor([float(n)], device=_device())
+    if dist.is_initialized():
+        dist.all_reduce(t, group=ps.get_model_parallel_group())
+    return int(t.item())
+
+
+def _device():
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def to_device(b, device):
+    import dataclasses
+
+    mv = (lambda x: None if x is None else x.to(device, non_blocking=True))
+    return dataclasses.replace(b, tokens=mv(b.tokens), labels=mv(b.labels), loss_mask=mv(b.loss_mask),
+                               position_ids=mv(b.position_ids), cu_seqlens=mv(b.cu_seqlens),
+                               cp_index=mv(b.cp_index), images=[mv(x) for x in b.images or []])
+
+
+def build(recipe: str, stage: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequence_parallel: bool,
+          dtype: torch.dtype, recompute: str):
+    """The VLM for this rank (its PP stage, TP shard), on the device, in the training dtype."""
+    from pretrain.vlm import VLM
+
+    cuda = torch.cuda.is_available()
+    overrides = {"pipeline_model_parallel_size": sizes["pp"], "context_parallel_size": sizes["cp"],
+                 "calculate_per_token_loss": True, "variable_seq_lengths": sizes["pp"] > 1}
+    if sizes["pp"] > 1:   # packed micro-batches differ in length; megatron's config check asks for this dispatcher
+        overrides["moe_token_dispatcher_type"] = "alltoall"
+    overrides.update(pipeline_overrides(RECIPES[recipe].llm.num_layers, sizes["pp"]))
+    if recompute == "full":
+        overrides.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    model = VLM(RECIPES[recipe], image_pad_id(run_dir, tokenizer), tp=sizes["tp"],
+                backend="auto" if cuda else "sdpa", sequence_parallel=sequence_parallel, dtype=dtype, **overrides)
+    if cuda:
+        model.cuda()
+    return model.to(dtype)
+
+
 def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int = 2, lr: float | None = None,
           seed: int = 0, peak_tflops: float | None = None, log=print, save_every: int = 0,
-          stop_after: int | None = None, tokenizer: str | None = None, tp: int | None = None) -> dict:
-    """``stop_after``: end (with a checkpoint) after that many steps of this run — a killed job, for drills."""
+          stop_after: int | None = None, tokenizer: str | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
+          sequence_parallel: bool = False, distributed_optimizer: bool | None = None, grad_accum: int = 1,
+          bf16: bool | None = None) -> dict:
+    """One stage through megatron-core's own training stack: the model in DDP
+    (``DistributedDataParallel``, grads reduced over DP×CP), ``get_megatron_optimizer`` (Adam; the
+    distributed optimizer on GPU), and the forward/backward schedule of ``get_forward_backward_func``
+    (1F1B across pipeline stages, ``grad_accum`` micro-batches per step). The loss is the token mean
+    over all target tokens of the step (``calculate_per_token_loss``: each micro-batch returns its
+    loss sum and token count, megatron divides the reduced gradients by the global count), so the
+    same global batch gives the same update at any DP/PP/CP/TP layout.
+
+    Each step takes ``grad_accum × dp`` micro-batches of ``micro_batch`` packs from the packed
+    shards, in a fixed order; DP rank ``d`` gets every ``dp``-th. ``stop_after``: end (with a
+    checkpoint) after that many steps of this run — a killed job, for drills."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from pretrain import dist_ckpt
     from pretrain.data import iter_batches
-    from pretrain.vlm import VLM
+    from pretrain.parallel import shard_batch
+    from pretrain.recipes import Parallelism, validate
 
     run_dir = Path(run_dir)
     st_cfg = STAGES[stage]
-    tp = setup_distributed(tp)
+    cuda = torch.cuda.is_available()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dist_opt = cuda if distributed_optimizer is None else distributed_optimizer
+    validate(RECIPES[recipe], Parallelism(tp=tp, pp=pp, cp=cp, sequence_parallel=sequence_parallel,
+                                          distributed_optimizer=dist_opt, world_size=world), cuda=cuda)
+    sizes = setup_distributed(tp, pp, cp)
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    bf16 = (cuda and st_cfg.bf16) if bf16 is None else bf16
+    dtype = torch.bfloat16 if bf16 else torch.float32
     torch.manual_seed(seed)
-    try:
-        model_parallel_cuda_manual_seed(seed)
-    except Exception:
-        pass
-    model = VLM(RECIPES[recipe], image_pad_id(run_dir, tokenizer), tp=tp,
-                backend="auto" if torch.cuda.is_available() else "sdpa")
+    model_parallel_cuda_manual_seed(seed)
+    model = build(recipe, stage, run_dir, tokenizer, sizes, sequence_parallel, dtype,
+                  st_cfg.recompute if cuda else "none")
     out = run_dir / "pretrain" / f"stage-{stage}"
     out.mkdir(parents=True, exist_ok=True)
     peak = lr if lr is not None else st_cfg.lr
-    (out / "stage.json").write_text(json.dumps({**asdict(st_cfg), "lr": peak, "recipe": recipe, "steps": steps,
-                                                "micro_batch": micro_batch, "tp": tp, "seed": seed}, indent=2))
+    if rank0:
+        (out / "stage.json").write_text(json.dumps(
+            {**asdict(st_cfg), "lr": peak, "recipe": recipe, "steps": steps, "micro_batch": micro_batch,
+             "grad_accum": grad_accum, **sizes, "sequence_parallel": sequence_parallel,
+             "distributed_optimizer": dist_opt, "bf16": bf16, "seed": seed}, indent=2))
     ckpt = out / "dist_ckpt"                            # megatron dist_checkpointing (pretrain/dist_ckpt.py)
     start = 0
     prev = run_dir / "pretrain" / f"stage-{PREVIOUS.get(stage, '')}" / "dist_ckpt"
@@ -110,58 +199,100 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
     elif stage in PREVIOUS and dist_ckpt.is_complete(prev):
         dist_ckpt.load_model(prev, model)               # each stage starts from the last
     model.set_trainable(st_cfg.trainable)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=peak, betas=(0.9, 0.95), eps=st_cfg.adam_eps, weight_decay=0.0)
+    cfg = model.config
+    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, use_distributed_optimizer=dist_opt), model)
+    opt = get_megatron_optimizer(OptimizerConfig(
+        optimizer="adam", lr=peak, min_lr=st_cfg.min_lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95,
+        adam_eps=st_cfg.adam_eps, clip_grad=1.0, bf16=bf16, params_dtype=dtype,
+        use_distributed_optimizer=dist_opt), [ddp])
+    cfg.finalize_model_grads_func = finalize_model_grads
+    cfg.no_sync_func = ddp.no_sync
     if start:
-        dist_ckpt.load_optimizer(ckpt, opt)
-    n_params = sum(p.numel() for p in model.parameters())
-    peak_flops = (peak_tflops or (989.0 if torch.cuda.is_available() else 0.2)) * 1e12
-    batches = iter_batches(run_dir, st_cfg.data, micro_batch)
-    for _ in range(start):                              # same data order as an uninterrupted run
+        dist_ckpt.load_optimizer(ckpt, model, opt)
+    n_params = _param_count(model)
+    peak_flops = (peak_tflops or (989.0 if cuda else 0.2)) * 1e12 * world
+    dp, dp_rank = sizes["dp"], ps.get_data_parallel_rank()
+    cp_rank = ps.get_context_parallel_rank()
+    batches = iter_batches(run_dir, st_cfg.data, micro_batch, rank=dp_rank, world=dp)
+    for _ in range(start * grad_accum):                 # same data order as an uninterrupted run
         next(batches)
-    metrics = []
-    try:  # tensorboard beside the JSONL when it is installed
-        from torch.utils.tensorboard import SummaryWriter
+    device = _device()
+    reports = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
 
-        tb = SummaryWriter(str(out / "tensorboard"))
-    except Exception:
-        tb = None
+    def forward_step(data_iterator, m):
+        b = next(data_iterator)
+        per_tok = m(b)
+
+        def loss_func(per_tok):
+            s = (per_tok.float() * b.loss_mask).sum()
+            n = b.loss_mask.sum()
+            return s, n.to(torch.int), {"lm": torch.stack([s.detach(), n.detach()])}
+
+        return per_tok, loss_func
+
+    metrics, tb = [], None
+    if rank0:
+        try:  # tensorboard beside the JSONL when it is installed
+            from torch.utils.tensorboard import SummaryWriter
+
+            tb = SummaryWriter(str(out / "tensorboard"))
+        except Exception:
+            tb = None
     from tqdm import tqdm
 
     bar = tqdm(range(start, steps), desc=f"stage {stage}", unit="step", initial=start, total=steps, leave=False,
-               disable=log is not print)
-    with open(out / "metrics.jsonl", "a") as f:
+               disable=log is not print or not rank0)
+    fb = get_forward_backward_func()
+    f = open(out / "metrics.jsonl", "a") if rank0 else None
+    try:
         for step in bar:
-            b = next(batches)
+            raw = [next(batches) for _ in range(grad_accum)]
+            mbs = [to_device(shard_batch(b, sizes["tp"], sizes["cp"], cp_rank, sequence_parallel), device)
+                   for b in raw]
             t0 = time.perf_counter()
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps, peak, st_cfg.min_lr, st_cfg.warmup_frac)
-            per_tok = model(b)
-            loss = (per_tok * b.loss_mask).sum() / b.loss_mask.sum().clamp(min=1)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            ddp.zero_grad_buffer()
+            opt.zero_grad()
+            res = fb(forward_step_func=forward_step, data_iterator=iter(mbs), model=[ddp],
+                     num_microbatches=grad_accum, seq_length=max(b.tokens.shape[1] for b in mbs),
+                     micro_batch_size=1, forward_only=False)
+            ok, gn, _ = opt.step()
+            # loss sum / target tokens over DP×CP (from the last stage), tokens / images over DP
+            agg = torch.zeros(4, dtype=torch.float64, device=device)
+            if reports:
+                agg[:2] = torch.stack([r["lm"] for r in res]).sum(0).double()
+                if cp_rank == 0:
+                    agg[2] = sum(int(b.cu_seqlens[-1]) for b in raw)
+                    agg[3] = sum(b.n_images for b in raw)
+            if dist.is_initialized():
+                dist.all_reduce(agg)
             dt = time.perf_counter() - t0
-            ntok = b.tokens.numel()
-            rec = {"step": step + 1, "loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"],
-                   "grad_norm": float(gn), "tokens_per_s": ntok / dt, "mfu": 6 * n_params * ntok / dt / peak_flops,
-                   "tokens": ntok, "images": b.n_images}
-            f.write(json.dumps(rec) + "\n")
+            ntok = int(agg[2])
+            rec = {"step": step + 1, "loss": float(agg[0] / agg[1].clamp(min=1)), "lr": opt.param_groups[0]["lr"],
+                   "grad_norm": float(gn) if gn is not None else float("nan"), "tokens_per_s": ntok / dt,
+                   "mfu": 6 * n_params * ntok / dt / peak_flops, "tokens": ntok, "images": int(agg[3])}
             metrics.append(rec)
-            bar.set_postfix(loss=f"{rec['loss']:.3f}")
-            if tb is not None:
-                for k in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
-                    tb.add_scalar(k, rec[k], step + 1)
-            log(f"stage {stage} step {step + 1}/{steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
-                f"gn {rec['grad_norm']:.3f} {rec['tokens_per_s']:.0f} tok/s")
+            if rank0:
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                bar.set_postfix(loss=f"{rec['loss']:.3f}")
+                if tb is not None:
+                    for k in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
+                        tb.add_scalar(k, rec[k], step + 1)
+                log(f"stage {stage} step {step + 1}/{steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
+                    f"gn {rec['grad_norm']:.3f} {rec['tokens_per_s']:.0f} tok/s")
             if (save_every and (step + 1) % save_every == 0) or (stop_after and step + 1 - start >= stop_after):
                 dist_ckpt.save(ckpt, model, opt, step + 1)
             if stop_after and step + 1 - start >= stop_after:
-                return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params}
+                return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params, **sizes}
+    finally:
+        if f is not None:
+            f.close()
     dist_ckpt.save(ckpt, model, opt, steps)
     write_metrics_manifest(run_dir, stage, out / "metrics.jsonl")
-    return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params}
+    return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params, **sizes}
 
 
 def main(argv=None) -> int:
@@ -170,15 +301,30 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe", default="tiny", choices=sorted(RECIPES))
     ap.add_argument("--stage", choices=sorted(STAGES), required=True)
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--micro-batch", type=int, default=2, help="packs per micro-batch (one THD sequence)")
+    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step and DP rank")
     ap.add_argument("--lr", type=float)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer")
     ap.add_argument("--save-every", type=int, default=0)
+    ap.add_argument("--stop-after", type=int, help="checkpoint and stop after this many steps (drills)")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--cp", type=int, default=1)
+    ap.add_argument("--sequence-parallel", action="store_true")
+    ap.add_argument("--distributed-optimizer", choices=["auto", "on", "off"], default="auto",
+                    help="auto: on with CUDA (megatron's distributed optimizer checks for CUDA tensors)")
+    ap.add_argument("--fp32", action="store_true", help="train in fp32 even on GPU")
+    ap.add_argument("--metrics-out", help="also write this run's per-step metrics here (JSON), from rank 0")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    train(Path(a.run_dir), a.recipe, a.stage, a.steps, a.micro_batch, a.lr, a.seed, tokenizer=a.tokenizer,
-          save_every=a.save_every)
+    res = train(Path(a.run_dir), a.recipe, a.stage, a.steps, a.micro_batch, a.lr, a.seed, tokenizer=a.tokenizer,
+                save_every=a.save_every, stop_after=a.stop_after, tp=a.tp, pp=a.pp, cp=a.cp,
+                sequence_parallel=a.sequence_parallel,
+                distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
+                grad_accum=a.grad_accum, bf16=False if a.fp32 else None)
+    if a.metrics_out and int(os.environ.get("RANK", "0")) == 0:
+        Path(a.metrics_out).write_text(json.dumps(res))
     return 0
 
 

@@ -22,3 +22,18 @@ def test_cli_writes_the_script(tmp_path, capsys):
                  "--nodes", "2", "--dry-run"]) == 0
     script = tmp_path / "pretrain" / "stage-2" / "launch_script.slurm"
     assert script.exists() and "--nnodes=2" in script.read_text()
+
+
+def test_cli_passes_the_layout_and_rejects_bad_ones(tmp_path, capsys):
+    import pytest
+
+    assert main(["pretrain", "--recipe", "llava-ov-1.5-8b", "--stage", "1.5", "--run-dir", str(tmp_path),
+                 "--executor", "slurm", "--nodes", "4", "--gpus-per-node", "8", "--tp", "4", "--pp", "2",
+                 "--cp", "2", "--sequence-parallel", "--dry-run"]) == 0
+    cmd = next(l for l in (tmp_path / "pretrain" / "stage-1.5" / "launch_script.slurm").read_text().splitlines()
+               if l.startswith("srun"))
+    assert "--tp 4 --pp 2 --cp 2" in cmd and "--sequence-parallel" in cmd
+    with pytest.raises(SystemExit):           # 3 nodes × 8 GPUs is not a multiple of tp·pp·cp = 16
+        main(["pretrain", "--recipe", "llava-ov-1.5-8b", "--stage", "1.5", "--run-dir", str(tmp_path),
+              "--executor", "slurm", "--nodes", "3", "--tp", "4", "--pp", "2", "--cp", "2", "--dry-run"])
+    assert "world_size=24" in capsys.readouterr().err
