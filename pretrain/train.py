@@ -181,8 +181,8 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
     dtype = torch.bfloat16 if bf16 else torch.float32
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
-    model = build(recipe, stage, run_dir, tokenizer, sizes, sequence_parallel, dtype,
-                  st_cfg.recompute if cuda else "none")
+    recompute = st_cfg.recompute if cuda else "none"    # activation recompute is a GPU-memory trade
+    model = build(recipe, stage, run_dir, tokenizer, sizes, sequence_parallel, dtype, recompute)
     out = run_dir / "pretrain" / f"stage-{stage}"
     out.mkdir(parents=True, exist_ok=True)
     peak = lr if lr is not None else st_cfg.lr
@@ -190,7 +190,7 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
         (out / "stage.json").write_text(json.dumps(
             {**asdict(st_cfg), "lr": peak, "recipe": recipe, "steps": steps, "micro_batch": micro_batch,
              "grad_accum": grad_accum, **sizes, "sequence_parallel": sequence_parallel,
-             "distributed_optimizer": dist_opt, "bf16": bf16, "seed": seed}, indent=2))
+             "distributed_optimizer": dist_opt, "bf16": bf16, "recompute": recompute, "seed": seed}, indent=2))
     ckpt = out / "dist_ckpt"                            # megatron dist_checkpointing (pretrain/dist_ckpt.py)
     start = 0
     prev = run_dir / "pretrain" / f"stage-{PREVIOUS.get(stage, '')}" / "dist_ckpt"
