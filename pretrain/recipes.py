@@ -50,7 +50,7 @@ STAGES = {
     "1.5": StageConfig("1.5", 1e-5, trainable="all", data="pack"),
     "2": StageConfig("2", 1e-5, trainable="all", data="pack-instruct"),
 }
-PREVIOUS = {"1.5": "1", "2": "1.5"}
+PREVIOUS = {"1": "0", "1.5": "1", "2": "1.5"}   # "0": HF weights converted by pretrain.hf_import
 
 
 @dataclass

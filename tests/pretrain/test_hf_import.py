@@ -1,0 +1,54 @@
+"""HF Qwen3 + MLCD checkpoints → stage-0 dist checkpoint → stage 1 starts from them (and, the
+projector aside, leaves them as they were)."""
+import shutil
+
+import pytest
+import torch
+
+
+def _save_hf(tmp_path, hidden=64):
+    from transformers import MLCDVisionConfig, MLCDVisionModel, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(3)
+    llm = Qwen3ForCausalLM(Qwen3Config(vocab_size=512, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=True))
+    llm.save_pretrained(tmp_path / "qwen3")
+    vit = MLCDVisionModel(MLCDVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, image_size=56, patch_size=14))
+    vit.save_pretrained(tmp_path / "mlcd")
+    return llm, vit
+
+
+def test_stage1_starts_from_imported_weights(megatron_single, packed_demo, tmp_path):
+    from pretrain.dist_ckpt import load_state_dict
+    from pretrain.hf import qwen3_to_megatron
+    from pretrain.hf_import import import_hf
+    from pretrain.model import LLM_SIZES
+    from pretrain.train import train
+
+    llm, vit = _save_hf(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(packed_demo, run)
+    ck = import_hf(run, "tiny", str(tmp_path / "qwen3"), str(tmp_path / "mlcd"))
+    assert ck == run / "pretrain" / "stage-0" / "dist_ckpt" and (ck / "step.json").exists()
+    out = train(run, "tiny", "1", steps=2, micro_batch=1, lr=1e-2, log=lambda *_: None)
+    after = load_state_dict(out["checkpoint"], "tiny")
+    want_llm = qwen3_to_megatron(llm.state_dict(), LLM_SIZES["tiny"])
+    for k, v in want_llm.items():                          # frozen in stage 1: still the HF weights
+        assert torch.equal(after[f"llm.{k}"], v), k
+    for k, v in vit.state_dict().items():
+        k = k.removeprefix("vision_model.")
+        if f"vision.{k}" in after:
+            assert torch.equal(after[f"vision.{k}"], v), k
+    assert sum(k.startswith("vision.") for k in after) >= 10
+    start = load_state_dict(ck, "tiny")
+    assert any(not torch.equal(after[k], start[k]) for k in after if k.startswith("projector."))
+
+
+def test_mismatched_checkpoint_names_the_field(megatron_single, tmp_path):
+    from pretrain.hf_import import import_hf
+
+    _save_hf(tmp_path, hidden=32)
+    with pytest.raises(ValueError, match=r"hidden_size=32 \(recipe: 64\)"):
+        import_hf(tmp_path / "run", "tiny", str(tmp_path / "qwen3"))
