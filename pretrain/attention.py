@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 
+from pretrain.parallel import segment_ids
+
 
 def block_causal_mask(cu_seqlens: torch.Tensor, total: int, device=None) -> torch.Tensor:
     """Boolean [total, total]: True where attention is allowed."""
-    seg = torch.zeros(total, dtype=torch.long, device=device)
-    seg[cu_seqlens[1:-1].long()] = 1
-    seg = seg.cumsum(0)
+    seg = segment_ids(cu_seqlens, total, device)
     same = seg[:, None] == seg[None, :]
     causal = torch.ones(total, total, dtype=torch.bool, device=device).tril()
     return same & causal

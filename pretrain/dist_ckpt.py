@@ -10,7 +10,6 @@ Layout of ``<stage>/dist_ckpt/`` (megatron's ``torch_dist`` format): the LLM's `
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 

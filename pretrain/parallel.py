@@ -38,13 +38,17 @@ def cp_local_index(cu_seqlens, cp: int, rank: int) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, np.int64))
 
 
+def segment_ids(cu_seqlens, total: int, device=None) -> torch.Tensor:
+    """The sample index of every token position of a packed sequence."""
+    seg = torch.zeros(total, dtype=torch.long, device=device)
+    seg[torch.as_tensor(cu_seqlens[1:-1]).long().to(seg.device)] = 1
+    return seg.cumsum(0)
+
+
 def cp_mask(cu_seqlens, cp: int, rank: int) -> torch.Tensor:
     """Boolean [local, total]: CP ``rank``'s queries × all ranks' gathered keys (rank order), True
     where the block-diagonal causal mask of the whole sequence allows attention."""
-    total = int(cu_seqlens[-1])
-    seg = torch.zeros(total, dtype=torch.long)
-    seg[torch.as_tensor(cu_seqlens[1:-1]).long().cpu()] = 1
-    seg = seg.cumsum(0)
+    seg = segment_ids(cu_seqlens, int(cu_seqlens[-1]))
     q = cp_local_index(cu_seqlens, cp, rank)
     k = torch.cat([cp_local_index(cu_seqlens, cp, r) for r in range(cp)])
     return (seg[q][:, None] == seg[k][None, :]) & (k[None, :] <= q[:, None])

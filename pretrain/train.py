@@ -119,7 +119,7 @@ def to_device(b, device):
                                cp_index=mv(b.cp_index), images=[mv(x) for x in b.images or []])
 
 
-def build(recipe: str, stage: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequence_parallel: bool,
+def build(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequence_parallel: bool,
           dtype: torch.dtype, recompute: str):
     """The VLM for this rank (its PP stage, TP shard), on the device, in the training dtype."""
     from pretrain.vlm import VLM
@@ -182,7 +182,7 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     recompute = st_cfg.recompute if cuda else "none"    # activation recompute is a GPU-memory trade
-    model = build(recipe, stage, run_dir, tokenizer, sizes, sequence_parallel, dtype, recompute)
+    model = build(recipe, run_dir, tokenizer, sizes, sequence_parallel, dtype, recompute)
     out = run_dir / "pretrain" / f"stage-{stage}"
     out.mkdir(parents=True, exist_ok=True)
     peak = lr if lr is not None else st_cfg.lr
@@ -283,9 +283,10 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
                         tb.add_scalar(k, rec[k], step + 1)
                 log(f"stage {stage} step {step + 1}/{steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
                     f"gn {rec['grad_norm']:.3f} {rec['tokens_per_s']:.0f} tok/s")
-            if (save_every and (step + 1) % save_every == 0) or (stop_after and step + 1 - start >= stop_after):
+            stopping = bool(stop_after) and step + 1 - start >= stop_after
+            if stopping or (save_every and (step + 1) % save_every == 0):
                 dist_ckpt.save(ckpt, model, opt, step + 1)
-            if stop_after and step + 1 - start >= stop_after:
+            if stopping:
                 return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params, **sizes}
     finally:
         if f is not None:

@@ -41,7 +41,6 @@ class VLM(nn.Module):
                              post_process=self.post_process, sequence_parallel=sequence_parallel,
                              **overrides)
         self.image_pad_id = image_pad_id
-        self.sequence_parallel = sequence_parallel
         # read by megatron's schedules / DDP / finalize_model_grads
         self.config, self.model_type = self.llm.config, self.llm.model_type
         self.share_embeddings_and_output_weights = self.llm.share_embeddings_and_output_weights
@@ -70,7 +69,7 @@ class VLM(nn.Module):
             emb[where, 0] = img.to(emb.dtype)
         if cp_index is not None:
             emb = emb[cp_index]                                                  # this CP rank's tokens
-        if self.sequence_parallel:
+        if self.config.sequence_parallel:
             from megatron.core import tensor_parallel
 
             emb = tensor_parallel.scatter_to_sequence_parallel_region(emb)

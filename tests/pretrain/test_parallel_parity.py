@@ -37,11 +37,9 @@ def _train(run, nproc, *extra, env, fp32=True):
 @pytest.fixture(scope="module")
 def reference(packed_demo, tmp_path_factory):
     """A stage-1 checkpoint (the shared starting weights) and the one-process stage-1.5 run."""
-    from pretrain.train import main
-
     base = tmp_path_factory.mktemp("par") / "base"
     shutil.copytree(packed_demo, base, ignore=shutil.ignore_patterns("pretrain"))
-    env = {k: v for k, v in os.environ.items()            # not the test process's own gloo rendezvous
+    env = {k: v for k, v in os.environ.items()            # no rendezvous inherited from the caller
            if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
     r = subprocess.run([sys.executable, "-m", "pretrain.train", "--run-dir", str(base), "--stage", "1", "--steps",

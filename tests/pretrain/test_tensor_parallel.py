@@ -2,7 +2,6 @@
 saved at TP=2 loads into TP=1 (resharded) with the same loss."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
