@@ -74,7 +74,7 @@ def write_lengths(path: Path, L: np.ndarray) -> None:
 def _ours_end_to_end(lengths_path: str, out_path: str, C: int, q) -> None:
     import pyarrow.parquet as pq
 
-    from packing.binpack import GOLDEN, hex_ids_to_u64, pack, splitmix64
+    from packing.binpack import hex_ids_to_u64, pack, splitmix64
     from packing.pack import packs_table
 
     t0 = time.perf_counter()

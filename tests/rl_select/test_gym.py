@@ -1,6 +1,5 @@
 import json
 
-import numpy as np
 import pytest
 
 from rl_select.gym import GAMES, VecEnv, format_reward, perception_reward, reward, score_actions

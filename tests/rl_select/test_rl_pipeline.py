@@ -4,7 +4,6 @@ import io
 import json
 import math
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
