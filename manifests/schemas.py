@@ -1,13 +1,18 @@
 """One Arrow schema per manifest kind.
 
-``sample_id`` is the xxh3-64 of the image bytes followed by the caption's UTF-8 bytes,
-written as 16 lowercase hex characters, so every output joins back to its source row.
+``sample_id`` is the xxh3-64 of the images' bytes in order followed by the conversation's
+canonical encoding, written as 16 lowercase hex characters, so every output joins back to its
+source row. For a caption pair (one image, ``[user: "<image>", assistant: caption]``) the
+encoding is the caption's bytes as the source stores them, so a caption pair keeps the id it
+had before conversations existed; the full rule is in ``manifests/conversation.py``.
 ``SORT_KEYS`` gives the canonical order of a merged manifest: that order, not the rank
 that wrote a row, is what makes merged outputs identical for any task count.
 """
 from __future__ import annotations
 
 import pyarrow as pa
+
+from manifests.conversation import IMAGE_ADDRESS, TURN
 
 
 class ManifestSchemaError(ValueError):
@@ -17,8 +22,10 @@ class ManifestSchemaError(ValueError):
 STATUS = pa.string()  # "ok" or a short reason: "corrupt_image", "empty_caption", "too_long", …
 
 SCHEMAS: dict[str, pa.Schema] = {
-    # ingest — one row per source sample; images stay in the source shards (offset/size
-    # address the member's bytes inside the tar, or row addresses a Parquet source row).
+    # ingest — one row per source sample (a conversation with 0..n images); images stay in the
+    # source files. shard/key/offset/size/image_format/width/height describe the *first* image
+    # (what the curation steps embed; -1/0/"" for a text-only sample), `images` every image in
+    # placeholder order; `caption` is the caption of a caption pair, else the first assistant turn.
     "samples": pa.schema([
         ("sample_id", pa.string()),
         ("source", pa.string()),
@@ -31,8 +38,22 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("width", pa.int32()),
         ("height", pa.int32()),
         ("caption", pa.string()),
+        ("category", pa.string()),          # "caption" for caption pairs; else the row's / config's category
+        ("n_images", pa.int32()),
+        ("images", pa.list_(IMAGE_ADDRESS)),
+        ("conversation", pa.list_(TURN)),   # (role, text) with <image> placeholders, roles system|user|assistant
+        ("turns", pa.int32()),
+        ("turn_ratings", pa.map_(pa.string(), pa.list_(pa.int32()))),  # per-turn quality ratings (FineVision)
         ("status", STATUS),
         ("error", pa.string()),
+    ]),
+    # mix — a seeded draw over several ingested sources to target proportions; consumed by
+    # lengths/pack like `balanced` (copies = how many times the sample enters packing).
+    "mixed": pa.schema([
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("category", pa.string()),
+        ("copies", pa.int32()),
     ]),
     # embed-images — vectors live in fp16 .npy shards, L2-normalised, row-aligned with this.
     "image_embeddings": pa.schema([
@@ -75,6 +96,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("text_tokens", pa.int32()),
         ("image_tokens", pa.int32()),
         ("total_tokens", pa.int32()),
+        ("target_tokens", pa.int32()),      # tokens the loss is taken on (assistant turns + their end token)
+        ("turns_kept", pa.int32()),         # turns after `truncate` dropped whole trailing pairs
         ("status", STATUS),
         ("error", pa.string()),
     ]),
@@ -148,6 +171,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("mfu", pa.float64()),
         ("tokens", pa.int64()),
         ("images", pa.int64()),
+        ("packs", pa.int64()),              # packs consumed by this step (all DP ranks)
+        ("samples", pa.int64()),            # source samples inside those packs
     ]),
 }
 
@@ -158,6 +183,7 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "assignments": ("sample_id",),
     "concept_counts": ("concept_id",),
     "balanced": ("sample_id",),
+    "mixed": ("sample_id",),
     "lengths": ("sample_id",),
     "packs": ("pack_id",),
     "rl_prompts": ("prompt_id",),

@@ -16,6 +16,7 @@ STEP_MODULES: dict[str, str] = {
     "assign": "curation.assign",
     "balance": "curation.balance",
     "balance-report": "curation.report",
+    "mix": "curation.mix",
     "demo-clip": "curation.demo_clip",
     # packing
     "lengths": "packing.lengths",
