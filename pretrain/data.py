@@ -1,14 +1,20 @@
-"""Packed shards (``packing.shards``) → THD micro-batches for megatron-core.
+"""Packed shards (``packing.shards``) → THD micro-batches for megatron-core, and the data plan of a
+stage (how many packs and samples a run consumes).
 
 A micro-batch is ``micro_batch`` packs concatenated into one THD sequence: megatron sees
 ``tokens [1, T]`` with ``PackedSeqParams(cu_seqlens)`` over *all samples of all packs*, so
 micro-batch > 1 costs nothing special (block-diagonal attention keeps samples apart) — the
 published code is stuck at 1 when packing. Labels are the next token *within the same sample*;
-the loss mask is the target mask of that next token (caption / assistant turn), 0 on each
-sample's last position. Position ids restart at every sample.
+the loss mask is the target mask of that next token, 0 on each sample's last position. The
+packed target mask is 1 exactly on assistant-turn tokens and the end token closing each assistant
+turn (``packing``), so in a multi-turn conversation every assistant turn is a target and no user
+text, system prompt, ``<|image_pad|>`` or vision marker ever is. Position ids restart at every
+sample. A sample holds 0..n images (flattened over the pack in placeholder order); a micro-batch
+may hold none at all (text-only data), which the model handles (``pretrain.vlm``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -28,6 +34,8 @@ class PackedBatch:
     n_images: int
     images: list = None          # [3, H, W] float tensors, H = grid_h·14, W = grid_w·14 (CLIP-normalised)
     cp_index: torch.Tensor | None = None   # context parallel: this rank's token positions (pretrain.parallel)
+    n_packs: int = 0             # packs in this micro-batch
+    n_samples: int = 0           # source samples inside them
 
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -48,7 +56,24 @@ def pixels(image_bytes: bytes, grid_h: int, grid_w: int, patch: int = 14) -> tor
     return (x - mean) / std
 
 
+def _check_pack(s) -> None:
+    """What the trainer relies on, checked per pack with a message that says where it broke."""
+    n = len(s.input_ids)
+    if len(s.loss_mask) != n or int(s.cu_seqlens[-1]) != n:
+        raise ValueError(f"pack {s.pack_id}: {n} token ids but {len(s.loss_mask)} mask entries and "
+                         f"cu_seqlens ending at {int(s.cu_seqlens[-1])} — a broken packed shard, re-run "
+                         "`ovpipe pack`")
+    if len(s.images) != len(s.image_grids):
+        raise ValueError(f"pack {s.pack_id}: {len(s.images)} images but {len(s.image_grids)} image grids")
+    per_sample = getattr(s, "images_per_sample", None)   # newer shards record it; older ones do not
+    if per_sample and (len(per_sample) != len(s.cu_seqlens) - 1 or sum(per_sample) != len(s.images)):
+        raise ValueError(f"pack {s.pack_id}: images_per_sample {list(per_sample)} does not match "
+                         f"{len(s.cu_seqlens) - 1} samples holding {len(s.images)} images")
+
+
 def collate(seqs, with_images: bool = True) -> PackedBatch:
+    for s in seqs:
+        _check_pack(s)
     ids = np.concatenate([s.input_ids for s in seqs]).astype(np.int64)
     mask = np.concatenate([s.loss_mask for s in seqs]).astype(np.float32)
     pos = np.concatenate([s.position_ids for s in seqs]).astype(np.int64)
@@ -57,6 +82,7 @@ def collate(seqs, with_images: bool = True) -> PackedBatch:
     np.cumsum(lens, out=cu[1:])
     labels = np.zeros_like(ids)
     labels[:-1] = ids[1:]
+    # position i is trained iff its target, token i + 1, is a target token (assistant turn / its end)
     lmask = np.zeros_like(mask)
     lmask[:-1] = mask[1:]
     lmask[cu[1:] - 1] = 0.0   # a sample's last token predicts nothing (the next token is another sample)
@@ -64,26 +90,104 @@ def collate(seqs, with_images: bool = True) -> PackedBatch:
         if with_images else []
     return PackedBatch(torch.from_numpy(ids)[None], torch.from_numpy(labels)[None], torch.from_numpy(lmask)[None],
                        torch.from_numpy(pos)[None], torch.from_numpy(cu).to(torch.int32), int(lens.max()),
-                       sum(len(s.images) for s in seqs), images)
+                       sum(len(s.images) for s in seqs), images, n_packs=len(seqs),
+                       n_samples=int(sum(len(s.cu_seqlens) - 1 for s in seqs)))
 
 
 def iter_batches(run_dir: str | Path, pack_step: str, micro_batch: int, epochs: int | None = None,
-                 rank: int = 0, world: int = 1) -> Iterator[PackedBatch]:
-    """Deterministic order: shards sorted, packs in file order, repeated ``epochs`` times (None: forever).
-    ``rank`` / ``world``: a data-parallel rank keeps micro-batches ``rank, rank + world, …`` of that
-    order and decodes only those."""
+                 rank: int = 0, world: int = 1, skip: int = 0) -> Iterator[PackedBatch]:
+    """Deterministic order: shards sorted, packs in file order, repeated ``epochs`` times (None:
+    forever) as one stream — micro-batch ``k`` is packs ``[k·micro_batch, (k+1)·micro_batch)`` of
+    that stream, running across epoch boundaries, so ``S`` steps of global batch ``G`` consume
+    exactly ``S·G`` packs. ``rank`` / ``world``: a data-parallel rank keeps micro-batches ``rank,
+    rank + world, …`` and decodes only those; ``skip``: this rank's first micro-batches to pass over
+    without decoding (a resumed run)."""
     from packing.shards import iter_packed, packed_shards
 
     shards = packed_shards(run_dir, pack_step)
-    e, k = 0, 0
+    e, k, mine, buf = 0, 0, 0, []
     while epochs is None or e < epochs:
-        buf = []
+        n = 0
         for sh in shards:
             for seq in iter_packed(sh):
+                n += 1
                 buf.append(seq)
                 if len(buf) == micro_batch:
                     if k % world == rank:
-                        yield collate(buf)
+                        if mine >= skip:
+                            yield collate(buf)
+                        mine += 1
                     k += 1
                     buf = []
+        if n == 0:
+            raise ValueError(f"the packed shards of {pack_step!r} hold no packs — did `ovpipe pack` pack anything?")
         e += 1
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """What a stage reads: the pack step, its size (from the ``packs`` manifest) and how much of it
+    ``steps`` optimizer steps of ``gbs`` packs consume."""
+
+    step: str
+    packs: int | None           # packs in the step (None: no manifest, e.g. shards copied alone)
+    samples: int | None         # source samples inside them (a sample balanced to k copies counts k times)
+    gbs: int                    # packs per optimizer step: micro_batch × grad_accum × dp
+    steps: int
+    epochs_asked: float | None = None
+
+    @property
+    def epochs(self) -> float | None:
+        return self.steps * self.gbs / self.packs if self.packs else None
+
+    def describe(self) -> str:
+        seen = self.steps * self.gbs
+        if self.packs is None:
+            return (f"data {self.step}: no packs manifest; GBS {self.gbs} packs × {self.steps} steps "
+                    f"= {seen:,} packs")
+        ep = self.epochs
+        frac = f"{100 * ep:.1f}% of the packs seen" if ep < 1 else f"each pack seen ~{ep:.2f}×"
+        asked = f" (--epochs {self.epochs_asked:g})" if self.epochs_asked is not None else ""
+        samples = "?" if self.samples is None else f"{self.samples:,}"
+        return (f"data {self.step}: {samples} samples → {self.packs:,} packs; "
+                f"GBS {self.gbs} packs × {self.steps:,} steps{asked} = {seen:,} packs ≈ {ep:.2f} epochs, "
+                f"{frac} (GBS × steps decides what is seen)")
+
+
+def plan_data(run_dir: str | Path, step: str, micro_batch: int, grad_accum: int, dp: int,
+              steps: int | None = None, epochs: float | None = None, count_samples: bool = True) -> DataPlan:
+    """Exactly one of ``steps`` / ``epochs``; with ``epochs``, ``steps = ceil(epochs × packs / gbs)``
+    (the last step may run into the next epoch: the stream is continuous, see ``iter_batches``).
+
+    Pack counts come from the Parquet footers of the ``packs`` manifest (no rows read, cheap on
+    every rank); ``count_samples`` (rank 0, for the report) reads only the int32 ``lengths`` lists,
+    one part at a time, so a 85M-sample manifest never sits whole in memory."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from manifests.io import manifest_files
+
+    if (steps is None) == (epochs is None):
+        raise ValueError(f"give exactly one of --steps and --epochs (got steps={steps}, epochs={epochs}): "
+                         "--steps fixes the optimizer steps, --epochs derives them from the pack count")
+    if epochs is not None and not epochs > 0:
+        raise ValueError(f"--epochs must be > 0, got {epochs}")
+    if steps is not None and steps < 0:
+        raise ValueError(f"--steps must be >= 0, got {steps}")
+    gbs = micro_batch * grad_accum * dp
+    try:
+        files = manifest_files(run_dir, "packs", step)
+    except FileNotFoundError as e:
+        if epochs is not None:
+            raise FileNotFoundError(f"--epochs needs the pack count of {step!r}: {e}") from None
+        return DataPlan(step, None, None, gbs, steps)
+    packs = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    samples = None
+    if count_samples:
+        samples = sum(int(pc.sum(pc.list_value_length(pq.read_table(f, columns=["lengths"]).column("lengths")))
+                          .as_py() or 0) for f in files)
+    if epochs is not None:
+        if packs == 0:
+            raise ValueError(f"--epochs: the pack step {step!r} holds no packs")
+        steps = math.ceil(round(epochs * packs / gbs, 9))   # round: 0.1 × 30 is 3.0000000000000004, not 4 steps
+    return DataPlan(step, packs, samples, gbs, steps, epochs)

@@ -15,7 +15,12 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe", default="tiny")
     ap.add_argument("--stage", choices=["1", "1.5", "2"], required=True)
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--steps", type=int, default=30)
+    length = ap.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help="optimizer steps (default 30)")
+    length.add_argument("--epochs", type=float,
+                        help="passes over the data step's packs: steps = "
+                        "ceil(E × packs / (micro_batch × grad_accum × dp))")
+    ap.add_argument("--data", help="pack step to read (default: the stage's: 1 pack-align, 1.5 pack, 2 pack-instruct)")
     ap.add_argument("--micro-batch", type=int, default=2)
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1)
@@ -45,8 +50,11 @@ def main(argv=None) -> int:
     parallel = ["--tp", str(a.tp), "--pp", str(a.pp), "--cp", str(a.cp), "--grad-accum", str(a.grad_accum),
                 "--distributed-optimizer", a.distributed_optimizer] + (
                    ["--sequence-parallel"] if a.sequence_parallel else [])
-    args = ["--run-dir", a.run_dir, "--recipe", a.recipe, "--stage", a.stage, "--steps", str(a.steps),
-            "--micro-batch", str(a.micro_batch), *parallel] + (["--lr", str(a.lr)] if a.lr is not None else [])
+    steps = 30 if a.steps is None and a.epochs is None else a.steps
+    length = ["--epochs", repr(a.epochs)] if a.epochs is not None else ["--steps", str(steps)]
+    data = ["--data", a.data] if a.data else []
+    args = ["--run-dir", a.run_dir, "--recipe", a.recipe, "--stage", a.stage, *length,
+            "--micro-batch", str(a.micro_batch), *parallel, *data] + (["--lr", str(a.lr)] if a.lr is not None else [])
     if a.executor == "slurm":
         from pathlib import Path
 
@@ -55,9 +63,12 @@ def main(argv=None) -> int:
         out = Path(a.run_dir) / "pretrain" / f"stage-{a.stage}"
         out.mkdir(parents=True, exist_ok=True)
         script = out / "launch_script.slurm"
-        script.write_text(render_pretrain_sbatch(Path(a.run_dir), a.recipe, a.stage, a.nodes, a.gpus_per_node,
-                                                 a.steps, a.partition, train_args=[
-                                                     "--micro-batch", str(a.micro_batch), *parallel]))
+        text = render_pretrain_sbatch(Path(a.run_dir), a.recipe, a.stage, a.nodes, a.gpus_per_node,
+                                      steps if steps is not None else 0, a.partition,
+                                      train_args=["--micro-batch", str(a.micro_batch), *parallel, *data])
+        if a.epochs is not None:    # render_pretrain_sbatch always writes --steps: swap in --epochs
+            text = text.replace(" --steps 0 ", f" --epochs {a.epochs!r} ", 1)
+        script.write_text(text)
         print(script)
         return 0 if a.dry_run else subprocess.call(["sbatch", str(script)])
     if world > 1:

@@ -6,9 +6,20 @@
 | ``llava-ov-1.5-4b`` | RICE-ViT-L/14 (24 × 1024, 16 heads) | Qwen3-4B (36 × 2560, GQA 32/8) |
 | ``llava-ov-1.5-8b`` | RICE-ViT-L/14 | Qwen3-8B (36 × 4096, GQA 32/8) |
 
-Stages (defaults as published): 1 — projector only, lr 1e-4; 1.5 — all parameters on the
-concept-balanced packs, lr 1e-5; 2 — all parameters on instruction packs, lr 1e-5; cosine decay to
-1e-6, warmup 0.2%, Adam ε 1e-5, bf16 and full recompute at scale.
+Stages (defaults as published): 1 — projector only, lr 1e-4, on LLaVA-558K-style caption
+conversations; 1.5 — all parameters on the concept-balanced caption packs, lr 1e-5; 2 — all
+parameters on the mixed instruction packs (multi-turn, multi-image, text-only), lr 1e-5; cosine
+decay to 1e-6, warmup 0.2%, Adam ε 1e-5, bf16 and full recompute at scale.
+
+Each stage names its data by pack step (the ``ovpipe pack --name STEP`` folder of the run):
+
+| stage | pack step | what it holds |
+| --- | --- | --- |
+| 1 | ``pack-align`` | LLaVA-558K-style caption data (``ingest`` of the LLaVA JSON → ``lengths`` → ``pack``) |
+| 1.5 | ``pack`` | concept-balanced caption packs (``balance`` copies) |
+| 2 | ``pack-instruct`` | mixed instruction packs (``mix`` → ``lengths`` → ``pack``) |
+
+``ovpipe pretrain --data STEP`` reads another pack step.
 """
 from __future__ import annotations
 
@@ -40,13 +51,13 @@ class StageConfig:
     warmup_frac: float = 0.002
     adam_eps: float = 1e-5
     trainable: str = "all"            # "projector" | "all"
-    data: str = "pack"                # packed-shard step folder
+    data: str = "pack"                # pack step folder whose shards (and `packs` manifest) the stage reads
     bf16: bool = True
     recompute: str = "full"
 
 
 STAGES = {
-    "1": StageConfig("1", 1e-4, trainable="projector", data="pack"),
+    "1": StageConfig("1", 1e-4, trainable="projector", data="pack-align"),
     "1.5": StageConfig("1.5", 1e-5, trainable="all", data="pack"),
     "2": StageConfig("2", 1e-5, trainable="all", data="pack-instruct"),
 }

@@ -1,15 +1,24 @@
 """Three-stage training of RICE-ViT + projector + LLM on packed THD batches.
 
     python -m pretrain.train --run-dir RUN --recipe tiny --stage 1 --steps 30     (or under torchrun)
+    python -m pretrain.train --run-dir RUN --recipe tiny --stage 2 --epochs 1 --data pack-instruct
 
 Stage 1 trains the projector alone (vision tower and LLM frozen), 1.5 and 2 train everything; each
 stage starts from the previous stage's checkpoint (``RUN/pretrain/stage-<S>/dist_ckpt/``, megatron-core
 distributed checkpointing, see ``pretrain/dist_ckpt.py``) and
 resumes its own if present, skipping the batches already seen, so an interrupted stage continues
-with the same losses as an uninterrupted one. Per step, ``metrics.jsonl`` gets loss (token mean
-over target tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s and an MFU
-estimate (6·N_trainable-forward-and-backward·tokens/s / ``peak_tflops``), and the stage config is
-saved as ``stage.json``.
+with the same losses as an uninterrupted one.
+
+Data: each stage reads the packed shards of one pack step (``recipes.STAGES``: ``pack-align`` for
+stage 1, ``pack`` for 1.5, ``pack-instruct`` for 2; ``--data STEP`` overrides). ``--steps N`` or
+``--epochs E`` (then ``steps = ⌈E · packs / GBS⌉``, GBS = micro_batch · grad_accum · dp packs, from the
+step's ``packs`` manifest). At start rank 0 prints the plan (samples → packs, GBS × steps, the share
+of the packs seen: ``pretrain.data.plan_data``), at the end the totals consumed.
+
+Per step, ``metrics.jsonl`` (and the ``train_metrics`` manifest) gets loss (token mean over target
+tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s, an MFU estimate
+(6·N_trainable-forward-and-backward·tokens/s / ``peak_tflops``), tokens, images, and the packs and
+source samples consumed over all DP ranks; the stage config is saved as ``stage.json``.
 """
 from __future__ import annotations
 
@@ -69,21 +78,24 @@ def setup_distributed(tp: int = 1, pp: int = 1, cp: int = 1) -> dict:
     return sizes
 
 
-def write_metrics_manifest(run_dir: Path, stage: str, jsonl: Path) -> None:
-    """The stage's ``metrics.jsonl`` as the ``train_metrics`` manifest (``ovpipe sql`` / ``ovpipe report``)."""
+def write_metrics_manifest(run_dir: Path, stage: str, jsonl: Path) -> list[dict] | None:
+    """The stage's ``metrics.jsonl`` as the ``train_metrics`` manifest (``ovpipe sql`` / ``ovpipe report``);
+    returns its rows (rank 0; None elsewhere)."""
     import torch.distributed as dist
     from manifests.io import write_part
 
     if dist.is_initialized() and dist.get_rank() != 0:
-        return
+        return None
     rows = {}
     for line in jsonl.read_text().splitlines():  # a resumed stage appends; the last record of a step wins
         m = json.loads(line)
         rows[m["step"]] = {"stage": stage, **{k: m[k] for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s",
-                                                                 "mfu", "tokens", "images")}}
+                                                                 "mfu", "tokens", "images")},
+                           "packs": m.get("packs"), "samples": m.get("samples")}   # absent in older records
     idx = list(STAGES).index(stage)
-    write_part([rows[k] for k in sorted(rows)], run_dir / "pretrain" / "train_metrics" / f"part-{idx:05d}.parquet",
-               "train_metrics")
+    out = [rows[k] for k in sorted(rows)]
+    write_part(out, run_dir / "pretrain" / "train_metrics" / f"part-{idx:05d}.parquet", "train_metrics")
+    return out
 
 
 def image_pad_id(run_dir: Path, tokenizer: str | None) -> int:
@@ -139,11 +151,12 @@ def build(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequen
     return model.to(dtype)
 
 
-def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int = 2, lr: float | None = None,
-          seed: int = 0, peak_tflops: float | None = None, log=print, save_every: int = 0,
+def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micro_batch: int = 2,
+          lr: float | None = None, seed: int = 0, peak_tflops: float | None = None, log=print, save_every: int = 0,
           stop_after: int | None = None, tokenizer: str | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
           sequence_parallel: bool = False, distributed_optimizer: bool | None = None, grad_accum: int = 1,
-          bf16: bool | None = None) -> dict:
+          bf16: bool | None = None, epochs: float | None = None, data: str | None = None,
+          on_step=None) -> dict:
     """One stage through megatron-core's own training stack: the model in DDP
     (``DistributedDataParallel``, grads reduced over DP×CP), ``get_megatron_optimizer`` (Adam; the
     distributed optimizer on GPU), and the forward/backward schedule of ``get_forward_backward_func``
@@ -153,8 +166,15 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
     same global batch gives the same update at any DP/PP/CP/TP layout.
 
     Each step takes ``grad_accum × dp`` micro-batches of ``micro_batch`` packs from the packed
-    shards, in a fixed order; DP rank ``d`` gets every ``dp``-th. ``stop_after``: end (with a
-    checkpoint) after that many steps of this run — a killed job, for drills."""
+    shards, in a fixed order; DP rank ``d`` gets every ``dp``-th. Exactly one of ``steps`` /
+    ``epochs`` (``pretrain.data.plan_data``); ``data``: the pack step to read instead of the stage's.
+    ``stop_after``: end (with a checkpoint) after that many steps of this run — a killed job, for
+    drills. ``on_step(record, ddp)``: called on every rank after each optimizer step with the step's record and
+    the DDP-wrapped model (``.module`` is the VLM; grads in ``param.main_grad``) — probes, tests.
+
+    Gradients are reduced with ``overlap_grad_reduce`` (each DDP bucket's all-reduce / reduce-scatter
+    starts during the backward pass, as soon as its last gradient is in): text-only micro-batches
+    keep every bucket complete through ``VLM.embed``'s zero-valued dummy image."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -164,12 +184,13 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from pretrain import dist_ckpt
-    from pretrain.data import iter_batches
+    from pretrain.data import iter_batches, plan_data
     from pretrain.parallel import shard_batch
     from pretrain.recipes import Parallelism, validate
 
     run_dir = Path(run_dir)
     st_cfg = STAGES[stage]
+    data = data or st_cfg.data
     cuda = torch.cuda.is_available()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dist_opt = cuda if distributed_optimizer is None else distributed_optimizer
@@ -182,13 +203,18 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     recompute = st_cfg.recompute if cuda else "none"    # activation recompute is a GPU-memory trade
+    plan = plan_data(run_dir, data, micro_batch, grad_accum, sizes["dp"], steps, epochs, count_samples=rank0)
+    steps = plan.steps
+    if rank0:
+        log(f"stage {stage}: {plan.describe()}")
     model = build(recipe, run_dir, tokenizer, sizes, sequence_parallel, dtype, recompute)
     out = run_dir / "pretrain" / f"stage-{stage}"
     out.mkdir(parents=True, exist_ok=True)
     peak = lr if lr is not None else st_cfg.lr
     if rank0:
         (out / "stage.json").write_text(json.dumps(
-            {**asdict(st_cfg), "lr": peak, "recipe": recipe, "steps": steps, "micro_batch": micro_batch,
+            {**asdict(st_cfg), "data": data, "lr": peak, "recipe": recipe, "steps": steps, "epochs": epochs,
+             "data_packs": plan.packs, "data_samples": plan.samples, "micro_batch": micro_batch,
              "grad_accum": grad_accum, **sizes, "sequence_parallel": sequence_parallel,
              "distributed_optimizer": dist_opt, "bf16": bf16, "recompute": recompute, "seed": seed}, indent=2))
     ckpt = out / "dist_ckpt"                            # megatron dist_checkpointing (pretrain/dist_ckpt.py)
@@ -200,8 +226,10 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
         dist_ckpt.load_model(prev, model)               # each stage starts from the last
     model.set_trainable(st_cfg.trainable)
     cfg = model.config
+    # overlap_grad_reduce on CPU (gloo) too: the async all-reduce / reduce-scatter and megatron's
+    # bucket-readiness bookkeeping are device-independent, so CI runs the production code path.
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, use_distributed_optimizer=dist_opt), model)
+        grad_reduce_in_fp32=True, use_distributed_optimizer=dist_opt, overlap_grad_reduce=True), model)
     opt = get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=peak, min_lr=st_cfg.min_lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95,
         adam_eps=st_cfg.adam_eps, clip_grad=1.0, bf16=bf16, params_dtype=dtype,
@@ -214,9 +242,8 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
     peak_flops = (peak_tflops or (989.0 if cuda else 0.2)) * 1e12 * world
     dp, dp_rank = sizes["dp"], ps.get_data_parallel_rank()
     cp_rank = ps.get_context_parallel_rank()
-    batches = iter_batches(run_dir, st_cfg.data, micro_batch, rank=dp_rank, world=dp)
-    for _ in range(start * grad_accum):                 # same data order as an uninterrupted run
-        next(batches)
+    # same data order as an uninterrupted run: the steps already done are skipped, not decoded
+    batches = iter_batches(run_dir, data, micro_batch, rank=dp_rank, world=dp, skip=start * grad_accum)
     device = _device()
     reports = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
 
@@ -259,21 +286,27 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
                      num_microbatches=grad_accum, seq_length=max(b.tokens.shape[1] for b in mbs),
                      micro_batch_size=1, forward_only=False)
             ok, gn, _ = opt.step()
-            # loss sum / target tokens over DP×CP (from the last stage), tokens / images over DP
-            agg = torch.zeros(4, dtype=torch.float64, device=device)
+            # loss sum / target tokens over DP×CP (from the last stage), tokens / images / packs /
+            # samples over DP
+            agg = torch.zeros(6, dtype=torch.float64, device=device)
             if reports:
                 agg[:2] = torch.stack([r["lm"] for r in res]).sum(0).double()
                 if cp_rank == 0:
                     agg[2] = sum(int(b.cu_seqlens[-1]) for b in raw)
                     agg[3] = sum(b.n_images for b in raw)
+                    agg[4] = sum(b.n_packs for b in raw)
+                    agg[5] = sum(b.n_samples for b in raw)
             if dist.is_initialized():
                 dist.all_reduce(agg)
             dt = time.perf_counter() - t0
             ntok = int(agg[2])
             rec = {"step": step + 1, "loss": float(agg[0] / agg[1].clamp(min=1)), "lr": opt.param_groups[0]["lr"],
                    "grad_norm": float(gn) if gn is not None else float("nan"), "tokens_per_s": ntok / dt,
-                   "mfu": 6 * n_params * ntok / dt / peak_flops, "tokens": ntok, "images": int(agg[3])}
+                   "mfu": 6 * n_params * ntok / dt / peak_flops, "tokens": ntok, "images": int(agg[3]),
+                   "packs": int(agg[4]), "samples": int(agg[5])}
             metrics.append(rec)
+            if on_step is not None:
+                on_step(rec, ddp)
             if rank0:
                 f.write(json.dumps(rec) + "\n")
                 f.flush()
@@ -292,8 +325,18 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int, micro_batch: int =
         if f is not None:
             f.close()
     dist_ckpt.save(ckpt, model, opt, steps)
-    write_metrics_manifest(run_dir, stage, out / "metrics.jsonl")
-    return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params, **sizes}
+    rows = write_metrics_manifest(run_dir, stage, out / "metrics.jsonl")
+    if rows:
+        log(f"stage {stage}: {consumed(rows, plan)}")
+    return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params, "plan": asdict(plan), **sizes}
+
+
+def consumed(rows: list[dict], plan) -> str:
+    """Totals of a stage's ``train_metrics`` rows (all its runs, resumes included), as one line."""
+    tot = {k: sum(r[k] or 0 for r in rows) for k in ("packs", "samples", "tokens", "images")}
+    ep = f" ≈ {tot['packs'] / plan.packs:.2f} epochs of {plan.step}" if plan.packs else ""
+    return (f"consumed {tot['packs']:,} packs ({tot['samples']:,} samples, {tot['tokens']:,} tokens, "
+            f"{tot['images']:,} images) in {len(rows)} steps{ep}")
 
 
 def main(argv=None) -> int:
@@ -301,7 +344,11 @@ def main(argv=None) -> int:
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--recipe", default="tiny", choices=sorted(RECIPES))
     ap.add_argument("--stage", choices=sorted(STAGES), required=True)
-    ap.add_argument("--steps", type=int, default=30)
+    length = ap.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help="optimizer steps (default 30)")
+    length.add_argument("--epochs", type=float, help="passes over the data step's packs: steps = "
+                        "ceil(E × packs / (micro_batch × grad_accum × dp))")
+    ap.add_argument("--data", help="pack step to read (default: the stage's, see pretrain.recipes.STAGES)")
     ap.add_argument("--micro-batch", type=int, default=2, help="packs per micro-batch (one THD sequence)")
     ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step and DP rank")
     ap.add_argument("--lr", type=float)
@@ -319,11 +366,12 @@ def main(argv=None) -> int:
     ap.add_argument("--metrics-out", help="also write this run's per-step metrics here (JSON), from rank 0")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    res = train(Path(a.run_dir), a.recipe, a.stage, a.steps, a.micro_batch, a.lr, a.seed, tokenizer=a.tokenizer,
+    steps = 30 if a.steps is None and a.epochs is None else a.steps
+    res = train(Path(a.run_dir), a.recipe, a.stage, steps, a.micro_batch, a.lr, a.seed, tokenizer=a.tokenizer,
                 save_every=a.save_every, stop_after=a.stop_after, tp=a.tp, pp=a.pp, cp=a.cp,
                 sequence_parallel=a.sequence_parallel,
                 distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
-                grad_accum=a.grad_accum, bf16=False if a.fp32 else None)
+                grad_accum=a.grad_accum, bf16=False if a.fp32 else None, epochs=a.epochs, data=a.data)
     if a.metrics_out and int(os.environ.get("RANK", "0")) == 0:
         Path(a.metrics_out).write_text(json.dumps(res))
     return 0

@@ -1,6 +1,10 @@
 """The multimodal model: RICE-ViT → projector → image embeddings replace the ``<|image_pad|>``
 positions of the LLM's text embeddings → megatron ``GPTModel`` (via ``decoder_input``).
 
+A micro-batch may hold no image at all (text-only conversations): the tower and projector then
+run on a dummy image whose contribution is ``0 ·`` (``VLM.embed``), so DDP's overlapped gradient
+reduction sees every trainable parameter on every step.
+
 One class for every layout. Under pipeline parallelism the first stage holds RICE-ViT, the
 projector, the word embedding and its share of the LLM layers, the last stage the output layer
 and the loss, the stages between layers only (``pre_process`` / ``post_process`` from megatron's
@@ -41,6 +45,7 @@ class VLM(nn.Module):
                              post_process=self.post_process, sequence_parallel=sequence_parallel,
                              **overrides)
         self.image_pad_id = image_pad_id
+        self.text_only_dummy = True       # run the dummy image on text-only micro-batches (see ``embed``)
         # read by megatron's schedules / DDP / finalize_model_grads
         self.config, self.model_type = self.llm.config, self.llm.model_type
         self.share_embeddings_and_output_weights = self.llm.share_embeddings_and_output_weights
@@ -51,22 +56,59 @@ class VLM(nn.Module):
     def set_input_tensor(self, t) -> None:
         self.llm.set_input_tensor(t)
 
+    # Loaded by name from MLCD / published checkpoints but not in the forward pass (the projector's
+    # ``ln_q`` normalises the patches): never trainable, or DDP's overlapped gradient reduction would
+    # wait for gradients that never come.
+    NOT_IN_FORWARD = ("vision.post_layernorm.",)
+
     def set_trainable(self, which: str) -> None:
+        """``all`` | ``projector``: which parameters train (the rest are frozen)."""
         for name, p in self.named_parameters():
-            p.requires_grad = which == "all" or name.startswith("projector.")
+            p.requires_grad = (which == "all" or name.startswith("projector.")) and \
+                not name.startswith(self.NOT_IN_FORWARD)
+
+    def image_embeddings(self, images: list[torch.Tensor]) -> torch.Tensor:
+        """RICE-ViT → projector: [Σ (gh·gw)/4, llm_hidden] for the images in order."""
+        dtype = next(self.vision.parameters()).dtype
+        outs, _ = self.vision([x.to(dtype) for x in images])
+        return torch.cat([self.projector(o[1:]) for o in outs])                  # drop each class token
+
+    def _vision_needs_grad(self) -> bool:
+        return torch.is_grad_enabled() and any(
+            p.requires_grad for m in (self.vision, self.projector) for p in m.parameters())
+
+    def text_only_zero(self, like: torch.Tensor) -> torch.Tensor:
+        """``0 · Σ`` of the vision tower + projector run on one 2×2-merge dummy image (28×28 px, one
+        LLM token): a scalar that is exactly 0 in value and puts every trainable vision/projector
+        parameter in the backward graph with a zero gradient. See ``embed``."""
+        patch = self.vision.size.patch_size
+        w = self.vision.embeddings.patch_embedding.weight
+        dummy = torch.zeros(3, 2 * patch, 2 * patch, dtype=w.dtype, device=w.device)
+        return 0 * self.image_embeddings([dummy]).sum().to(like.dtype)
 
     def embed(self, tokens, position_ids, images: list[torch.Tensor], cp_index=None):
+        """Text embeddings with the image embeddings in the ``<|image_pad|>`` positions.
+
+        A micro-batch without any image (text-only samples) would leave the vision tower and the
+        projector out of the backward pass. megatron's DDP with ``overlap_grad_reduce`` launches a
+        bucket's reduction when every parameter in it has reported its gradient (the count of the
+        first step is the reference), so those buckets would never be issued and
+        ``finish_grad_sync`` asserts (on every DP rank that saw no image; with stage 1's frozen LLM
+        the loss would not even have a graph). Instead the tower and projector run on one tiny
+        dummy image and ``0 · Σ`` of the result is added to the embeddings: the values (and so the
+        loss) are unchanged, every trainable parameter gets its (zero) gradient exactly once per
+        backward — as on a step with images — and the buckets fire."""
         emb = self.llm.embedding(input_ids=tokens, position_ids=position_ids)     # [T, 1, H]
         if images:
-            dtype = next(self.vision.parameters()).dtype
-            outs, _ = self.vision([x.to(dtype) for x in images])
-            img = torch.cat([self.projector(o[1:]) for o in outs])               # drop each class token
+            img = self.image_embeddings(images)
             where = (tokens[0] == self.image_pad_id).nonzero().squeeze(-1)
             if len(where) != img.shape[0]:
                 raise ValueError(f"{len(where)} <|image_pad|> tokens but {img.shape[0]} image embeddings — "
                                  f"packing and the vision tower disagree on the image grid")
             emb = emb.clone()
             emb[where, 0] = img.to(emb.dtype)
+        elif self.text_only_dummy and self._vision_needs_grad():
+            emb = emb + self.text_only_zero(emb)
         if cp_index is not None:
             emb = emb[cp_index]                                                  # this CP rank's tokens
         if self.config.sequence_parallel:

@@ -37,3 +37,22 @@ def test_cli_passes_the_layout_and_rejects_bad_ones(tmp_path, capsys):
         main(["pretrain", "--recipe", "llava-ov-1.5-8b", "--stage", "1.5", "--run-dir", str(tmp_path),
               "--executor", "slurm", "--nodes", "3", "--tp", "4", "--pp", "2", "--cp", "2", "--dry-run"])
     assert "world_size=24" in capsys.readouterr().err
+
+
+def test_cli_epochs_and_data(tmp_path, capsys):
+    """--epochs / --data reach the trainer's command line; --steps with --epochs is refused, naming both."""
+    import pytest
+
+    assert main(["pretrain", "--recipe", "tiny", "--stage", "2", "--run-dir", str(tmp_path), "--executor", "slurm",
+                 "--epochs", "1.5", "--data", "pack-mix", "--dry-run"]) == 0
+    cmd = next(l for l in (tmp_path / "pretrain" / "stage-2" / "launch_script.slurm").read_text().splitlines()
+               if l.startswith("srun"))
+    assert "--epochs 1.5" in cmd and "--steps" not in cmd and "--data pack-mix" in cmd
+    from pretrain.train import main as train_main
+
+    both = ["--stage", "2", "--run-dir", str(tmp_path), "--steps", "3", "--epochs", "1"]
+    for entry in (lambda: main(["pretrain", *both]), lambda: train_main(both)):
+        with pytest.raises(SystemExit):
+            entry()
+        err = capsys.readouterr().err
+        assert "--epochs" in err and "--steps" in err

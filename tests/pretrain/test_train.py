@@ -75,8 +75,9 @@ def test_metrics_manifest_and_report(megatron_single, packed_demo, tmp_path):
     shutil.copytree(packed_demo, run)
     train(run, "tiny", "1", steps=3, micro_batch=1, lr=1e-2, log=lambda *_: None)
     con = connect(run)
-    rows = con.execute("SELECT stage, step, loss FROM train_metrics ORDER BY step").fetchall()
+    rows = con.execute("SELECT stage, step, loss, packs, samples FROM train_metrics ORDER BY step").fetchall()
     assert [r[:2] for r in rows] == [("1", 1), ("1", 2), ("1", 3)]
+    assert [r[3] for r in rows] == [1, 1, 1] and all(r[4] >= 1 for r in rows)    # one pack per step, its samples
     from pathlib import Path
 
     import manifests
