@@ -1,42 +1,65 @@
-"""``lengths``: the exact tokens each sample occupies in training (see ``packing.tokens``).
+"""``lengths``: the exact tokens each conversation occupies in training (see ``packing.tokens``).
 
-    text_tokens  = chat-template tokens around and of the target text (tokenizer's own template)
-    image_tokens = (h'/14)·(w'/14)/2² + 2     (native resolution, smart_resize, vision start/end)
-    total_tokens = text_tokens + image_tokens
+    text_tokens   = the conversation rendered by the tokenizer's own chat template, images excluded
+    image_tokens  = Σ_images (h'/14)·(w'/14)/2² + 2     (native resolution, smart_resize, vision start/end)
+    total_tokens  = text_tokens + image_tokens
+    target_tokens = tokens the loss is taken on: every assistant turn's text + its end-of-turn token
+    turns_kept    = turns trained on (all of them, unless ``truncate`` cut trailing pairs)
 
-computed from width/height in ``samples`` — no image is decoded. Status per row: ``ok``;
-``too_long`` (total > seq_len; with ``on_too_long: truncate`` the target text is cut so the
-sample is exactly ``seq_len`` and the status is ``truncated``; a sample whose image alone
-does not fit stays ``too_long``); ``bad_aspect_ratio`` (> 200:1, which the image processor
-rejects); and every non-ok ``samples`` status carried over with zero tokens. Counted in stats.
+computed from the ``samples`` manifests of ``samples_steps`` (concatenated in that order, each in
+canonical order; this rank takes its contiguous slice) — no image is decoded, only the sizes in
+``images`` are read. A caption pair (``[user "<image>", assistant caption]``) is trained as
+``"<image>" + caption_prompt`` → caption, so stage 1.5 sees "<image>Describe the image." as before.
+
+Status per row, counted in stats (``status/<s>``): ``ok``; ``bad_aspect_ratio`` (some image of the
+sample beyond 200:1, which the image processor rejects); ``too_long`` (total > seq_len); with
+``on_too_long: truncate`` a long conversation instead keeps the most whole leading turn pairs that
+fit (a pair = the user turn(s) + the assistant turn answering them; the images of dropped turns go
+with them, so no image is ever cut) and becomes ``truncated`` — ``too_long`` if not even the first
+pair fits; a conversation the template cannot render as trained (``image_mismatch``, ...) gets that
+status; every non-ok ``samples`` status is carried over. A ``too_long`` row keeps the token counts
+of the whole conversation (how long it is) with ``turns_kept = 0``; every other non-packable row
+carries zero tokens. ``pack`` packs ``ok`` and ``truncated`` rows only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
-from ovpipe.step import Step, TaskContext
+from ovpipe.step import Step, TaskContext, slice_bounds
+
+SAMPLE_COLUMNS = ["sample_id", "source", "status", "error", "conversation", "images"]
 
 
 @dataclass
 class LengthsConfig:
-    tokenizer: str = ""                     # HF tokenizer path or name (Qwen3's in production)
-    template: Literal["caption", "instruct"] = "caption"
+    tokenizer: str = ""                     # HF tokenizer path or name (Qwen's in production)
+    samples_steps: list[str] = field(default_factory=lambda: ["ingest"])  # ingest step folders to read
+    caption_prompt: str = "Describe the image."  # appended to a caption pair's "<image>" user turn
     seq_len: int = 8192
     on_too_long: Literal["drop", "truncate"] = "drop"
     patch_size: int = 14
     merge_size: int = 2
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
-    batch_size: int = 8192
+    batch_size: int = 8192                  # conversations per batched tokenizer call
 
     def __post_init__(self):
         if not self.tokenizer:
             raise ValueError("tokenizer: give a Hugging Face tokenizer path or name")
+        if not self.samples_steps or not all(isinstance(s, str) and s for s in self.samples_steps):
+            raise ValueError(f"samples_steps must name at least one ingest step folder, got {self.samples_steps!r}")
+        if len(set(self.samples_steps)) != len(self.samples_steps):
+            raise ValueError(f"samples_steps names a step twice: {self.samples_steps!r}")
         if self.seq_len < 64:
             raise ValueError(f"seq_len must be >= 64, got {self.seq_len}")
+        if self.on_too_long not in ("drop", "truncate"):
+            raise ValueError(f"on_too_long must be drop or truncate, got {self.on_too_long!r}")
+        for name in ("patch_size", "merge_size", "min_pixels", "batch_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels ({self.min_pixels}) > max_pixels ({self.max_pixels})")
 
@@ -46,63 +69,111 @@ class LengthsConfig:
         return ImageTokenConfig(self.patch_size, self.merge_size, self.min_pixels, self.max_pixels)
 
 
-def compute_lengths(samples, cfg: LengthsConfig, tok, stats=None) -> dict:
-    """``samples`` (pyarrow Table) → columns of the ``lengths`` manifest."""
-    from packing.tokens import aspect_ok, image_tokens, text_token_counts
+def read_samples(task: TaskContext, steps: list[str], columns: list[str] | None = None, whole: bool = False):
+    """The ``samples`` manifests of ``steps`` concatenated in that order (each in canonical order):
+    this rank's contiguous slice, or all of it (``whole``)."""
+    import pyarrow as pa
+
+    tables = []
+    for step in steps:
+        try:
+            tables.append(task.read_input("samples", step=step, columns=columns))
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{e} (lengths.samples_steps names {step!r})") from None
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    if whole:
+        return table
+    lo, hi = slice_bounds(table.num_rows, task.rank, task.world_size)
+    return table.slice(lo, hi - lo)
+
+
+def compute_lengths(samples, cfg: LengthsConfig, tok, stats=None, progress=None) -> dict:
+    """``samples`` (pyarrow Table with ``SAMPLE_COLUMNS``) → columns of the ``lengths`` manifest."""
+    from packing.tokens import Conversations, aspect_ok, codec_for
 
     n = samples.num_rows
-    sid = samples.column("sample_id").to_pylist()
-    src = samples.column("source").to_pylist()
+    img_cfg = cfg.image_cfg()
     status = samples.column("status").to_pylist()
     error = samples.column("error").to_pylist()
-    w = samples.column("width").to_numpy(zero_copy_only=False).astype(np.int64)
-    h = samples.column("height").to_numpy(zero_copy_only=False).astype(np.int64)
-    caps = samples.column("caption").to_pylist()
-    text_t = np.zeros(n, np.int64)
-    img_t = np.zeros(n, np.int64)
-    ok = np.array([s == "ok" for s in status], dtype=bool)
-    okasp = aspect_ok(h, w, cfg.image_cfg())
-    for i in np.flatnonzero(ok & ~okasp):
-        status[i], error[i] = "bad_aspect_ratio", f"{w[i]}x{h[i]} exceeds 200:1"
-    todo = np.flatnonzero(ok & okasp)
-    img_t[todo] = image_tokens(h[todo], w[todo], cfg.image_cfg())
+    convs = Conversations.from_arrow(samples.column("conversation"), samples.column("images"))
+    codec = codec_for(tok)
+    cols = {k: np.zeros(n, np.int64) for k in ("text", "image", "total", "target", "kept")}
+
+    ok = np.array([s == "ok" for s in status], bool)
+    bad_img = ~aspect_ok(convs.heights, convs.widths, img_cfg)
+    n_img = convs.image_hi - convs.image_lo
+    owner = np.repeat(np.arange(n), n_img)
+    bad_rows = np.zeros(n, bool)
+    bad_rows[owner[bad_img]] = True
+    for i in np.flatnonzero(ok & bad_rows):
+        k = int(np.flatnonzero(bad_img[convs.image_lo[i]:convs.image_hi[i]])[0])
+        h, w = convs.heights[convs.image_lo[i] + k], convs.widths[convs.image_lo[i] + k]
+        status[i], error[i] = "bad_aspect_ratio", f"image {k}: {w}x{h} is beyond {img_cfg.max_aspect_ratio:g}:1"
+    todo = np.flatnonzero(ok & ~bad_rows)
     for s in range(0, len(todo), cfg.batch_size):
-        idx = todo[s:s + cfg.batch_size]
-        text_t[idx] = text_token_counts(tok, [caps[i] for i in idx], cfg.template)
-    total = text_t + img_t
-    for i in todo[total[todo] > cfg.seq_len]:
-        if cfg.on_too_long == "truncate" and img_t[i] + (text_t[i] - _target_len(tok, caps[i])) < cfg.seq_len:
-            text_t[i] = cfg.seq_len - img_t[i]
-            total[i] = cfg.seq_len
-            status[i], error[i] = "truncated", "target text truncated to fit seq_len"
-        else:
-            status[i], error[i] = "too_long", f"{total[i]} tokens > seq_len {cfg.seq_len}"
-    if stats is not None:
+        rows = todo[s:s + cfg.batch_size]
+        c = codec.count(convs, img_cfg, cfg.caption_prompt, rows=rows)
+        _store(cols, rows, c)
+        cols["kept"][rows] = (convs.turn_hi - convs.turn_lo)[rows]
+        for j in np.flatnonzero([x is not None for x in c.status]):
+            status[rows[j]], error[rows[j]] = c.status[j], c.error[j]
+        long = rows[np.array([x is None for x in c.status], bool) & (c.total > cfg.seq_len)]
+        for i in long:
+            status[i], error[i] = "too_long", f"{cols['total'][i]} tokens > seq_len {cfg.seq_len}"
+        if cfg.on_too_long == "truncate" and len(long):
+            kept = codec.fit(convs, long, cfg.seq_len, img_cfg, cfg.caption_prompt)
+            fits = kept > 0
+            for i in long[~fits]:
+                error[i] += "; not even the first turn pair fits"
+            if fits.any():
+                rows_t, kept_t = long[fits], kept[fits]
+                i_hi = convs.image_lo[rows_t] + np.array(
+                    [sum(t.count("<image>") for t in convs.texts[convs.turn_lo[i]:convs.turn_lo[i] + k])
+                     for i, k in zip(rows_t.tolist(), kept_t.tolist())], np.int64)
+                c2 = codec.count(convs, img_cfg, cfg.caption_prompt, convs.turn_lo[rows_t] + kept_t, i_hi, rows_t)
+                _store(cols, rows_t, c2)
+                for i, k in zip(rows_t.tolist(), kept_t.tolist()):
+                    n_turns = int(convs.turn_hi[i] - convs.turn_lo[i])
+                    status[i] = "truncated"
+                    error[i] = f"kept {k} of {n_turns} turns (whole turn pairs) to fit seq_len {cfg.seq_len}"
+                    cols["kept"][i] = k
+                if stats is not None:
+                    stats.inc("turns/dropped", int(((convs.turn_hi - convs.turn_lo)[rows_t] - kept_t).sum()))
+        if progress is not None:
+            progress(len(rows))
+    if progress is not None:
+        progress(n - len(todo))
+    measured = np.array([s in ("ok", "truncated", "too_long") for s in status], bool)
+    for k in cols:
+        cols[k][~measured] = 0
+    cols["kept"][np.array([s == "too_long" for s in status], bool)] = 0  # nothing of it is trained on
+    if stats is not None:  # tokens of what will be trained on
         for s in status:
             stats.inc(f"status/{s}")
-        okm = np.array([s in ("ok", "truncated") for s in status])
-        stats.inc("tokens/text", int(text_t[okm].sum()))
-        stats.inc("tokens/image", int(img_t[okm].sum()))
-    return {"sample_id": sid, "source": src, "text_tokens": text_t.astype(np.int32),
-            "image_tokens": img_t.astype(np.int32), "total_tokens": total.astype(np.int32),
-            "status": status, "error": error}
+        packable = np.array([s in ("ok", "truncated") for s in status], bool)
+        for k in ("text", "image", "target"):
+            stats.inc(f"tokens/{k}", int(cols[k][packable].sum()))
+    return {"sample_id": samples.column("sample_id").to_pylist(), "source": samples.column("source").to_pylist(),
+            "text_tokens": cols["text"].astype(np.int32), "image_tokens": cols["image"].astype(np.int32),
+            "total_tokens": cols["total"].astype(np.int32), "target_tokens": cols["target"].astype(np.int32),
+            "turns_kept": cols["kept"].astype(np.int32), "status": status, "error": error}
 
 
-def _target_len(tok, text: str) -> int:
-    return len(tok(text, add_special_tokens=False)["input_ids"])
+def _store(cols: dict, rows: np.ndarray, c) -> None:
+    cols["text"][rows], cols["image"][rows] = c.text, c.image
+    cols["total"][rows], cols["target"][rows] = c.total, c.target
 
 
 def run(cfg: LengthsConfig, task: TaskContext) -> None:
     from packing.tokens import load_tokenizer
 
-    samples = task.read_input_slice("samples", columns=["sample_id", "source", "width", "height", "caption",
-                                                        "status", "error"])
+    samples = read_samples(task, cfg.samples_steps, SAMPLE_COLUMNS)
     tok = load_tokenizer(cfg.tokenizer)
-    with task.stats.timer("lengths"):
-        cols = compute_lengths(samples, cfg, tok, task.stats)
+    with task.stats.timer("lengths"), task.progress(samples.num_rows, unit="samples") as bar:
+        cols = compute_lengths(samples, cfg, tok, task.stats, progress=bar.update)
     task.stats.inc("samples", samples.num_rows)
     task.write_part("lengths", cols)
 
 
 STEP = Step("lengths", LengthsConfig, run, inputs=("samples",), outputs=("lengths",),
-            description="exact multimodal token length per sample")
+            description="exact multimodal token length and loss tokens per conversation")

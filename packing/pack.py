@@ -1,14 +1,23 @@
-"""``pack``: the ``lengths`` manifest (optionally weighted by ``balanced`` copies) → ``packs``
-manifest + packed webdataset shards. Algorithm: ``packing.binpack`` (hash buckets + exact BFD),
-optionally ``packing.refine`` (``refine_passes``: gap consolidation + ejection chains after BFD).
+"""``pack``: the ``lengths`` manifest (optionally weighted by ``balanced`` or ``mixed`` copies) →
+``packs`` manifest + packed webdataset shards (``packing.shards``). Algorithm: ``packing.binpack``
+(hash buckets + exact BFD), optionally ``packing.refine`` (``refine_passes``: gap consolidation +
+ejection chains after BFD).
+
+Items: every ``lengths`` row with status ``ok`` or ``truncated``, one per distinct ``sample_id``
+(the same conversation ingested by two steps is one sample), times its copies: 1
+(``copies_from: none``), ``balanced.copies`` (curation's concept balancing) or the sum of
+``mixed.copies`` of the ``mix_step`` folder (the instruction mix); a sample missing there gets 0.
 
 Every rank solves the same global packing (deterministic, seconds for millions of samples) and
 writes the packs of its contiguous ``pack_id`` range — manifest part and tar shards — so the
 expensive part (reading images, tokenising into shards) is parallel over ranks and the result
-is identical for any task count. ``finalize`` writes the packing report (``report.md``,
-``fill_histogram.png``): bins vs the lower bound ⌈Σ lengths / seq_len⌉, fill rate, padding
-tokens, and padding compression against padding every sample to ``seq_len`` and against an
-online rolling-buffer packer (B = 64, 512, 4096).
+is identical for any task count. The shard writer reads each sample's conversation from the
+``samples`` manifests the lengths step read (its ``samples_steps``), encodes it with
+``packing.tokens.encode_conversation`` (cut to the turns ``lengths`` kept) and checks the length
+against the manifest; it writes all of the sample's images (0..n) in order, with their grids.
+``finalize`` writes the packing report (``report.md``, ``fill_histogram.png``): bins vs the lower
+bound ⌈Σ lengths / seq_len⌉, fill rate, padding tokens, and padding compression against padding
+every sample to ``seq_len`` and against an online rolling-buffer packer (B = 64, 512, 4096).
 """
 from __future__ import annotations
 
@@ -28,7 +37,8 @@ class PackConfig:
     seq_len: int = 8192
     seed: int = 0
     lengths_step: str = "lengths"               # step folder of the lengths manifest to pack
-    copies_from: Literal["none", "balanced"] = "none"
+    copies_from: Literal["none", "balanced", "mixed"] = "none"
+    mix_step: str = "mix"                       # step folder of the `mixed` manifest (copies_from: mixed)
     write_shards: bool = True
     packs_per_shard: int = 256
     report_buffers: list[int] = field(default_factory=lambda: [64, 512, 4096])
@@ -40,6 +50,10 @@ class PackConfig:
             raise ValueError(f"seq_len must be >= 64, got {self.seq_len}")
         if self.packs_per_shard < 1:
             raise ValueError("packs_per_shard must be >= 1")
+        if self.copies_from not in ("none", "balanced", "mixed"):
+            raise ValueError(f"copies_from must be none, balanced or mixed, got {self.copies_from!r}")
+        if self.copies_from == "mixed" and not self.mix_step:
+            raise ValueError("copies_from=mixed requires mix_step (the mix step folder)")
         if self.refine_passes < 0:
             raise ValueError(f"refine_passes must be >= 0, got {self.refine_passes}")
 
@@ -56,12 +70,22 @@ def packing_items(task: TaskContext, cfg: PackConfig):
     mask = pc.is_in(lengths.column("status"), value_set=pa.array(PACKABLE))
     lengths = lengths.filter(mask)
     sid = lengths.column("sample_id").combine_chunks()
+    if len(sid) > 1:  # canonical order puts equal ids side by side: keep the first of each
+        first = np.ones(len(sid), bool)
+        first[1:] = pc.not_equal(sid.slice(1), sid.slice(0, len(sid) - 1)).to_numpy(zero_copy_only=False)
+        if not first.all():
+            if task.rank == 0:
+                task.stats.inc("items/duplicate_sample_ids", int((~first).sum()))
+            lengths = lengths.filter(pa.array(first))
+            sid = lengths.column("sample_id").combine_chunks()
     L = lengths.column("total_tokens").to_numpy().astype(np.int64)
     copies = np.ones(len(L), np.int64)
-    if cfg.copies_from == "balanced":
-        bal = task.read_input("balanced", columns=["sample_id", "copies"])
-        pos = pc.index_in(sid, value_set=bal.column("sample_id").combine_chunks())
-        got = pc.take(bal.column("copies").combine_chunks(), pos)
+    if cfg.copies_from != "none":
+        kind, step = ("balanced", None) if cfg.copies_from == "balanced" else ("mixed", cfg.mix_step)
+        t = task.read_input(kind, step=step, columns=["sample_id", "copies"])
+        t = t.group_by("sample_id").aggregate([("copies", "sum")])  # mixed: one row per (sample, source)
+        pos = pc.index_in(sid, value_set=t.column("sample_id").combine_chunks())
+        got = pc.take(t.column("copies_sum").combine_chunks(), pos)
         copies = pc.fill_null(got, 0).to_numpy(zero_copy_only=False).astype(np.int64)
     idx = np.repeat(np.arange(len(L)), copies)
     copy_no = np.arange(len(idx)) - np.repeat(np.cumsum(copies) - copies, copies)
@@ -126,40 +150,60 @@ def packs_table(sid, L, idx, P, lo: int, hi: int, packs_per_shard: int | None, r
 
 
 def write_pack_shards(task: TaskContext, cfg: PackConfig, packs) -> None:
-    from curation.ingest import read_image_bytes
-    from packing.lengths import LengthsConfig
-    from packing.tokens import encode_sample, image_grid, load_tokenizer
-    from packing.shards import write_shard
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from manifests.conversation import read_image
     from ovpipe.config import load_config
+    from packing.lengths import LengthsConfig, read_samples
+    from packing.shards import write_shard
+    from packing.tokens import encode_conversation, image_grid, load_tokenizer
 
     lcfg = load_config(LengthsConfig, json.loads((task.run_dir / cfg.lengths_step / "config.json").read_text()))
+    img_cfg = lcfg.image_cfg()
     tok = load_tokenizer(lcfg.tokenizer)
-    need = set(s for ids in packs.column("sample_ids").to_pylist() for s in ids)
-    samples = task.read_input("samples", columns=["sample_id", "shard", "shard_format", "offset", "size",
-                                                  "image_format", "width", "height", "caption", "status"])
+    need = pa.array(sorted({s for ids in packs.column("sample_ids").to_pylist() for s in ids}), pa.string())
+    lengths = task.read_input("lengths", step=cfg.lengths_step, columns=["sample_id", "turns_kept", "status"])
+    lengths = lengths.filter(pc.is_in(lengths.column("sample_id"), value_set=need))
+    kept_turns = {}
+    for s, k, st in zip(*(lengths.column(c).to_pylist() for c in ("sample_id", "turns_kept", "status"))):
+        if st in PACKABLE:
+            kept_turns.setdefault(s, k)
+    samples = read_samples(task, lcfg.samples_steps, ["sample_id", "status", "conversation", "images"], whole=True)
+    samples = samples.filter(pc.and_(pc.is_in(samples.column("sample_id"), value_set=need),
+                                     pc.equal(samples.column("status"), "ok")))
     rows = {}
     for r in samples.to_pylist():
-        if r["sample_id"] in need and r["status"] == "ok" and r["sample_id"] not in rows:
-            rows[r["sample_id"]] = r
+        rows.setdefault(r["sample_id"], r)
     entries, shard = [], None
     for p in packs.to_pylist():
-        ids, mask, images, exts, grids = [], [], [], [], []
+        ids, mask, images, exts, grids, counts = [], [], [], [], [], []
         for s, want in zip(p["sample_ids"], p["lengths"]):
-            r = rows[s]
-            a, m, _ = encode_sample(tok, r["caption"], r["height"], r["width"], lcfg.template,
-                                    lcfg.image_cfg(), max_tokens=want)
-            if len(a) != want:
-                raise RuntimeError(f"sample {s}: encoded {len(a)} tokens but lengths says {want} — "
-                                   f"tokenizer or template changed since `lengths` ran?")
+            r = rows.get(s)
+            if r is None:
+                raise RuntimeError(f"sample {s}: no ok row in the samples manifests of {lcfg.samples_steps} — "
+                                   f"were the ingest steps re-run after `{cfg.lengths_step}`?")
+            turns = [(t["role"], t["text"] or "") for t in r["conversation"]]
+            addrs = r["images"] or []
+            a, m, pads, kept = encode_conversation(tok, turns, [(x["height"], x["width"]) for x in addrs], img_cfg,
+                                                   max_tokens=want, caption_prompt=lcfg.caption_prompt)
+            if len(a) != want or kept != kept_turns.get(s, kept):
+                raise RuntimeError(f"sample {s}: encoded {len(a)} tokens ({kept} turns) but lengths says {want} "
+                                   f"({kept_turns.get(s)} turns) — tokenizer or template changed since `lengths` ran?")
             ids.append(a)
             mask.append(m)
-            images.append(read_image_bytes(r))
-            exts.append({"jpeg": "jpg"}.get(r["image_format"], r["image_format"] or "bin"))
-            gh, gw = image_grid(np.array([r["height"]]), np.array([r["width"]]), lcfg.image_cfg())
-            grids.append((int(gh[0]), int(gw[0])))
+            addrs = addrs[:len(pads)]  # the images of the kept turns, in placeholder order
+            counts.append(len(addrs))
+            for x in addrs:
+                images.append(read_image(x))
+                exts.append({"jpeg": "jpg"}.get(x["format"], x["format"] or "bin"))
+            if addrs:
+                gh, gw = image_grid(np.array([x["height"] for x in addrs]), np.array([x["width"] for x in addrs]),
+                                    img_cfg)
+                grids.extend((int(h), int(w)) for h, w in zip(gh, gw))
         e = {"pack_id": p["pack_id"], "sample_ids": p["sample_ids"], "lengths": p["lengths"],
              "offsets": p["offsets"], "seq_len": cfg.seq_len, "ids": np.concatenate(ids),
-             "mask": np.concatenate(mask), "images": images, "exts": exts, "grids": grids}
+             "mask": np.concatenate(mask), "images": images, "exts": exts, "grids": grids, "image_counts": counts}
         if shard is not None and p["shard"] != shard:
             write_shard(task.data_path(shard), entries)
             entries = []

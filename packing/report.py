@@ -54,7 +54,8 @@ def packing_report(cfg, task) -> dict:
     plt.hist(fill, bins=50, range=(min(0.5, float(fill.min()) if len(fill) else 0.5), 1.0), color="#3b6ea5")
     plt.xlabel("bin fill (tokens / seq_len)")
     plt.ylabel("bins")
-    plt.yscale("log")
+    if len(totals):
+        plt.yscale("log")
     plt.title(f"{len(totals)} bins, fill {ours['fill_rate']:.4%}, LB {lb}")
     plt.tight_layout()
     plt.savefig(task.step_dir / "fill_histogram.png", dpi=110)
@@ -64,7 +65,7 @@ def packing_report(cfg, task) -> dict:
              f"(lower bound {lb}; bins/LB = {fig['bins_over_lower_bound']:.6f}).", "",
              "| packer | bins | fill rate | padding tokens | our padding is … less |", "| --- | ---: | ---: | ---: | ---: |",
              f"| ovpipe BFD (hash buckets) | {ours['bins']} | {ours['fill_rate']:.4%} | {ours['padding_tokens']} | 1× |",
-             f"| pad every sample to seq_len | {n_items} | {tokens / (n_items * C):.4%} | {pad_every} | "
+             f"| pad every sample to seq_len | {n_items} | {tokens / max(n_items * C, 1):.4%} | {pad_every} | "
              f"{fig['padding_vs_pad_to_seq_len']:.1f}× |"]
     for B, f in online.items():
         lines.append(f"| online buffer B={B} | {f['bins']} | {f['fill_rate']:.4%} | {f['padding_tokens']} | "

@@ -52,21 +52,22 @@ def build_tiny_tokenizer(texts: Iterable[str], out: Path, vocab_size: int = 512)
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", required=True)
-    p.add_argument("--run-dir", help="train on the captions of this run's samples manifest")
+    p.add_argument("--run-dir", help="train on the conversation texts of every samples manifest of this run")
     p.add_argument("--vocab-size", type=int, default=512)
     a = p.parse_args(argv)
     texts: list[str] = []
     if a.run_dir:
         from manifests import read_manifest
 
-        t = read_manifest(a.run_dir, "samples", columns=["caption", "status"])
-        texts = [c for c, s in zip(t.column("caption").to_pylist(), t.column("status").to_pylist())
-                 if s == "ok" and c]
+        t = read_manifest(a.run_dir, "samples", columns=["conversation", "status"])
+        texts = [turn["text"].replace("<image>", "") for conv, s in
+                 zip(t.column("conversation").to_pylist(), t.column("status").to_pylist())
+                 if s == "ok" for turn in conv or [] if turn["text"]]
     if (Path(a.out) / "tokenizer.json").exists():
         print(f"tokenizer exists: {a.out}")
         return 0
     build_tiny_tokenizer(texts, Path(a.out), a.vocab_size)
-    print(f"tiny tokenizer ({a.vocab_size} ids) trained on {len(texts)} captions → {a.out}")
+    print(f"tiny tokenizer ({a.vocab_size} ids) trained on {len(texts)} conversation turns → {a.out}")
     return 0
 
 

@@ -1,6 +1,5 @@
 """lengths + pack on the demo run folder: determinism, copies, shards the loader reads back."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,7 +34,9 @@ def test_lengths_statuses_and_sum(packed_run):
     for r in t:
         assert r["total_tokens"] == r["text_tokens"] + r["image_tokens"]
         if r["status"] != "ok":
-            assert r["total_tokens"] == 0
+            assert r["total_tokens"] == r["target_tokens"] == 0
+        else:  # a caption pair: "<image>Describe the image." → caption + <|im_end|>
+            assert 1 < r["target_tokens"] < r["text_tokens"] and r["turns_kept"] == 2
 
 
 def test_packs_cover_every_sample_once_and_respect_capacity(packed_run):
@@ -68,7 +69,8 @@ def test_loader_sequence_equals_manifest_for_every_pack(packed_run):
             assert seq.sample_ids == p["sample_ids"]
             assert seq.cu_seqlens.tolist() == [*p["offsets"], p["total_tokens"]]
             assert (seq.position_ids[seq.cu_seqlens[:-1]] == 0).all()
-            assert len(seq.images) == len(seq.sample_ids) == len(seq.image_grids)
+            assert len(seq.images) == len(seq.sample_ids) == len(seq.image_grids)  # caption pairs: one image each
+            assert seq.images_per_sample == [1] * len(seq.sample_ids)
             assert seq.loss_mask.sum() > 0
             seen += 1
     assert seen == len(manifest)
@@ -127,8 +129,6 @@ def test_too_long_and_truncate(packed_run, tmp_path):
     assert main(["lengths", "--set", f"tokenizer={tok}", "--set", "seq_len=128", "--set", "on_too_long=truncate",
                  "--run-dir", str(run2), "--quiet"]) == 0
     rows2 = {r["sample_id"]: r for r in read_manifest(run2, "lengths").to_pylist()}
-    for r in long:
-        r2 = rows2[r["sample_id"]]
-        assert r2["status"] in ("truncated", "too_long")
-        if r2["status"] == "truncated":
-            assert r2["total_tokens"] == 128
+    for r in long:  # truncate cuts whole turn pairs only: a caption pair is one pair, so it stays too long
+        assert rows2[r["sample_id"]]["status"] == "too_long"
+        assert "first turn pair" in rows2[r["sample_id"]]["error"]
