@@ -14,6 +14,7 @@ generator drew (``ground_truth.parquet``), before and after training:
 from __future__ import annotations
 
 import io
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,7 @@ class DemoClipConfig:
     k: int = 5
     seed: int = 0
     threads: int = 2
+    samples_step: str = "ingest"
 
     def __post_init__(self):
         if not self.ground_truth or not self.vocabulary:
@@ -86,7 +88,7 @@ def run(cfg: DemoClipConfig, task: TaskContext) -> None:
     register_configs()
     net, _, preprocess = open_clip.create_model_and_transforms(cfg.model, pretrained=None)
     tokenizer = open_clip.get_tokenizer(cfg.model)
-    samples = [r for r in task.read_input("samples").to_pylist() if r["status"] == "ok"]
+    samples = [r for r in task.read_input("samples", step=cfg.samples_step).to_pylist() if r["status"] == "ok"]
     gt = {r["sample_id"]: r["concept_ids"] for r in pq.read_table(cfg.ground_truth).to_pylist()}
     samples = [r for r in samples if r["sample_id"] in gt]
     _, vocab = read_vocabulary(cfg.vocabulary)
@@ -110,7 +112,8 @@ def run(cfg: DemoClipConfig, task: TaskContext) -> None:
     g = torch.Generator().manual_seed(cfg.seed)
     net.train()
     losses = []
-    with task.stats.timer("train"):
+    with task.stats.timer("train"), task.progress(cfg.steps, unit="step", desc="demo-clip train") as bar:
+        t_start = time.perf_counter()
         for step in range(cfg.steps):
             idx = torch.randperm(len(samples), generator=g)[: cfg.batch_size]
             coin = torch.rand(len(idx), generator=g)
@@ -129,6 +132,8 @@ def run(cfg: DemoClipConfig, task: TaskContext) -> None:
             with torch.no_grad():
                 net.logit_scale.clamp_(0, np.log(100))
             losses.append(float(loss.detach()))
+            bar.update(1, loss=losses[-1],
+                       samples_per_s=(step + 1) * cfg.batch_size / (time.perf_counter() - t_start))
     after = evaluate(net, tokenizer, images, truth, vocab, cfg.k)
     ckpt = task.data_path("tiny-clip.pt")
     tmp = ckpt.with_name(".tmp-" + ckpt.name)

@@ -24,6 +24,7 @@ class EmbedImagesConfig:
     batch_size: int = 256
     decode_workers: int = 8
     device: str = "auto"
+    samples_step: str = "ingest"               # the ingest step folder whose images are embedded
 
     def __post_init__(self):
         if self.batch_size < 1 or self.decode_workers < 1:
@@ -79,8 +80,12 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     from curation.clip import load_clip
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    samples = task.read_input_slice("samples", columns=["sample_id", "shard", "shard_format", "offset", "size",
-                                                        "status", "error"]).to_pylist()
+    samples = task.read_input_slice("samples", step=cfg.samples_step,
+                                    columns=["sample_id", "shard", "shard_format", "offset", "size", "images",
+                                             "status", "error"]).to_pylist()
+    for r in samples:   # curation embeds a sample's first image; a text-only sample has none
+        if r["status"] == "ok" and not r["images"]:
+            r["status"], r["error"] = "no_image", "text-only sample: nothing to embed"
     ok_rows = [r for r in samples if r["status"] == "ok"]
     for r in samples:
         if r["status"] != "ok":

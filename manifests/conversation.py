@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 import pyarrow as pa
@@ -143,20 +144,44 @@ def read_image(addr: dict) -> bytes:
         with open(addr["file"], "rb") as f:
             return f.read()
     if container == "parquet":
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(addr["file"])
-        idx = int(addr["offset"])
-        for rg in range(pf.num_row_groups):
-            n = pf.metadata.row_group(rg).num_rows
-            if idx < n:
-                v = pf.read_row_group(rg, columns=[addr["column"]]).column(0)[idx].as_py()
-                if int(addr.get("index", -1)) >= 0:
-                    v = v[int(addr["index"])]
-                return image_value_bytes(v)
-            idx -= n
-        raise IndexError(f"{addr['file']}: row {addr['offset']} out of range")
+        rg, idx = _row_group_of(addr["file"], int(addr["offset"]))
+        v = _row_group_column(addr["file"], rg, addr["column"])[idx].as_py()
+        if int(addr.get("index", -1)) >= 0:
+            v = v[int(addr["index"])]
+        return image_value_bytes(v)
     raise ValueError(f"unknown image container {container!r}")
+
+
+@lru_cache(maxsize=64)
+def _row_group_starts(path: str) -> tuple[int, ...]:
+    import pyarrow.parquet as pq
+
+    md = pq.ParquetFile(path).metadata
+    starts, n = [], 0
+    for rg in range(md.num_row_groups):
+        starts.append(n)
+        n += md.row_group(rg).num_rows
+    return tuple(starts) + (n,)
+
+
+def _row_group_of(path: str, row: int) -> tuple[int, int]:
+    import bisect
+
+    starts = _row_group_starts(path)
+    if not 0 <= row < starts[-1]:
+        raise IndexError(f"{path}: row {row} out of range (0..{starts[-1] - 1})")
+    rg = bisect.bisect_right(starts, row) - 1
+    return rg, row - starts[rg]
+
+
+# Readers go through a source in row order (the shard writer, embedding), so the last row groups
+# read stay cached: one Parquet read per row group, not one per image. Two keep memory bounded
+# (a FineVision row group of images can be hundreds of MB).
+@lru_cache(maxsize=2)
+def _row_group_column(path: str, rg: int, column: str):
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).read_row_group(rg, columns=[column]).column(0)
 
 
 def image_value_bytes(v) -> bytes:

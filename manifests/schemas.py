@@ -31,7 +31,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("source", pa.string()),
         ("shard", pa.string()),
         ("key", pa.string()),
-        ("shard_format", pa.string()),      # "tar" | "parquet"
+        ("shard_format", pa.string()),      # "tar" | "parquet" | "json": the kind of file the sample came from
         ("offset", pa.int64()),             # tar: byte offset of the image member data; parquet: row index
         ("size", pa.int64()),               # tar: image byte size; parquet: image byte size
         ("image_format", pa.string()),

@@ -145,8 +145,11 @@ def cmd_status(args) -> int:
 
 def cmd_demo_data(args) -> int:
     from ovpipe.demo import write_demo_corpus
+    from ovpipe.demo_conversations import write_demo_conversations
 
     info = write_demo_corpus(Path(args.out), n_samples=args.samples, seed=args.seed, shards=args.shards)
+    if not args.no_conversations:
+        info["conversations"] = write_demo_conversations(Path(args.out), seed=args.seed)
     print(json.dumps(info, indent=2))
     return 0
 
@@ -190,11 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run_dir")
     sp.set_defaults(func=cmd_status)
 
-    sp = sub.add_parser("demo-data", help="write the synthetic demo corpus (webdataset shards + concept vocabulary)")
+    sp = sub.add_parser("demo-data", help="write the synthetic demo corpus (caption shards + concept vocabulary, "
+                                          "LLaVA-558K-style JSON, LLaVA JSON + FineVision instruction sets)")
     sp.add_argument("--out", required=True)
     sp.add_argument("--samples", type=int, default=2000)
     sp.add_argument("--shards", type=int, default=4)
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--no-conversations", action="store_true",
+                    help="only the caption shards (skip the LLaVA-558K-style and instruction sets)")
     sp.set_defaults(func=cmd_demo_data)
 
     sp = sub.add_parser("pretrain", help="three-stage megatron-core training (see `ovpipe pretrain --help`)",

@@ -11,6 +11,9 @@ names them. ``ground_truth.parquet`` records what was drawn, so retrieval can be
 A few samples are broken on purpose, so every stage's bad-input path runs on the demo:
 a truncated JPEG, a zero-byte image, an empty caption, a non-UTF-8 caption, and one exact
 duplicate of another sample. Everything is deterministic for a seed (tar mtimes fixed).
+
+The conversation sets (LLaVA-558K-style JSON, the LLaVA JSON + FineVision instruction set) are
+written by ``ovpipe.demo_conversations`` from their own RNG streams, so this corpus is unchanged.
 """
 from __future__ import annotations
 

@@ -36,3 +36,35 @@ def test_light_packages_do_not_import_torch():
             "bad = [m for m in ('torch', 'open_clip', 'megatron', 'faiss') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _tree_digest(root):
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_demo_data_cli_writes_conversation_sets_deterministically(tmp_path):
+    """`ovpipe demo-data` writes the caption shards as before plus the LLaVA-558K-style and
+    instruction sets, byte-identical for a seed; the caption shards do not change with them."""
+    import json
+
+    from ovpipe.cli import main
+    from ovpipe.demo import write_demo_corpus
+
+    for d in ("a", "b"):
+        assert main(["demo-data", "--out", str(tmp_path / d), "--samples", "40", "--shards", "2", "--seed", "5"]) == 0
+    a, b = _tree_digest(tmp_path / "a"), _tree_digest(tmp_path / "b")
+    assert a == b
+    assert {"llava-558k/blip_laion_cc_sbu_558k.json", "instruct/llava/instruct.json",
+            "instruct/finevision/train-00000.parquet"} <= set(a)
+    assert sum(k.startswith("llava-558k/images/") for k in a) >= 290
+    write_demo_corpus(tmp_path / "c", n_samples=40, seed=5, shards=2)   # the caption corpus alone
+    c = _tree_digest(tmp_path / "c")
+    assert {k: a[k] for k in c} == c
+    recs = json.loads((tmp_path / "a" / "instruct" / "llava" / "instruct.json").read_text())
+    assert len(recs) == 300 and any(len(r.get("images", [])) == 2 for r in recs)
+    assert any("image" not in r and "images" not in r for r in recs)       # text-only samples
+    fv = pq.read_table(tmp_path / "a" / "instruct" / "finevision" / "train-00000.parquet")
+    assert fv.num_rows == 200 and {"images", "texts", "source", "relevance_ratings", "formatting_ratings",
+                                   "image_correspondence_ratings", "visual_dependency_ratings"} <= set(fv.column_names)
+    assert set(fv.column("source").to_pylist()) == {"counting", "color", "position", "comparison", "text"}

@@ -1,0 +1,356 @@
+"""Input formats of ``ingest``: one adapter per published layout, each turning one input file
+into ``RawSample``s (key, turns, images with their bytes read once, category, ratings, and any
+problem found while parsing). ``curation.ingest`` turns those into ``samples`` rows.
+
+Formats (config ``format``; ``auto`` picks by extension, then by Parquet columns / JSON keys):
+
+=================== ============ ========================================================================
+format              files        layout
+=================== ============ ========================================================================
+webdataset          .tar         ``key.jpg`` + ``key.txt``: a caption pair (image container ``tar``)
+caption-parquet     .parquet     ``image`` (binary / ``{bytes, path}``) + ``caption`` columns
+llava-json          .json/.jsonl ``{"id", "image" | "images", "conversations": [{"from", "value"}]}``
+llava-ov-parquet    .parquet     ``conversations`` (list<struct<from,value>> or JSON text) + image column(s)
+finevision          .parquet     ``images: list<{bytes,path}>``, ``texts: list<{user,assistant}>``,
+                                 ``source``, ``*_ratings: list<int>`` (kept in ``turn_ratings``)
+messages            .parquet,    ``messages: [{"role", "content": str | [{"type": "image"} |
+                    .json/.jsonl {"type": "text", "text"}]}]`` + ``images`` (bytes / struct / paths)
+=================== ============ ========================================================================
+
+Auto by Parquet columns: ``texts`` + ``images`` → finevision; ``messages`` → messages;
+``conversations`` → llava-ov-parquet; else caption-parquet. Auto for JSON decides per record:
+a ``messages`` key → messages, else llava-json.
+
+Images: a path (JSON, or an HF ``{bytes: null, path}`` struct) is relative to ``image_root``
+(default: the folder of the file naming it), container ``file``; bytes inside a Parquet cell are
+addressed as container ``parquet`` with column, row and list index, so ``read_image`` finds them
+again. Every image is read once here; ``ingest`` hashes and inspects those bytes.
+
+Turns: a LLaVA turn is ``{"from", "value"}``; ``{"role", "content"}`` is accepted as the same
+thing (some LLaVA-style exports spell turns that way), plus any key in config ``extra_turn_keys``.
+Any other key holding a value is ``unexpected_key`` (the published LLaVA-OneVision-1.5 instruct
+data has a turn with a ``markdown`` key); null-valued keys are ignored, since a Parquet struct
+column gives every row every field. A messages turn is ``{"role", "content"}`` likewise.
+FineVision user texts carry no ``<image>`` placeholder: one ``<image>\\n`` per image is prepended
+to the first user turn (a literal ``<image>`` already in the text then makes ``image_mismatch``).
+A FineVision pair whose assistant is null contributes only its user turn.
+
+Work split: an input file is cut into units — a JSON file into chunks of ``JSON_CHUNK_ROWS``
+records, a Parquet file into row groups, a tar into one unit — and ``take(unit)`` says whether
+this task handles it, so one big file still spreads over tasks. Keys never depend on the split.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from manifests.conversation import IMAGE_TOKEN, caption_turns, normalise_role
+
+FORMATS = ("auto", "webdataset", "caption-parquet", "llava-json", "llava-ov-parquet", "finevision", "messages")
+JSON_EXTS = (".json", ".jsonl")
+JSON_CHUNK_ROWS = 1024          # records per work unit of a JSON file
+PARQUET_BATCH_ROWS = 256        # rows decoded at a time inside a row group (images are large)
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif")
+CAPTION_EXTS = ("txt", "caption")
+LLAVA_TURN_KEYS = frozenset({"from", "value", "role", "content"})
+MESSAGE_KEYS = frozenset({"role", "content"})
+BAD_ROW_PREFIX = b"\x00ovbad\x00"  # a bad row's id hashes its raw text behind this (never a real conversation)
+
+Take = Callable[[int], bool]
+
+
+class BadRow(ValueError):
+    """A record that cannot be read as a conversation (malformed JSON, wrong types)."""
+
+
+@dataclass
+class ImageRef:
+    """One image of a sample: its address (``IMAGE_ADDRESS`` fields file/container/offset/column/
+    index; ingest adds size/format/width/height) and its bytes, read once. ``data is None``: the
+    image is missing (``error`` says why). ``addr is None``: nothing to point at (a tar sample
+    without an image member) — counted as missing, not listed in ``images``."""
+
+    addr: dict | None
+    data: bytes | None
+    error: str | None = None
+
+
+@dataclass
+class RawSample:
+    key: str
+    turns: list[tuple[str, str]]
+    images: list[ImageRef] = field(default_factory=list)
+    category: str | None = None                       # from the row (category / data_source / source)
+    ratings: list[tuple[str, list]] | None = None     # FineVision: [(name, per-turn ratings)], sorted
+    format_status: tuple[str, str] | None = None      # bad_row | unexpected_key, found while parsing
+    text_status: tuple[str, str] | None = None        # caption sources: missing/empty caption, bad encoding
+    encoded: bytes | None = None                      # hashed in place of the conversation (captions, bad rows)
+    caption: str | None = None                        # caption sources: the decoded, stripped caption
+    caption_source: bool = False
+
+
+# ------------------------------------------------------------------------------------------------
+# Images
+
+
+def image_address(file: str, container: str, offset: int = 0, column: str | None = None, index: int = -1) -> dict:
+    return {"file": file, "container": container, "offset": offset, "column": column, "index": index}
+
+
+def file_image(path: str, root: str) -> ImageRef:
+    """An image file named by ``path`` (relative to ``root`` unless absolute)."""
+    full = path if os.path.isabs(path) else os.path.normpath(os.path.join(root, path))
+    addr = image_address(full, "file")
+    try:
+        with open(full, "rb") as f:
+            return ImageRef(addr, f.read())
+    except OSError as e:  # not found, a folder, unreadable: the sample's image is missing
+        return ImageRef(addr, None, f"image file {full}: {e.strerror or type(e).__name__}")
+
+
+def cell_image(v, path: str, row: int, column: str, index: int, root: str) -> ImageRef:
+    """A Parquet image cell: binary, the HF ``Image`` struct ``{bytes, path}``, or a path string."""
+    addr = image_address(path, "parquet", row, column, index)
+    where = f"{column}[{index}]" if index >= 0 else column
+    if isinstance(v, dict):
+        if v.get("bytes") is not None:
+            return ImageRef(addr, bytes(v["bytes"]))
+        if v.get("path"):
+            return file_image(v["path"], root)
+        return ImageRef(addr, None, f"{where}: neither bytes nor path")
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return ImageRef(addr, bytes(v))
+    if isinstance(v, str):
+        return file_image(v, root)
+    if v is None:
+        return ImageRef(addr, None, f"{where} is null")
+    raise BadRow(f"{where}: an image cell of type {type(v).__name__}")
+
+
+def is_image_type(t) -> bool:
+    """Arrow types an image column holds: binary, a struct with ``bytes``, or a list of those."""
+    import pyarrow as pa
+
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = t.value_type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return True
+    return pa.types.is_struct(t) and t.get_field_index("bytes") >= 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Turns
+
+
+def _unexpected(d: dict, allowed: frozenset, extra: frozenset, where: str, expected: str) -> tuple[str, str] | None:
+    bad = sorted(str(k) for k, v in d.items() if v is not None and k not in allowed and k not in extra)
+    if bad:
+        return "unexpected_key", f"{where} has key(s) {bad} (expected {expected})"
+    return None
+
+
+def llava_turns(convs, extra_keys: frozenset) -> tuple[list[tuple[str, str]], tuple[str, str] | None]:
+    """LLaVA ``conversations`` (a list, or its JSON text) → (turns, unexpected_key problem or None)."""
+    if isinstance(convs, str):
+        try:
+            convs = json.loads(convs)
+        except ValueError as e:
+            raise BadRow(f"conversations: not valid JSON ({e})") from None
+    if not isinstance(convs, list):
+        raise BadRow(f"conversations: expected a list of turns, got {type(convs).__name__}")
+    turns, problem = [], None
+    for i, t in enumerate(convs):
+        if not isinstance(t, dict):
+            raise BadRow(f"conversations[{i}]: expected an object, got {type(t).__name__}")
+        problem = problem or _unexpected(t, LLAVA_TURN_KEYS, extra_keys, f"conversations[{i}]", "from/value")
+        role = t.get("from") if t.get("from") is not None else t.get("role")
+        text = t.get("value") if t.get("value") is not None else t.get("content")
+        if not isinstance(text, (str, type(None))):
+            raise BadRow(f"conversations[{i}].value: expected a string, got {type(text).__name__}")
+        turns.append((normalise_role(role), text or ""))
+    return turns, problem
+
+
+def message_turns(messages, extra_keys: frozenset) -> tuple[list[tuple[str, str]], tuple[str, str] | None]:
+    """Chat ``messages`` → (turns, problem): image parts become ``<image>`` in place, text parts
+    are concatenated as the chat templates render them (no separator)."""
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except ValueError as e:
+            raise BadRow(f"messages: not valid JSON ({e})") from None
+    if not isinstance(messages, list):
+        raise BadRow(f"messages: expected a list, got {type(messages).__name__}")
+    turns, problem = [], None
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise BadRow(f"messages[{i}]: expected an object, got {type(m).__name__}")
+        problem = problem or _unexpected(m, MESSAGE_KEYS, extra_keys, f"messages[{i}]", "role/content")
+        content = m.get("content")
+        if content is None or isinstance(content, str):
+            text = content or ""
+        elif isinstance(content, list):
+            pieces = []
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "image":
+                    pieces.append(IMAGE_TOKEN)
+                elif kind == "text" and isinstance(part.get("text"), str):
+                    pieces.append(part["text"])
+                else:
+                    raise BadRow(f"messages[{i}].content[{j}]: expected {{type: image}} or {{type: text, text}}, "
+                                 f"got {str(part)[:80]}")
+            text = "".join(pieces)
+        else:
+            raise BadRow(f"messages[{i}].content: expected a string or a list of parts, got {type(content).__name__}")
+        turns.append((normalise_role(m.get("role")), text))
+    return turns, problem
+
+
+def finevision_turns(texts, n_images: int) -> list[tuple[str, str]]:
+    if not isinstance(texts, list) or not texts:
+        raise BadRow(f"texts: expected a non-empty list of {{user, assistant}}, got {str(texts)[:80]}")
+    turns = []
+    for i, t in enumerate(texts):
+        if not isinstance(t, dict) or not isinstance(t.get("user"), str):
+            raise BadRow(f"texts[{i}]: expected {{user: string, assistant}}, got {str(t)[:80]}")
+        user = t["user"] if i else "<image>\n" * n_images + t["user"]
+        turns.append(("user", user))
+        if t.get("assistant") is not None:
+            if not isinstance(t["assistant"], str):
+                raise BadRow(f"texts[{i}].assistant: expected a string")
+            turns.append(("assistant", t["assistant"]))
+    return turns
+
+
+def row_category(rec: dict) -> str | None:
+    for k in ("category", "data_source"):
+        if isinstance(rec.get(k), str) and rec[k]:
+            return rec[k]
+    return None
+
+
+def bad_row(key: str, raw: bytes, error: str) -> RawSample:
+    return RawSample(key, [], format_status=("bad_row", error[:300]), encoded=BAD_ROW_PREFIX + raw)
+
+
+# ------------------------------------------------------------------------------------------------
+# Format detection and the adapter table
+
+
+def detect_format(path: str, fmt: str, caption_column: str = "caption") -> str:
+    """The adapter for ``path``: ``fmt`` checked against the file type, or picked when ``auto``
+    (``json-auto``: decided per JSON record)."""
+    ext = os.path.splitext(path)[1].lower()
+    kind = "tar" if ext == ".tar" else "parquet" if ext == ".parquet" else "json" if ext in JSON_EXTS else None
+    if kind is None:
+        raise ValueError(f"ingest: {path}: unknown input type {ext!r} (expected .tar, .parquet, .json or .jsonl)")
+    fits = {"webdataset": ("tar",), "caption-parquet": ("parquet",), "llava-json": ("json",),
+            "llava-ov-parquet": ("parquet",), "finevision": ("parquet",), "messages": ("parquet", "json")}
+    if fmt != "auto":
+        if kind not in fits[fmt]:
+            raise ValueError(f"ingest: format={fmt} cannot read {path} (a {kind} file)")
+        return fmt
+    if kind == "tar":
+        return "webdataset"
+    if kind == "json":
+        return "json-auto"
+    import pyarrow.parquet as pq
+
+    names = set(pq.read_schema(path).names)
+    if {"texts", "images"} <= names:
+        return "finevision"
+    if "messages" in names:
+        return "messages"
+    if "conversations" in names:
+        return "llava-ov-parquet"
+    if caption_column in names:
+        return "caption-parquet"
+    raise ValueError(f"ingest: {path}: cannot tell the format from its columns {sorted(names)}; set `format`")
+
+
+def adapter(fmt: str, path: str) -> Callable[..., Iterator[RawSample]]:
+    """``adapter(fmt, path)(path, cfg, take)`` yields the file's samples in the units ``take`` accepts."""
+    from curation import formats_json, formats_parquet
+
+    if fmt == "webdataset":
+        return read_webdataset
+    if fmt in ("llava-json", "json-auto") or (fmt == "messages" and not path.endswith(".parquet")):
+        return formats_json.read_json
+    return {"caption-parquet": formats_parquet.read_caption_parquet,
+            "llava-ov-parquet": formats_parquet.read_llava_parquet,
+            "finevision": formats_parquet.read_finevision,
+            "messages": formats_parquet.read_messages_parquet}[fmt]
+
+
+# ------------------------------------------------------------------------------------------------
+# webdataset tar: caption pairs
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """webdataset convention: ``dir/key.ext.more`` → (``dir/key``, ``ext.more``)."""
+    d, base = os.path.split(name)
+    stem, _, ext = base.partition(".")
+    return (f"{d}/{stem}" if d else stem), ext.lower()
+
+
+def iter_tar(path: str) -> Iterator[dict]:
+    """Samples of a webdataset tar: key → {ext: (offset, size)}; consecutive members share a key."""
+    import tarfile
+
+    current, members = None, {}
+    with tarfile.open(path, "r:") as tf:
+        for m in tf:
+            if not m.isfile():
+                continue
+            key, ext = split_key(m.name)
+            if key != current and current is not None:
+                yield {"key": current, "members": members}
+                members = {}
+            current = key
+            members[ext] = (m.offset_data, m.size)
+    if current is not None:
+        yield {"key": current, "members": members}
+
+
+def decode_caption(raw: bytes | None) -> tuple[str | None, str | None, str | None]:
+    """(caption, status, error); status None when the caption is fine."""
+    if raw is None:
+        return None, "missing_caption", "no caption member"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return raw.decode("utf-8", errors="replace"), "bad_caption_encoding", f"not UTF-8: {e}"[:300]
+    if not text.strip():
+        return text, "empty_caption", "caption is empty"
+    return text.strip(), None, None
+
+
+def caption_sample(key: str, image: ImageRef, raw_cap: bytes | None) -> RawSample:
+    """A caption pair; its id hashes the caption bytes exactly as stored (the pre-conversation rule)."""
+    caption, status, error = decode_caption(raw_cap)
+    return RawSample(key, caption_turns(caption or ""), [image], text_status=(status, error) if status else None,
+                     encoded=raw_cap or b"", caption=caption, caption_source=True)
+
+
+def read_webdataset(path: str, cfg, take: Take) -> Iterator[RawSample]:
+    if not take(0):
+        return
+    with open(path, "rb") as f:
+        for s in iter_tar(path):
+            mem = s["members"]
+            img_ext = next((e for e in IMAGE_EXTS if e in mem), None)
+            cap_ext = next((e for e in CAPTION_EXTS if e in mem), None)
+            raw_cap = None
+            if cap_ext:
+                f.seek(mem[cap_ext][0])
+                raw_cap = f.read(mem[cap_ext][1])
+            if img_ext is None:
+                image = ImageRef(None, None, f"no image member ({'/'.join(IMAGE_EXTS)})")
+            else:
+                offset, size = mem[img_ext]
+                f.seek(offset)
+                image = ImageRef(image_address(path, "tar", offset), f.read(size))
+            yield caption_sample(s["key"], image, raw_cap)

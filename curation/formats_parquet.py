@@ -1,0 +1,150 @@
+"""Parquet inputs of ``ingest``: caption pairs, LLaVA-OneVision-style conversations, FineVision,
+and the chat ``messages`` layout.
+
+A file is read one row group at a time (the work unit ``take`` decides on), ``PARQUET_BATCH_ROWS``
+rows decoded at once, only the columns the layout needs. Keys are the row index in the file
+(``%09d``, as caption Parquet always had). Image bytes in a cell are addressed as container
+``parquet`` (column, row, list index); an HF ``{bytes: null, path}`` struct as the image file it
+names, relative to ``image_root`` (default: the Parquet file's folder).
+
+- caption-parquet: ``image_column`` + ``caption_column``; a null image cell is ``empty_image``
+  (as before conversations existed); ids keep the image bytes + raw caption bytes rule.
+- llava-ov-parquet: ``conversations`` + image columns (config ``image_columns``; default: every
+  column whose type holds images — binary, a struct with ``bytes``, or a list of those — in schema
+  order). A null scalar image cell means "no image" (text-only rows); a null list element is a
+  missing image. Category: the ``category`` or ``data_source`` column.
+- finevision: ``images``, ``texts``, ``source`` (→ category), every ``*_ratings`` column kept in
+  ``turn_ratings`` under its name without ``_ratings``.
+- messages: ``messages`` + ``images``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+from curation.formats import (PARQUET_BATCH_ROWS, BadRow, ImageRef, RawSample, Take, bad_row, caption_sample,
+                              cell_image, finevision_turns, image_address, is_image_type, llava_turns,
+                              message_turns, row_category)
+
+
+def iter_rows(path: str, columns: list[str], take: Take) -> Iterator[tuple[int, dict]]:
+    """``(row index in the file, {column: value})`` of the row groups ``take`` accepts."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    base = 0
+    for rg in range(pf.num_row_groups):
+        n = pf.metadata.row_group(rg).num_rows
+        if take(rg):
+            idx = base
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=[rg], columns=columns):
+                cols = {name: batch.column(name).to_pylist() for name in columns}
+                for j in range(batch.num_rows):
+                    yield idx, {name: cols[name][j] for name in columns}
+                    idx += 1
+        base += n
+
+
+def _schema(path: str):
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(path)
+
+
+def _require(path: str, names: list[str], have: list[str], hint: str) -> None:
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise ValueError(f"{path}: no column(s) {missing} (columns: {have}); {hint}")
+
+
+def _raw(row: dict) -> bytes:
+    """A bad row's id source: the row as JSON, image bytes by their hash."""
+    import json
+
+    import xxhash
+
+    def enc(o):
+        return xxhash.xxh3_64_hexdigest(bytes(o)) if isinstance(o, (bytes, bytearray, memoryview)) else repr(o)
+
+    return json.dumps(row, sort_keys=True, default=enc).encode()
+
+
+def _cell_images(v, path: str, row: int, column: str, root: str, scalar_null_is_none: bool) -> list[ImageRef]:
+    if isinstance(v, list):
+        return [cell_image(x, path, row, column, j, root) for j, x in enumerate(v)]
+    if v is None and scalar_null_is_none:
+        return []
+    return [cell_image(v, path, row, column, -1, root)]
+
+
+def read_caption_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
+    from manifests.conversation import image_value_bytes
+
+    have = _schema(path).names
+    _require(path, [cfg.image_column, cfg.caption_column], have, "set image_column/caption_column in the ingest config")
+    for idx, row in iter_rows(path, [cfg.image_column, cfg.caption_column], take):
+        cap = row[cfg.caption_column]
+        raw_cap = cap.encode() if isinstance(cap, str) else cap
+        try:
+            img = image_value_bytes(row[cfg.image_column])
+        except TypeError as e:
+            yield bad_row(f"{idx:09d}", _raw({"caption": cap}), str(e))
+            continue
+        image = ImageRef(image_address(path, "parquet", idx, cfg.image_column, -1), img)
+        yield caption_sample(f"{idx:09d}", image, raw_cap)
+
+
+def read_llava_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
+    schema = _schema(path)
+    image_cols = list(cfg.image_columns) or [f.name for f in schema if is_image_type(f.type)]
+    _require(path, ["conversations", *image_cols], schema.names, "set image_columns in the ingest config")
+    meta = [c for c in ("category", "data_source") if c in schema.names]
+    root = cfg.image_root or os.path.dirname(path)
+    extra = frozenset(cfg.extra_turn_keys)
+    for idx, row in iter_rows(path, ["conversations", *image_cols, *meta], take):
+        key = f"{idx:09d}"
+        try:
+            turns, problem = llava_turns(row["conversations"], extra)
+            images = [ref for c in image_cols for ref in _cell_images(row[c], path, idx, c, root, True)]
+        except BadRow as e:
+            yield bad_row(key, _raw(row), str(e))
+            continue
+        yield RawSample(key, turns, images, category=row_category(row), format_status=problem)
+
+
+def read_finevision(path: str, cfg, take: Take) -> Iterator[RawSample]:
+    schema = _schema(path)
+    _require(path, ["images", "texts"], schema.names, "a FineVision file has images and texts columns")
+    ratings = sorted(n for n in schema.names if n.endswith("_ratings"))
+    meta = ["source"] if "source" in schema.names else []
+    root = cfg.image_root or os.path.dirname(path)
+    for idx, row in iter_rows(path, ["images", "texts", *meta, *ratings], take):
+        key = f"{idx:09d}"
+        try:
+            images = _cell_images(row["images"], path, idx, "images", root, True)
+            turns = finevision_turns(row["texts"], len(images))
+        except BadRow as e:
+            yield bad_row(key, _raw(row), str(e))
+            continue
+        kept = [(n[: -len("_ratings")], [None if x is None else int(x) for x in row[n]])
+                for n in ratings if row[n] is not None]
+        source = row.get("source")
+        yield RawSample(key, turns, images, category=source if isinstance(source, str) and source else None,
+                        ratings=kept or None)
+
+
+def read_messages_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
+    schema = _schema(path)
+    _require(path, ["messages"], schema.names, "the messages layout has a messages column (+ images)")
+    cols = ["messages"] + [c for c in ("images", "category", "data_source") if c in schema.names]
+    root = cfg.image_root or os.path.dirname(path)
+    extra = frozenset(cfg.extra_turn_keys)
+    for idx, row in iter_rows(path, cols, take):
+        key = f"{idx:09d}"
+        try:
+            turns, problem = message_turns(row["messages"], extra)
+            images = _cell_images(row.get("images"), path, idx, "images", root, True)
+        except BadRow as e:
+            yield bad_row(key, _raw(row), str(e))
+            continue
+        yield RawSample(key, turns, images, category=row_category(row), format_status=problem)
