@@ -25,8 +25,14 @@ $(VENV)/.installed: pyproject.toml
 demo-data: install
 	$(OVPIPE) demo-data --out $(DEMO_DATA)
 
+# Three sources, three ingest steps: the web caption shards (curated and balanced for stage 1.5), the
+# LLaVA-558K-style alignment set (stage 1), and the instruction set (LLaVA JSON + FineVision Parquet, stage 2).
 ingest: demo-data
 	$(OVPIPE) ingest --config configs/demo/ingest.yaml --set 'inputs=["$(DEMO_DATA)/shards/*.tar"]' $(STEP_ARGS)
+	$(OVPIPE) ingest --name ingest-llava --config configs/demo/ingest-llava.yaml \
+	  --set 'inputs=["$(DEMO_DATA)/llava-558k/*.json"]' $(STEP_ARGS)
+	$(OVPIPE) ingest --name ingest-instruct --config configs/demo/ingest-instruct.yaml \
+	  --set 'inputs=["$(DEMO_DATA)/instruct/llava/*.json", "$(DEMO_DATA)/instruct/finevision/*.parquet"]' $(STEP_ARGS)
 
 # Stage targets (curation, packing, pretrain, rl) live in mk/<stage>.mk.
 -include mk/*.mk

@@ -1,16 +1,25 @@
-# packing: tiny tokenizer (demo only) → lengths → pack, for caption data (stages 1, 1.5) and
-# instruction data (stage 2, under --name lengths-instruct / pack-instruct). Both pack runs read
-# curation's `balanced` copies when `balance` has run; the test is made when the recipe runs (not
-# when make parses this file), so `make demo` — curation then packing in one make — picks it up.
+# packing: tiny tokenizer (demo only) → lengths → pack, once per training stage's data:
+#   lengths / pack                  web captions, weighted by curation's `balanced` copies  (stage 1.5)
+#   lengths-align / pack-align      the LLaVA-558K-style caption conversations               (stage 1)
+#   mix → lengths-instruct / pack-instruct   instruction conversations drawn to category
+#                                   proportions from LLaVA JSON + FineVision                 (stage 2)
+# Both caption runs read curation's `balanced` copies when `balance` has run; the test is made when the
+# recipe runs (not when make parses this file), so `make demo` — curation then packing — picks it up.
 DEMO_TARGETS += packing
 PACK_COPIES = $$(test -d $(RUN)/balance/balanced && echo balanced || echo none)
+TOKENIZER = $(abspath $(RUN))/tokenizer
 
 .PHONY: packing
 packing:
-	$(BIN)/python -m packing.tiny_tokenizer --out $(abspath $(RUN))/tokenizer --run-dir $(RUN)
-	$(OVPIPE) lengths --config configs/demo/lengths.yaml --set tokenizer=$(abspath $(RUN))/tokenizer $(STEP_ARGS)
+	$(BIN)/python -m packing.tiny_tokenizer --out $(TOKENIZER) --run-dir $(RUN)
+	$(OVPIPE) lengths --config configs/demo/lengths.yaml --set tokenizer=$(TOKENIZER) $(STEP_ARGS)
 	$(OVPIPE) pack --config configs/demo/pack.yaml --set copies_from=$(PACK_COPIES) $(STEP_ARGS)
-	$(OVPIPE) lengths --name lengths-instruct --config configs/demo/lengths.yaml \
-	  --set tokenizer=$(abspath $(RUN))/tokenizer --set template=instruct $(STEP_ARGS)
+	$(OVPIPE) lengths --name lengths-align --config configs/demo/lengths.yaml --set tokenizer=$(TOKENIZER) \
+	  --set 'samples_steps=[ingest-llava]' $(STEP_ARGS)
+	$(OVPIPE) pack --name pack-align --config configs/demo/pack.yaml --set lengths_step=lengths-align $(STEP_ARGS)
+	$(OVPIPE) mix --config configs/demo/mix.yaml $(STEP_ARGS)
+	$(OVPIPE) lengths --name lengths-instruct --config configs/demo/lengths.yaml --set tokenizer=$(TOKENIZER) \
+	  --set 'samples_steps=[ingest-instruct]' $(STEP_ARGS)
 	$(OVPIPE) pack --name pack-instruct --config configs/demo/pack.yaml --set lengths_step=lengths-instruct \
-	  --set copies_from=$(PACK_COPIES) $(STEP_ARGS)
+	  --set copies_from=mixed $(STEP_ARGS)
+	$(OVPIPE) sql $(RUN) "SELECT category, n_images, count(*) AS samples, round(avg(total_tokens), 1) AS mean_tokens FROM lengths JOIN samples USING (sample_id) GROUP BY ALL ORDER BY ALL"

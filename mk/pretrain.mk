@@ -1,11 +1,14 @@
-# pretrain: stages 1 → 1.5 → 2 of the `tiny` recipe on the demo's packed shards (caption packs for
-# 1 and 1.5, instruction packs for 2), a few dozen steps each on the CPU.
+# pretrain: stages 1 → 1.5 → 2 of the `tiny` recipe on the demo's packed shards, on the CPU:
+#   stage 1   projector only, one epoch of the LLaVA-558K-style alignment packs   (pack-align)
+#   stage 1.5 everything, the concept-balanced caption packs                      (pack)
+#   stage 2   everything, the mixed instruction packs (LLaVA JSON + FineVision)   (pack-instruct)
 DEMO_TARGETS += pretrain
 PRETRAIN_STEPS ?= 30
 PRETRAIN_LR ?= 3e-3
+ALIGN_EPOCHS ?= 1
 
 .PHONY: pretrain
 pretrain:
-	$(OVPIPE) pretrain --recipe tiny --stage 1 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR)
+	$(OVPIPE) pretrain --recipe tiny --stage 1 --run-dir $(RUN) --epochs $(ALIGN_EPOCHS) --lr $(PRETRAIN_LR)
 	$(OVPIPE) pretrain --recipe tiny --stage 1.5 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR)
 	$(OVPIPE) pretrain --recipe tiny --stage 2 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR)

@@ -107,6 +107,13 @@ class TaskContext:
     def log(self) -> logging.Logger:
         return log
 
+    def progress(self, total: int | None, unit: str = "it", desc: str | None = None,
+                 log_every_s: float = 10.0) -> "Progress":
+        """Progress *inside* the task (steps, loss, items/s), not only the executor's per-task bar:
+        a tqdm bar on stderr plus a line in the task log every ``log_every_s`` seconds, so a
+        Slurm task's log shows it too."""
+        return Progress(total, unit, desc or f"{self.step}[{self.rank}]", log_every_s)
+
     def part_path(self, kind: str, suffix: str = ".parquet") -> Path:
         return self.step_dir / kind / f"part-{self.rank:05d}{suffix}"
 
@@ -153,6 +160,44 @@ class TaskContext:
         from manifests.io import read_manifest
 
         return read_manifest(self.run_dir, kind, step=self.step)
+
+
+class Progress:
+    """``p.update(n, loss=0.12)``: advance by ``n`` items and show the latest figures."""
+
+    def __init__(self, total: int | None, unit: str, desc: str, log_every_s: float):
+        import sys
+
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, mininterval=1.0, leave=False,
+                        dynamic_ncols=True)
+        self.unit, self.desc, self.every = unit, desc, log_every_s
+        self.t0 = self.last = time.perf_counter()
+        self.done = 0
+
+    def update(self, n: int = 1, **figures) -> None:
+        self.done += n
+        self.bar.update(n)
+        if figures:
+            self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in figures.items()},
+                                 refresh=False)
+        now = time.perf_counter()
+        if now - self.last >= self.every:
+            self.last = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())
+            total = f"/{self.bar.total}" if self.bar.total else ""
+            log.info("%s: %d%s %s (%.1f %s/s) %s", self.desc, self.done, total, self.unit, rate, self.unit, extra)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def slice_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
