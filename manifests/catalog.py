@@ -1,22 +1,105 @@
-"""DuckDB over a run folder: one view per manifest kind found, canned reports from .sql files."""
+"""DuckDB over a run folder: one view per manifest kind found, canned reports from .sql files.
+
+``ovpipe sql`` and ``ovpipe report`` use ``connect(run_dir, lock=True)`` and ``run_sql``: the connection
+can read only inside the run folder, cannot load extensions or change its settings, and accepts only
+SELECT / EXPLAIN / DESCRIBE / SHOW statements (a console over a run must not rewrite its manifests).
+"""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from manifests.io import find_manifest_dirs
 
 QUERIES_DIR = Path(__file__).with_name("queries")
 
+# DuckDB parses DESCRIBE, SHOW and SUMMARIZE as SELECT statements, so these two types cover all four.
+READ_STATEMENT_TYPES = ("SELECT", "EXPLAIN")
+# EXPLAIN ANALYZE runs its statement: ``EXPLAIN ANALYZE COPY (...) TO 'RUN/step/samples/part-0.parquet'``
+# would overwrite a manifest (COPY into the run folder passes allowed_directories), so the statement
+# behind EXPLAIN must itself be a SELECT. A form this does not recognise fails to parse and is refused.
+_EXPLAIN_PREFIX = re.compile(r"^(?:\s|--[^\n]*\n|/\*.*?\*/)*EXPLAIN\s*(?:ANALY[SZ]E\b|\([^()]*\))?",
+                            re.IGNORECASE | re.DOTALL)
 
-def connect(run_dir: str | Path, database: str = ":memory:"):
-    """A DuckDB connection with a view named after every manifest kind in ``run_dir``."""
+
+class ReadOnlyError(ValueError):
+    """A statement that ``ovpipe sql`` refuses to run (anything but a read)."""
+
+
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def connect(run_dir: str | Path, database: str = ":memory:", lock: bool = False):
+    """A DuckDB connection with a view named after every manifest kind in ``run_dir``.
+
+    ``lock=True`` confines the connection to ``run_dir`` (see ``lock_down``) once the views exist.
+    """
     import duckdb
 
+    # Resolved, so the view paths and allowed_directories agree even when run_dir is a symlink.
+    run_dir = Path(run_dir).resolve()
     con = duckdb.connect(database)
     for kind, dirs in find_manifest_dirs(run_dir).items():
-        globs = ", ".join(f"'{(d / 'part-*.parquet').as_posix()}'" for d in dirs)
+        globs = ", ".join(_sql_str((d / "part-*.parquet").as_posix()) for d in dirs)
         con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet([{globs}], union_by_name=true)")
+    if lock:
+        lock_down(con, run_dir)
     return con
+
+
+def lock_down(con, run_dir: str | Path) -> None:
+    """Let ``con`` read files only under ``run_dir``, with no extensions and no further settings changes.
+
+    Views are bound lazily: their ``read_parquet`` globs are checked at query time, against
+    allowed_directories, so the views made before this keep working. The order matters: DuckDB refuses
+    to change allowed_directories once enable_external_access is false, and lock_configuration must
+    come last (it freezes every setting, including itself). allowed_directories also lets COPY write
+    into the run folder, which is why ``check_read_only`` is needed as well.
+    """
+    root = Path(run_dir).resolve().as_posix().rstrip("/") + "/"    # the slash: RUN2/ is not under RUN/
+    con.execute(f"SET allowed_directories = [{_sql_str(root)}]")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET allow_community_extensions = false")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def check_read_only(query: str) -> None:
+    """Raise ``ReadOnlyError`` unless every statement in ``query`` is a SELECT/EXPLAIN/DESCRIBE/SHOW.
+
+    A parse error is raised as DuckDB's ``ParserException``.
+    """
+    import duckdb
+
+    statements = duckdb.extract_statements(query)
+    if not statements:
+        raise ReadOnlyError("no SQL statement given")
+    for st in statements:
+        kind = st.type.name
+        if kind not in READ_STATEMENT_TYPES:
+            raise ReadOnlyError(f"only SELECT, EXPLAIN, DESCRIBE and SHOW are allowed, not {kind}: "
+                                f"{_first_line(st.query)}")
+        if kind == "EXPLAIN":
+            m = _EXPLAIN_PREFIX.match(st.query)
+            inner = duckdb.extract_statements(st.query[m.end():]) if m else []
+            if len(inner) != 1 or inner[0].type.name != "SELECT":
+                raise ReadOnlyError(f"EXPLAIN is allowed only of a SELECT: {_first_line(st.query)}")
+
+
+def _first_line(sql: str, width: int = 80) -> str:
+    line = " ".join(sql.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def run_sql(run_dir: str | Path, query: str):
+    """Run a read-only ``query`` over ``run_dir`` on a locked connection; the result relation (or None).
+
+    Raises ``ReadOnlyError`` for a statement that is not a read, and ``duckdb.Error`` for the rest.
+    """
+    check_read_only(query)
+    return connect(run_dir, lock=True).sql(query)
 
 
 def views(con) -> list[str]:
@@ -37,7 +120,7 @@ def query_kind(path: Path) -> str:
 
 def run_report(run_dir: str | Path) -> list[tuple[str, object]]:
     """Run every canned query whose views exist; returns (title, duckdb relation result)."""
-    con = connect(run_dir)
+    con = connect(run_dir, lock=True)
     have = set(views(con))
     out = []
     for q in canned_queries():

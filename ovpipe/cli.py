@@ -87,36 +87,68 @@ def cmd_finalize(args) -> int:
     return 0
 
 
+def _sql_run_dir(cmd: str, run_dir: str) -> Path | None:
+    path = Path(run_dir)
+    if not path.is_dir():
+        print(f"ovpipe {cmd}: run folder {run_dir} does not exist or is not a folder", file=sys.stderr)
+        return None
+    return path
+
+
 def cmd_sql(args) -> int:
-    from manifests.catalog import connect
+    """Read-only SQL over the run folder (see manifests.catalog.run_sql); any SQL error is one line, exit 2."""
+    import duckdb
 
-    con = connect(args.run_dir)
-    rel = con.sql(args.query)
-    if rel is None:
-        return 0
-    if args.format == "csv":
-        import csv
+    from manifests.catalog import ReadOnlyError, run_sql
 
-        w = csv.writer(sys.stdout, lineterminator="\n")
-        w.writerow(rel.columns)
-        w.writerows(rel.fetchall())
-    elif args.format == "json":
-        cols = rel.columns
-        for row in rel.fetchall():
-            print(json.dumps(dict(zip(cols, row)), default=str))
-    else:
-        rel.show(max_rows=args.max_rows, max_width=200)
+    run_dir = _sql_run_dir("sql", args.run_dir)
+    if run_dir is None:
+        return 2
+    try:
+        rel = run_sql(run_dir, args.query)
+        if rel is None:
+            return 0
+        if args.format == "csv":
+            import csv
+
+            rows = rel.fetchall()     # fetch first, so an error prints no half-written table
+            w = csv.writer(sys.stdout, lineterminator="\n")
+            w.writerow(rel.columns)
+            w.writerows(rows)
+        elif args.format == "json":
+            cols = rel.columns
+            for row in rel.fetchall():
+                print(json.dumps(dict(zip(cols, row)), default=str))
+        else:
+            rel.show(max_rows=args.max_rows, max_width=200)
+    except (ReadOnlyError, duckdb.Error) as e:
+        print(f"ovpipe sql: {_sql_error_line(e)}", file=sys.stderr)
+        return 2
     return 0
 
 
+def _sql_error_line(e: Exception) -> str:
+    """DuckDB messages run over several lines (a LINE 1: ... ^ caret); the first says what went wrong."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
 def cmd_report(args) -> int:
+    import duckdb
+
     from manifests.catalog import run_report
 
-    run_dir = Path(args.run_dir)
+    run_dir = _sql_run_dir("report", args.run_dir)
+    if run_dir is None:
+        return 2
     print(f"# ovpipe report: {run_dir}")
-    for title, rel in run_report(run_dir):
-        print(f"\n## {title}")
-        rel.show(max_rows=40, max_width=200)
+    try:
+        for title, rel in run_report(run_dir):
+            print(f"\n## {title}")
+            rel.show(max_rows=40, max_width=200)
+    except duckdb.Error as e:
+        print(f"ovpipe report: {_sql_error_line(e)}", file=sys.stderr)
+        return 2
     for rep in sorted(run_dir.glob("*/report.md")):
         print(f"\n## {rep.parent.name}\n")
         print(rep.read_text().rstrip())
