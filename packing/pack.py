@@ -11,10 +11,14 @@ Items: every ``lengths`` row with status ``ok`` or ``truncated``, one per distin
 Every rank solves the same global packing (deterministic, seconds for millions of samples) and
 writes the packs of its contiguous ``pack_id`` range — manifest part and tar shards — so the
 expensive part (reading images, tokenising into shards) is parallel over ranks and the result
-is identical for any task count. The shard writer reads each sample's conversation from the
-``samples`` manifests the lengths step read (its ``samples_steps``), encodes it with
-``packing.tokens.encode_conversation`` (cut to the turns ``lengths`` kept) and checks the length
-against the manifest; it writes all of the sample's images (0..n) in order, with their grids.
+is identical for any task count. Shards are named by ``pack_id`` range, never by rank: shard ``j``
+is ``pack-{j:06d}.tar`` and holds pack_ids ``[j·packs_per_shard, (j+1)·packs_per_shard)``, and the
+rank split is over whole shards (``shard_bounds``), so every shard is written by exactly one rank
+and the tars, their names and the ``packs.shard`` column are byte-identical for any task count.
+The shard writer reads each sample's conversation from the ``samples`` manifests the lengths
+step read (its ``samples_steps``), encodes it with ``packing.tokens.encode_conversation`` (cut to
+the turns ``lengths`` kept) and checks the length against the manifest; it writes all of the
+sample's images (0..n) in order, with their grids.
 ``finalize`` writes the packing report (``report.md``, ``fill_histogram.png``): bins vs the lower
 bound ⌈Σ lengths / seq_len⌉, fill rate, padding tokens, and padding compression against padding
 every sample to ``seq_len`` and against an online rolling-buffer packer (B = 64, 512, 4096).
@@ -101,13 +105,13 @@ def run(cfg: PackConfig, task: TaskContext) -> None:
     with task.stats.timer("solve"):
         sid, L, idx, keys = packing_items(task, cfg)
         P = pack(L[idx], cfg.seq_len, keys=keys, seed=cfg.seed, refine_passes=cfg.refine_passes)
-    lo, hi = slice_bounds(P.n_bins, task.rank, task.world_size)
+    lo, hi = shard_bounds(P.n_bins, cfg.packs_per_shard if cfg.write_shards else None, task.rank, task.world_size)
     if task.rank == 0:  # global figures once (merged stats add ranks up)
         task.stats.inc("items", len(idx))
         task.stats.inc("bins", P.n_bins)
         task.stats.inc("lower_bound", lower_bound(L[idx], cfg.seq_len))
         task.stats.inc("tokens", int(L[idx].sum()))
-    table = packs_table(sid, L, idx, P, lo, hi, cfg.packs_per_shard if cfg.write_shards else None, task.rank)
+    table = packs_table(sid, L, idx, P, lo, hi, cfg.packs_per_shard if cfg.write_shards else None)
     task.stats.inc("packs_written", hi - lo)
     if cfg.write_shards and hi > lo:
         with task.stats.timer("write_shards"):
@@ -115,7 +119,24 @@ def run(cfg: PackConfig, task: TaskContext) -> None:
     task.write_part("packs", table)
 
 
-def packs_table(sid, L, idx, P, lo: int, hi: int, packs_per_shard: int | None, rank: int = 0):
+def shard_name(j: int) -> str:
+    """File name of shard ``j`` (pack_ids ``[j·packs_per_shard, (j+1)·packs_per_shard)``): zero-padded,
+    so names sort in pack_id order (``packing.shards.packed_shards`` also sorts numerically)."""
+    return f"pack-{j:06d}.tar"
+
+
+def shard_bounds(n_packs: int, packs_per_shard: int | None, rank: int, world_size: int) -> tuple[int, int]:
+    """This rank's contiguous ``[lo, hi)`` of pack_ids. With shards, the split is over whole shards
+    (a contiguous, balanced range of shard indices), so no shard is split between two ranks and
+    every tar is written by exactly one rank, whatever the task count; without, over packs."""
+    if not packs_per_shard:
+        return slice_bounds(n_packs, rank, world_size)
+    n_shards = -(-n_packs // packs_per_shard)
+    s_lo, s_hi = slice_bounds(n_shards, rank, world_size)
+    return min(s_lo * packs_per_shard, n_packs), min(s_hi * packs_per_shard, n_packs)
+
+
+def packs_table(sid, L, idx, P, lo: int, hi: int, packs_per_shard: int | None):
     """The ``packs`` rows of bins [lo, hi) — built with Arrow list arrays, no loop per bin."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -133,10 +154,11 @@ def packs_table(sid, L, idx, P, lo: int, hi: int, packs_per_shard: int | None, r
         bin_start_tok = (csum - lens) - bin_base
     off_arr = pa.array(offs)
     shard = None
-    if packs_per_shard:
-        j = np.arange(hi - lo) // packs_per_shard
-        names = np.array([f"pack-{rank:05d}-{k:05d}.tar" for k in range(int(j.max()) + 1 if len(j) else 0)])
-        shard = pa.array(names[j] if len(j) else [], pa.string())
+    if packs_per_shard:  # named by pack_id range: the same for any [lo, hi) split
+        j = np.arange(lo, hi, dtype=np.int64) // packs_per_shard
+        first = int(j[0]) if len(j) else 0
+        names = np.array([shard_name(k) for k in range(first, int(j[-1]) + 1)] if len(j) else [], dtype=object)
+        shard = pa.array(names[j - first] if len(j) else [], pa.string())
     else:
         shard = pa.nulls(hi - lo, pa.string())
     return pa.table({

@@ -113,8 +113,22 @@ def iter_packed(path: str | Path) -> Iterator[PackedSequence]:
                              [int(x) for x in per_sample])
 
 
+def _shard_order(path: Path) -> tuple:
+    """Sort key: the numbers in the name, as integers (``pack-000012.tar`` → (12,)), so the order is
+    pack_id order even past the zero padding; older rank-named shards (``pack-RRRRR-KKKKK.tar``,
+    written in pack_id order rank by rank) sort by (rank, k)."""
+    import re
+
+    return tuple(int(x) for x in re.findall(r"\d+", path.name)), path.name
+
+
 def packed_shards(run_dir: str | Path, step: str = "pack") -> list[Path]:
-    files = sorted((Path(run_dir) / step / "data").glob("pack-*.tar"))
+    """The packed shards of a pack step, in ``pack_id`` order (shard ``j`` holds pack_ids
+    ``[j·packs_per_shard, (j+1)·packs_per_shard)``)."""
+    files = sorted((Path(run_dir) / step / "data").glob("pack-*.tar"), key=_shard_order)
     if not files:
         raise FileNotFoundError(f"no packed shards under {run_dir}/{step}/data — did you run `ovpipe pack`?")
+    if len({len(_shard_order(f)[0]) for f in files}) > 1:
+        raise ValueError(f"{run_dir}/{step}/data mixes rank-named shards (pack-RRRRR-KKKKK.tar, an older ovpipe) "
+                         f"with pack_id-named ones (pack-JJJJJJ.tar): re-run `ovpipe pack --name {step} --overwrite`")
     return files

@@ -140,13 +140,32 @@ def test_lengths_and_packs_do_not_depend_on_the_task_count(conv_run, tmp_path):
     assert main(["lengths", "--set", f"tokenizer={run / 'tokenizer'}", "--set", "samples_steps=[ingest-conv]",
                  "--set", f"seq_len={SEQ}", "--set", "on_too_long=truncate", "--run-dir", str(one), "--quiet"]) == 0
     assert main(["pack", "--set", f"seq_len={SEQ}", "--set", "packs_per_shard=2", "--run-dir", str(one), "--quiet"]) == 0
-    for kind, cols in (("lengths", None), ("packs", ["pack_id", "sample_ids", "lengths", "offsets", "total_tokens"])):
+    for kind in ("lengths", "packs"):  # every column, the packs' `shard` included
         a, b = tmp_path / f"{kind}-1.parquet", tmp_path / f"{kind}-3.parquet"
-        write_table(read_manifest(one, kind, columns=cols), a)
-        write_table(read_manifest(run, kind, columns=cols), b)
+        write_table(read_manifest(one, kind), a)
+        write_table(read_manifest(run, kind), b)
         assert a.read_bytes() == b.read_bytes(), kind
-    # the shards' sequences too (their file names follow the writing rank, their content does not)
+    # the shards too: named by pack_id range, not by the writing rank, so the same files byte for byte
+    assert _tar_shas(one) == _tar_shas(run)
     assert _sequences(one) == _sequences(run)
+    four = tmp_path / "four"  # more ranks than some have shards to write
+    for d in ("ingest-conv", "lengths"):
+        shutil.copytree(one / d, four / d)
+    assert main(["pack", "--set", f"seq_len={SEQ}", "--set", "packs_per_shard=2", "--run-dir", str(four),
+                 "--tasks", "4", "--quiet"]) == 0
+    write_table(read_manifest(four, "packs"), tmp_path / "packs-4.parquet")
+    assert (tmp_path / "packs-4.parquet").read_bytes() == (tmp_path / "packs-1.parquet").read_bytes()
+    assert _tar_shas(four) == _tar_shas(run)
+
+
+def _tar_shas(run):
+    import hashlib
+
+    from packing.shards import packed_shards
+
+    data = run / "pack" / "data"
+    assert sorted(p.name for p in data.iterdir()) == sorted(p.name for p in packed_shards(run))  # no temp files
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in packed_shards(run)}
 
 
 def _sequences(run):

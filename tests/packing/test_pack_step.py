@@ -76,19 +76,75 @@ def test_loader_sequence_equals_manifest_for_every_pack(packed_run):
     assert seen == len(manifest)
 
 
-def test_task_count_does_not_change_packs(packed_run, tmp_path):
+def pack_outputs(run, out):
+    """Everything `pack` writes that must not depend on the task count: the whole `packs` manifest
+    (every column, `shard` included) as one Parquet file's bytes, and the sha256 of every tar by name."""
+    import hashlib
+
+    from manifests.io import read_manifest as read
+    from packing.shards import packed_shards
+
+    write_table(read(run, "packs"), out)
+    data = run / "pack" / "data"
+    assert not [p.name for p in data.iterdir() if not p.name.endswith(".tar")]  # no temp files left
+    tars = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in packed_shards(run)}
+    assert sorted(tars) == sorted(p.name for p in data.iterdir())
+    return out.read_bytes(), tars
+
+
+@pytest.mark.parametrize("tasks", [1, 3, 4])
+def test_task_count_does_not_change_packs(packed_run, tmp_path, tasks):
+    """Issue 12: shard names used to hold the writing rank (4 tars at tasks 1 or 4, 6 at tasks 3), so
+    the `packs.shard` column and the tar files changed with --tasks. Now every byte is the same."""
     import shutil
 
-    run = tmp_path / "one"
+    run = tmp_path / f"t{tasks}"
     for d in ("ingest", "lengths"):
         shutil.copytree(packed_run / d, run / d)
     assert main(["pack", "--set", "seq_len=1024", "--set", "packs_per_shard=8", "--run-dir", str(run),
-                 "--quiet"]) == 0
-    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
-    cols = ["pack_id", "sample_ids", "lengths", "offsets", "total_tokens"]
-    write_table(read_manifest(run, "packs", columns=cols), a)
-    write_table(read_manifest(packed_run, "packs", columns=cols), b)
-    assert a.read_bytes() == b.read_bytes()
+                 "--tasks", str(tasks), "--quiet"]) == 0
+    manifest, tars = pack_outputs(run, tmp_path / "packs.parquet")
+    ref_manifest, ref_tars = pack_outputs(packed_run, tmp_path / "ref.parquet")  # the fixture: --tasks 2
+    assert manifest == ref_manifest
+    assert tars == ref_tars
+    # shard j holds pack_ids [8j, 8j + 8), named by j, in pack_id order
+    packs = read_manifest(run, "packs", columns=["pack_id", "shard"]).to_pylist()
+    assert [p["pack_id"] for p in packs] == list(range(len(packs)))
+    assert [p["shard"] for p in packs] == [f"pack-{i // 8:06d}.tar" for i in range(len(packs))]
+    assert list(tars) == sorted(tars) == [f"pack-{j:06d}.tar" for j in range(-(-len(packs) // 8))]
+    assert len(tars) == 3  # 2 ranks at --tasks 2 (the fixture), 1 each at 3, one idle rank at 4
+
+
+def test_shard_bounds_split_over_whole_shards():
+    from packing.pack import shard_bounds
+    from ovpipe.step import slice_bounds
+
+    for n in (0, 1, 7, 8, 9, 64, 65, 1000):
+        for pps in (1, 3, 8, 256):
+            for world in (1, 2, 3, 4, 7, 16):
+                bounds = [shard_bounds(n, pps, r, world) for r in range(world)]
+                assert bounds[0][0] == 0 and bounds[-1][1] == n
+                for (lo, hi), (lo2, _) in zip(bounds, bounds[1:]):
+                    assert lo <= hi == lo2
+                for lo, hi in bounds:
+                    assert lo == n or lo % pps == 0  # a rank starts on a shard boundary
+                    assert hi == n or hi % pps == 0  # … and ends on one: no shard has two writers
+            assert [shard_bounds(n, None, r, 3) for r in range(3)] == [slice_bounds(n, r, 3) for r in range(3)]
+
+
+def test_packed_shards_sort_by_pack_id(tmp_path):
+    from packing.shards import packed_shards
+
+    data = tmp_path / "pack" / "data"
+    data.mkdir(parents=True)
+    names = ["pack-000002.tar", "pack-000010.tar", "pack-1000000.tar", "pack-000000.tar", "pack-999999.tar"]
+    for n in names:
+        (data / n).write_bytes(b"")
+    assert [p.name for p in packed_shards(tmp_path)] == ["pack-000000.tar", "pack-000002.tar", "pack-000010.tar",
+                                                         "pack-999999.tar", "pack-1000000.tar"]
+    (data / "pack-00000-00001.tar").write_bytes(b"")  # a rank-named shard of an older ovpipe, resumed
+    with pytest.raises(ValueError, match="--overwrite"):
+        packed_shards(tmp_path)
 
 
 def test_balanced_copies_are_honoured(packed_run, tmp_path):
