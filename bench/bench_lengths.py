@@ -98,25 +98,10 @@ def samples_table(kind: str, n: int, seed: int = 0):
 
 
 def build_tokenizer(out: Path, seed: int = 0) -> str:
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from packing.tiny_tokenizer import CHAT_TEMPLATE, SPECIAL
-    from packing.word_counts import _QWEN2
+    from packing.tiny_tokenizer import build_qwen_style_tokenizer
 
     t = Text(seed + 7)
-    corpus = [t.sentence(5, 60) for _ in range(30_000)]
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN2), behavior="isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=32_000, special_tokens=SPECIAL, show_progress=False,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=SPECIAL[1:])
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(str(out))
+    build_qwen_style_tokenizer([t.sentence(5, 60) for _ in range(30_000)], out, 32_000)
     return str(out)
 
 

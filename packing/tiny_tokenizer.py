@@ -49,6 +49,30 @@ def build_tiny_tokenizer(texts: Iterable[str], out: Path, vocab_size: int = 512)
     return fast
 
 
+def build_qwen_style_tokenizer(texts: Iterable[str], out: Path, vocab_size: int, chat_template: str = CHAT_TEMPLATE):
+    """A byte-level BPE with Qwen2's own pre-tokenizer (regex Split + ByteLevel) and NFC — the
+    pipeline of the real Qwen2/2.5/3 tokenizers — saved to ``out`` (tests and benches)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from packing.word_counts import _QWEN2
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN2), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(list(texts), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                                             show_progress=False,
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIAL[1:])
+    fast.chat_template = chat_template
+    Path(out).mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out))
+    return fast
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", required=True)

@@ -63,25 +63,11 @@ def tok(tmp_path_factory):
 def qwen_tok(tmp_path_factory, tok):
     """A byte-level BPE with Qwen2's own pre-tokenizer (regex Split + ByteLevel) and NFC, the
     pipeline of the real Qwen2/2.5/3 tokenizers."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from packing.tiny_tokenizer import SPECIAL
-    from packing.word_counts import _QWEN2
+    from packing.tiny_tokenizer import build_qwen_style_tokenizer
     from packing.tokens import load_tokenizer
 
-    t = Tokenizer(models.BPE(unk_token=None))
-    t.normalizer = normalizers.NFC()
-    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN2), behavior="isolated"),
-                                               pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    t.decoder = decoders.ByteLevel()
-    t.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL, show_progress=False,
-                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=SPECIAL[1:])
-    fast.chat_template = tok.chat_template
     path = tmp_path_factory.mktemp("qwen-tok")
-    fast.save_pretrained(str(path))
+    build_qwen_style_tokenizer(TEXTS, path, 400, tok.chat_template)
     return load_tokenizer(str(path))
 
 
