@@ -65,6 +65,16 @@ class BadRow(ValueError):
     """A record that cannot be read as a conversation (malformed JSON, wrong types)."""
 
 
+class ShardError(ValueError):
+    """A whole input file that cannot be read (further): ``status`` is its ``shards`` row's status
+    (``bad_shard`` | ``truncated_shard`` | ``missing_column``). Raised by an adapter after it
+    yielded every sample it could read; ``ingest`` records it and goes on with the next file."""
+
+    def __init__(self, status: str, error: str):
+        super().__init__(error)
+        self.status = status
+
+
 @dataclass
 class ImageRef:
     """One image of a sample: its address (``IMAGE_ADDRESS`` fields file/container/offset/column/
@@ -116,6 +126,8 @@ def cell_image(v, path: str, row: int, column: str, index: int, root: str) -> Im
     where = f"{column}[{index}]" if index >= 0 else column
     if isinstance(v, dict):
         if v.get("bytes") is not None:
+            if not isinstance(v["bytes"], (bytes, bytearray, memoryview)):
+                raise BadRow(f"{where}.bytes: expected binary, got {type(v['bytes']).__name__}")
             return ImageRef(addr, bytes(v["bytes"]))
         if v.get("path"):
             return file_image(v["path"], root)
@@ -257,9 +269,7 @@ def detect_format(path: str, fmt: str, caption_column: str = "caption") -> str:
         return "webdataset"
     if kind == "json":
         return "json-auto"
-    import pyarrow.parquet as pq
-
-    names = set(pq.read_schema(path).names)
+    names = set(parquet_schema(path).names)
     if {"texts", "images"} <= names:
         return "finevision"
     if "messages" in names:
@@ -268,7 +278,20 @@ def detect_format(path: str, fmt: str, caption_column: str = "caption") -> str:
         return "llava-ov-parquet"
     if caption_column in names:
         return "caption-parquet"
-    raise ValueError(f"ingest: {path}: cannot tell the format from its columns {sorted(names)}; set `format`")
+    raise ShardError("missing_column",
+                     f"ingest: {path}: cannot tell the format from its columns {sorted(names)}; set `format` "
+                     f"(or `caption_column` for caption Parquet)")
+
+
+def parquet_schema(path: str):
+    """A Parquet file's schema; a file that is not Parquet is ``ShardError("bad_shard")``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(path)
+    except pa.ArrowInvalid as e:  # not Parquet, empty, bad footer (an I/O error still raises)
+        raise ShardError("bad_shard", f"{path}: not a readable Parquet file ({e})") from None
 
 
 def adapter(fmt: str, path: str) -> Callable[..., Iterator[RawSample]]:
@@ -296,23 +319,70 @@ def split_key(name: str) -> tuple[str, str]:
     return (f"{d}/{stem}" if d else stem), ext.lower()
 
 
+@dataclass
+class TarMember:
+    """A member of a sample: its data's ``offset``/``size``, or ``problem`` (a link or special file,
+    whose data is not read; a member cut by the end of the file keeps its offset and is flagged
+    by ``read_webdataset``)."""
+
+    name: str
+    offset: int = -1
+    size: int = 0
+    problem: str | None = None
+
+
 def iter_tar(path: str) -> Iterator[dict]:
-    """Samples of a webdataset tar: key → {ext: (offset, size)}; consecutive members share a key."""
+    """Samples of a webdataset tar: ``{"key", "members": {ext: TarMember}}``; consecutive members
+    share a key (a repeated extension starts a new sample: the same key twice in a row is two
+    samples). Folders are skipped; links and special files are kept as members with a problem.
+
+    A file that is not a tar raises ``ShardError("bad_shard")``. A tar cut short or with garbage
+    after its members yields every sample up to the cut, then raises ``ShardError("truncated_shard")``;
+    so does a tar without its end-of-archive blocks (probably cut at a member boundary)."""
     import tarfile
 
     current, members = None, {}
-    with tarfile.open(path, "r:") as tf:
-        for m in tf:
-            if not m.isfile():
+    try:
+        tf = tarfile.open(path, "r:")
+    except (tarfile.ReadError, EOFError) as e:
+        raise ShardError("bad_shard", f"{path}: not a readable tar ({e})") from None
+    problem = None
+    with tf:
+        it = iter(tf)
+        while True:
+            try:
+                m = next(it)
+            except StopIteration:
+                break
+            except (tarfile.ReadError, EOFError) as e:  # e.g. 'unexpected end of data': a member cut short
+                problem = f"{path}: the tar is cut or damaged after member offset {tf.offset} ({e})"
+                break
+            if m.isdir():
                 continue
             key, ext = split_key(m.name)
-            if key != current and current is not None:
+            if current is not None and (key != current or ext in members):
                 yield {"key": current, "members": members}
                 members = {}
             current = key
-            members[ext] = (m.offset_data, m.size)
+            if m.isfile():
+                members[ext] = TarMember(m.name, m.offset_data, m.size)
+            elif m.issym() or m.islnk():
+                kind = "symlink" if m.issym() else "hard link"
+                members[ext] = TarMember(m.name, problem=f"member {m.name} is a {kind} to {m.linkname!r} "
+                                                           f"(links in a tar are not followed)")
+            else:
+                members[ext] = TarMember(m.name, problem=f"member {m.name} is not a regular file (tar type {m.type!r})")
+        if problem is None:  # tarfile stops silently at a cut or garbled header: check how the archive ends
+            tf.fileobj.seek(tf.offset)
+            end = tf.fileobj.read(tarfile.BLOCKSIZE)
+            if len(end) < tarfile.BLOCKSIZE or end.strip(b"\0"):
+                what = "no end-of-archive blocks (cut at a member boundary?)" if not end else \
+                    "unreadable data where the next member header should be (cut or damaged)"
+                problem = f"{path}: {what} at offset {tf.offset}"
     if current is not None:
         yield {"key": current, "members": members}
+    if problem is not None:
+        raise ShardError("truncated_shard", problem)
 
 
 def decode_caption(raw: bytes | None) -> tuple[str | None, str | None, str | None]:
@@ -328,9 +398,11 @@ def decode_caption(raw: bytes | None) -> tuple[str | None, str | None, str | Non
     return text.strip(), None, None
 
 
-def caption_sample(key: str, image: ImageRef, raw_cap: bytes | None) -> RawSample:
+def caption_sample(key: str, image: ImageRef, raw_cap: bytes | None, cap_problem: str | None = None) -> RawSample:
     """A caption pair; its id hashes the caption bytes exactly as stored (the pre-conversation rule)."""
     caption, status, error = decode_caption(raw_cap)
+    if cap_problem is not None and status == "missing_caption":
+        error = cap_problem
     return RawSample(key, caption_turns(caption or ""), [image], text_status=(status, error) if status else None,
                      encoded=raw_cap or b"", caption=caption, caption_source=True)
 
@@ -338,19 +410,37 @@ def caption_sample(key: str, image: ImageRef, raw_cap: bytes | None) -> RawSampl
 def read_webdataset(path: str, cfg, take: Take) -> Iterator[RawSample]:
     if not take(0):
         return
+    file_size = os.path.getsize(path)
+
+    def cut(mem: TarMember) -> str | None:
+        if mem.problem is None and mem.offset + mem.size > file_size:
+            have = max(file_size - mem.offset, 0)
+            return f"member {mem.name}: {have} of {mem.size} bytes before the end of the file (the tar is cut)"
+        return None
+
     with open(path, "rb") as f:
+        def data(mem: TarMember) -> bytes:
+            f.seek(mem.offset)
+            return f.read(mem.size)
+
         for s in iter_tar(path):
             mem = s["members"]
             img_ext = next((e for e in IMAGE_EXTS if e in mem), None)
             cap_ext = next((e for e in CAPTION_EXTS if e in mem), None)
-            raw_cap = None
+            raw_cap, cap_problem = None, None
             if cap_ext:
-                f.seek(mem[cap_ext][0])
-                raw_cap = f.read(mem[cap_ext][1])
+                if mem[cap_ext].problem is None:
+                    raw_cap = data(mem[cap_ext])
+                else:
+                    cap_problem = mem[cap_ext].problem
             if img_ext is None:
                 image = ImageRef(None, None, f"no image member ({'/'.join(IMAGE_EXTS)})")
+            elif mem[img_ext].problem is not None:
+                image = ImageRef(None, None, mem[img_ext].problem)
             else:
-                offset, size = mem[img_ext]
-                f.seek(offset)
-                image = ImageRef(image_address(path, "tar", offset), f.read(size))
-            yield caption_sample(s["key"], image, raw_cap)
+                image = ImageRef(image_address(path, "tar", mem[img_ext].offset), data(mem[img_ext]))
+            sample = caption_sample(s["key"], image, raw_cap, cap_problem)
+            truncated = next((c for c in map(cut, mem.values()) if c), None)
+            if truncated:
+                sample.format_status = ("truncated_shard", truncated)
+            yield sample

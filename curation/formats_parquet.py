@@ -8,7 +8,11 @@ rows decoded at once, only the columns the layout needs. Keys are the row index 
 names, relative to ``image_root`` (default: the Parquet file's folder).
 
 - caption-parquet: ``image_column`` + ``caption_column``; a null image cell is ``empty_image``
-  (as before conversations existed); ids keep the image bytes + raw caption bytes rule.
+  (as before conversations existed); ids keep the image bytes + raw caption bytes rule. An image
+  cell that is not binary (a string, a number) or a caption that is not text is a ``bad_row``.
+
+A file that is not Parquet is a ``bad_shard``, one without the columns its layout needs a
+``missing_column`` shard (``ShardError``; ``ingest`` records it in the ``shards`` manifest).
 - llava-ov-parquet: ``conversations`` + image columns (config ``image_columns``; default: every
   column whose type holds images — binary, a struct with ``bytes``, or a list of those — in schema
   order). A null scalar image cell means "no image" (text-only rows); a null list element is a
@@ -22,9 +26,9 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from curation.formats import (PARQUET_BATCH_ROWS, BadRow, ImageRef, RawSample, Take, bad_row, caption_sample,
-                              cell_image, finevision_turns, image_address, is_image_type, llava_turns,
-                              message_turns, row_category)
+from curation.formats import (PARQUET_BATCH_ROWS, BadRow, ImageRef, RawSample, ShardError, Take, bad_row,
+                              caption_sample, cell_image, finevision_turns, image_address, is_image_type, llava_turns,
+                              message_turns, parquet_schema, row_category)
 
 
 def iter_rows(path: str, columns: list[str], take: Take) -> Iterator[tuple[int, dict]]:
@@ -46,15 +50,15 @@ def iter_rows(path: str, columns: list[str], take: Take) -> Iterator[tuple[int, 
 
 
 def _schema(path: str):
-    import pyarrow.parquet as pq
-
-    return pq.read_schema(path)
+    return parquet_schema(path)
 
 
 def _require(path: str, names: list[str], have: list[str], hint: str) -> None:
+    """Columns the layout needs; a file without them is a ``missing_column`` shard (every task
+    reading the file finds it before reading any row)."""
     missing = [n for n in names if n not in have]
     if missing:
-        raise ValueError(f"{path}: no column(s) {missing} (columns: {have}); {hint}")
+        raise ShardError("missing_column", f"{path}: no column(s) {missing} (columns: {have}); {hint}")
 
 
 def _raw(row: dict) -> bytes:
@@ -86,10 +90,17 @@ def read_caption_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
         cap = row[cfg.caption_column]
         raw_cap = cap.encode() if isinstance(cap, str) else cap
         try:
+            if raw_cap is not None and not isinstance(raw_cap, (bytes, bytearray, memoryview)):
+                raise TypeError(f"{cfg.caption_column}: expected a string, got {type(cap).__name__}")
             img = image_value_bytes(row[cfg.image_column])
+            if not isinstance(img, (bytes, bytearray, memoryview)):
+                raise TypeError(f"{cfg.image_column}.bytes: expected binary, got {type(img).__name__}")
         except TypeError as e:
-            yield bad_row(f"{idx:09d}", _raw({"caption": cap}), str(e))
+            yield bad_row(f"{idx:09d}", _raw({"caption": cap}), f"{cfg.image_column}: {e}"
+                          if str(e).startswith("image cell") else str(e))
             continue
+        raw_cap = bytes(raw_cap) if raw_cap is not None else None
+        img = bytes(img)
         image = ImageRef(image_address(path, "parquet", idx, cfg.image_column, -1), img)
         yield caption_sample(f"{idx:09d}", image, raw_cap)
 

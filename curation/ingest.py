@@ -23,8 +23,8 @@ One row per source sample:
   ``caption`` = the caption of a caption source, else the first assistant turn's text.
 - ``status``/``error``, first problem found in this order:
 
-    bad_row | unexpected_key                                        (parsing the record)
-    missing_image | empty_image | corrupt_image | too_small         (each image, in order)
+    bad_row | unexpected_key | truncated_shard                      (parsing the record)
+    missing_image | empty_image | corrupt_image | too_large | too_small   (each image, in order)
     missing_caption | empty_caption | bad_caption_encoding          (caption sources)
     unknown_role | no_assistant | bad_last_turn | empty_turn | image_mismatch   (check_conversation)
     duplicate                                                       (finalize)
@@ -32,7 +32,32 @@ One row per source sample:
 A broken sample is a row with a status and an error message, never a crash and never a silent
 drop; ``stats`` count ``status/<status>``. Duplicates (same ``sample_id``) are found over the whole
 corpus in ``finalize``: the first occurrence in (source, shard, key) order keeps its status, later
-ones become ``duplicate`` with the first one named in ``error`` — whatever the task split.
+ones become ``duplicate`` with the first one named in ``error`` — whatever the task split. The same
+key twice in one file: the earlier copy is the first occurrence (rows are told apart by position).
+
+Images (``inspect_image``): width/height come from the header, as displayed — swapped when the
+EXIF orientation tag (5-8) says the pixels are stored rotated by 90/270 degrees, i.e. the size
+``PIL.ImageOps.exif_transpose`` gives; whoever decodes the image for training must apply that
+transpose too. ``too_large``: width*height above config ``max_pixels`` (default
+``DEFAULT_MAX_PIXELS``), decided from the header before any decode, so a decompression bomb is a
+row. ``verify: header`` walks JPEG segments / PNG chunks to the end marker (bytes after it, as in
+Motion Photos, are fine); ``verify: full`` decodes.
+
+Files: every input file gets one row in the ``shards`` manifest (``shard``, ``source``,
+``format``, ``shard_format``, ``samples``, ``status``, ``error``), written by the task owning its
+first unit, ``samples`` counted in ``finalize``; ``stats`` count ``shard_status/<status>``:
+
+    ok               read whole
+    bad_shard        not its format at all (not a tar, not Parquet, empty): no samples rows
+    truncated_shard  a tar cut short or damaged: the samples before the cut are rows (a sample
+                     whose member is cut is a ``truncated_shard`` row), nothing after it is read
+    missing_column   a Parquet file without the columns its layout needs (or, with ``format:
+                     auto``, whose layout cannot be told from its columns)
+
+Such a file never fails the task: the step completes, and ``SELECT * FROM shards WHERE status
+<> 'ok'`` lists them (the report too). A link or special file in a tar is a member whose data is
+not read: a ``missing_image`` (or ``missing_caption``) row naming it. Errors that are not about
+the data (an I/O error, a config error such as ``format`` not fitting the file type) still fail.
 
 Work is split in units (a tar; a Parquet row group; ``JSON_CHUNK_ROWS`` JSON records): unit ``u``
 of the ``i``-th input file (sorted) goes to rank ``(i + u) % world_size``. Each part is sorted by
@@ -42,13 +67,23 @@ from __future__ import annotations
 
 import glob
 import io
+import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from curation.formats import FORMATS, RawSample, adapter, detect_format
+from curation.formats import FORMATS, RawSample, ShardError, adapter, detect_format
 from ovpipe.step import Step, TaskContext
+
+# The pixel limit (config ``max_pixels``): 4x the largest ``max_pixels`` a Qwen2-VL-style processor
+# is run with (28*28*16384 = 12.8 MP, 16384 visual tokens), i.e. 51.4 MP, about 7168x7168. Every
+# image above the recipe's ``lengths.max_pixels`` is downscaled to it anyway; this limit only keeps
+# decompression bombs (a 30000x30000 1-bit PNG is 109 KB) out of every step that decodes images.
+DEFAULT_MAX_PIXELS = 4 * 28 * 28 * 16384
+EXIF_ORIENTATION = 0x0112
+SWAPPING_ORIENTATIONS = (5, 6, 7, 8)   # transpose, rotate 90/270, transverse: width and height swap
 
 
 @dataclass
@@ -64,6 +99,7 @@ class IngestConfig:
     extra_turn_keys: list[str] = field(default_factory=list)  # turn keys tolerated besides from/value, role/content
     verify: Literal["none", "header", "full"] = "header"  # header: size + end-of-image marker; full: decode
     min_side: int = 1
+    max_pixels: int = DEFAULT_MAX_PIXELS               # width*height above it: a `too_large` row (from the header)
 
     def __post_init__(self):
         if not self.inputs:
@@ -72,6 +108,8 @@ class IngestConfig:
             raise ValueError(f"format: {self.format!r} is not one of {', '.join(FORMATS)}")
         if self.min_side < 1:
             raise ValueError(f"min_side must be >= 1, got {self.min_side}")
+        if self.max_pixels < 1:
+            raise ValueError(f"max_pixels must be >= 1, got {self.max_pixels}")
         if self.category is not None and not self.category.strip():
             raise ValueError("category: give a name or leave it out (null: per row)")
         if self.image_root is not None and not os.path.isdir(os.path.expanduser(self.image_root)):
@@ -115,27 +153,120 @@ def read_image_bytes(row: dict) -> bytes:
     raise ValueError(f"sample {row.get('sample_id')}: read it with its `images` column")
 
 
-def inspect_image(data: bytes, verify: str) -> tuple[str, int, int, str, str | None]:
-    """(status, width, height, format, error) from the header; optional trailer/full check."""
+class _NoBombCheck:
+    """PIL's own decompression-bomb check off while a header is read (``too_large`` is decided
+    from the size against ``max_pixels``); restored after. Ingest reads images in one thread."""
+
+    def __enter__(self):
+        from PIL import Image
+
+        self.saved = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+
+    def __exit__(self, *exc):
+        from PIL import Image
+
+        Image.MAX_IMAGE_PIXELS = self.saved
+
+
+def exif_orientation(im) -> int:
+    """The EXIF orientation tag from the header (1 when absent or unreadable); never decodes
+    pixels (PNG's ``getexif`` would load the image to look for a late eXIf chunk: not asked)."""
+    if "exif" not in im.info:
+        return 1
+    try:
+        return int(im.getexif().get(EXIF_ORIENTATION, 1) or 1)
+    except Exception:  # noqa: BLE001 — malformed EXIF: treated as no orientation, as PIL's exif_transpose would fail
+        return 1
+
+
+_JPEG_SCAN_END = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")   # a marker that ends a scan's entropy-coded data
+
+
+def jpeg_complete(data: bytes) -> bool | None:
+    """Whether a JPEG's marker segments reach an EOI: walk the segments from SOI by their lengths,
+    and through each scan's entropy-coded data to the next marker (``FF`` + a byte that is not
+    ``00``, ``FF`` or ``RSTn``). Bytes after the EOI (Motion Photos append a video) are not looked
+    at. ``False``: the data ends first (truncated). ``None``: a structure this walk does not
+    understand (the caller decodes instead)."""
+    n = len(data)
+    if data[:2] != b"\xff\xd8":
+        return None
+    pos = 2
+    while True:
+        if pos >= n:
+            return False
+        if data[pos] != 0xFF:
+            return None
+        while pos < n and data[pos] == 0xFF:  # fill bytes
+            pos += 1
+        if pos >= n:
+            return False
+        marker = data[pos]
+        pos += 1
+        if marker == 0xD9:
+            return True
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01:  # no length field
+            continue
+        if pos + 2 > n:
+            return False
+        length = int.from_bytes(data[pos:pos + 2], "big")
+        if length < 2:
+            return None
+        pos += length
+        if marker == 0xDA:  # start of scan: entropy-coded data up to the next marker
+            hit = _JPEG_SCAN_END.search(data, pos)
+            if hit is None:
+                return False
+            pos = hit.start()
+
+
+def png_complete(data: bytes) -> bool | None:
+    """Whether a PNG's chunks, walked by their lengths, reach ``IEND`` (bytes after it ignored)."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    pos, n = 8, len(data)
+    while pos + 8 <= n:
+        if data[pos + 4:pos + 8] == b"IEND":
+            return True
+        pos += 12 + int.from_bytes(data[pos:pos + 4], "big")
+    return False
+
+
+def inspect_image(data: bytes, verify: str,
+                  max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[str, int, int, str, str | None]:
+    """(status, width, height, format, error) from the header; optional trailer/full check.
+
+    Width and height are as displayed: swapped when the header's EXIF orientation says the image
+    is stored rotated by 90/270 degrees (orientation 5-8, what ``PIL.ImageOps.exif_transpose``
+    turns). ``too_large``: width*height above ``max_pixels``, decided from the header before any
+    decode (PIL's own bomb check is off while the header is read)."""
     from PIL import Image, UnidentifiedImageError
 
     if len(data) == 0:
         return "empty_image", 0, 0, "", "zero-byte image"
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with _NoBombCheck(), Image.open(io.BytesIO(data)) as im:
             w, h = im.size
             fmt = (im.format or "").lower()
+            if exif_orientation(im) in SWAPPING_ORIENTATIONS:
+                w, h = h, w
+            if w * h > max_pixels:
+                return "too_large", w, h, fmt, f"{w}x{h} = {w * h} pixels is above max_pixels={max_pixels}"
             if verify == "full":
                 im.load()
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+            elif verify == "header":
+                # Cheap integrity check without decoding: a truncated file never reaches its end marker.
+                complete = jpeg_complete(data) if fmt == "jpeg" else png_complete(data) if fmt == "png" else True
+                if complete is None:  # a layout the marker walk does not follow: decode to decide
+                    im.load()
+                elif not complete:
+                    what = "JPEG (no EOI marker)" if fmt == "jpeg" else "PNG (no IEND chunk)"
+                    return "corrupt_image", w, h, fmt, f"truncated {what}"
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        return "too_large", 0, 0, "", f"{type(e).__name__}: {e}"[:300]
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as e:
         return "corrupt_image", 0, 0, "", f"{type(e).__name__}: {e}"[:300]
-    if verify == "header":
-        # Cheap integrity check without decoding: a truncated file lacks its end marker.
-        tail = data[-64:]
-        if fmt == "jpeg" and b"\xff\xd9" not in tail:
-            return "corrupt_image", w, h, fmt, "truncated JPEG (no EOI marker)"
-        if fmt == "png" and b"IEND" not in tail:
-            return "corrupt_image", w, h, fmt, "truncated PNG (no IEND chunk)"
     return "ok", w, h, fmt, None
 
 
@@ -149,7 +280,7 @@ def sample_row(raw: RawSample, source: str, shard: str, shard_format: str, cfg: 
         if ref.data is None:
             st, w, h, fmt, err = "missing_image", 0, 0, "", ref.error or "image not found"
         else:
-            st, w, h, fmt, err = inspect_image(ref.data, cfg.verify)
+            st, w, h, fmt, err = inspect_image(ref.data, cfg.verify, cfg.max_pixels)
             if st == "ok" and min(w, h) < cfg.min_side:
                 st, err = "too_small", f"{w}x{h} is below min_side={cfg.min_side}"
         if ref.addr is not None:
@@ -181,37 +312,59 @@ def sample_row(raw: RawSample, source: str, shard: str, shard_format: str, cfg: 
 SHARD_FORMAT = {"webdataset": "tar", "json-auto": "json", "llava-json": "json"}
 
 
+def shard_format_of(path: str, fmt: str | None) -> str:
+    if fmt in SHARD_FORMAT:
+        return SHARD_FORMAT[fmt]
+    return "tar" if path.endswith(".tar") else "parquet" if path.endswith(".parquet") else "json"
+
+
 def run(cfg: IngestConfig, task: TaskContext) -> None:
     files = expand_inputs(cfg.inputs)
     rows: list[dict] = []
+    shards: list[dict] = []
     with task.progress(None, unit="sample") as bar:
         for i, path in enumerate(files):
-            fmt = detect_format(path, cfg.format, cfg.caption_column)
+            owner = i % task.world_size == task.rank  # owns the file's first unit: counts it, writes its `shards` row
             source = cfg.source or Path(path).parent.name
-            shard_format = SHARD_FORMAT.get(fmt) or ("parquet" if path.endswith(".parquet") else "json")
+            fmt, problem = None, None
             n0 = len(rows)
 
             def take(unit: int, i=i) -> bool:
                 return (i + unit) % task.world_size == task.rank
 
-            with task.stats.timer("read"):
-                for raw in adapter(fmt, path)(path, cfg, take):
-                    rows.append(sample_row(raw, source, path, shard_format, cfg))
-                    if len(rows) % 256 == 0:
-                        bar.update(256, file=i)
+            try:
+                fmt = detect_format(path, cfg.format, cfg.caption_column)
+                shard_format = shard_format_of(path, fmt)
+                with task.stats.timer("read"):
+                    for raw in adapter(fmt, path)(path, cfg, take):
+                        rows.append(sample_row(raw, source, path, shard_format, cfg))
+                        if len(rows) % 256 == 0:
+                            bar.update(256, file=i)
+            except ShardError as e:  # the samples read before it stay; the file gets a status
+                problem = e
+                if owner:
+                    task.log.warning("ingest: %s: %s", e.status, e)
             task.stats.inc("samples", len(rows) - n0)
-            if i % task.world_size == task.rank:  # each file counted once, whatever the split
+            if owner:  # each file counted once, whatever the split
+                status = problem.status if problem else "ok"
                 task.stats.inc("files")
-                task.stats.inc(f"format/{fmt}")
+                task.stats.inc(f"format/{fmt or 'unknown'}")
+                task.stats.inc(f"shard_status/{status}")
+                shards.append({"shard": path, "source": source, "format": fmt or "",
+                               "shard_format": shard_format_of(path, fmt), "samples": 0, "status": status,
+                               "error": str(problem)[:500] if problem else None})
     for r in rows:
         task.stats.inc(f"status/{r['status']}")
         task.stats.inc("images", r["n_images"])
+    task.write_part("shards", shards)
     task.write_part("samples", rows)
 
 
 def finalize(cfg: IngestConfig, task: TaskContext) -> None:
-    """Mark duplicate sample_ids over the whole corpus; rewrite only the parts that change."""
+    """Mark duplicate sample_ids over the whole corpus (rewriting only the parts that change),
+    count each file's samples into ``shards``, and write the report."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from manifests.io import manifest_files, read_part, write_part
 
@@ -219,38 +372,71 @@ def finalize(cfg: IngestConfig, task: TaskContext) -> None:
     cols = ["sample_id", "source", "shard", "key"]
     tables = [read_part(f, "samples").select(cols) for f in files]
     allrows = pa.concat_tables([t.append_column("_part", pa.array([i] * t.num_rows, pa.int32()))
+                                 .append_column("_row", pa.array(range(t.num_rows), pa.int64()))
                                 for i, t in enumerate(tables)])
-    # First occurrence per sample_id in (source, shard, key) order.
-    order = allrows.sort_by([("sample_id", "ascending"), ("source", "ascending"),
-                             ("shard", "ascending"), ("key", "ascending")])
+    # First occurrence per sample_id in (source, shard, key) order; the same key twice in one file
+    # (both copies in one part, in file order): the earlier row. Rows are identified by (part, row
+    # index), so a repeated key marks only its later copies.
+    order = allrows.sort_by([("sample_id", "ascending"), ("source", "ascending"), ("shard", "ascending"),
+                             ("key", "ascending"), ("_part", "ascending"), ("_row", "ascending")])
     sid = order.column("sample_id").to_pylist()
-    dups: dict[tuple[int, str, str], str] = {}
+    dups: dict[tuple[int, int], str] = {}
     j = 0
     for i in range(1, len(sid)):
         if sid[i] != sid[i - 1]:
             j = i
             continue
         first = f"{Path(order['shard'][j].as_py()).name}/{order['key'][j].as_py()}"
-        dups[(order["_part"][i].as_py(), order["shard"][i].as_py(), order["key"][i].as_py())] = first
+        if (order["shard"][j].as_py(), order["key"][j].as_py()) == (order["shard"][i].as_py(), order["key"][i].as_py()):
+            first += " (an earlier copy with the same key)"
+        dups[(order["_part"][i].as_py(), order["_row"][i].as_py())] = first
     task.stats.inc("duplicates", len(dups))
-    for p in sorted({p for p, _, _ in dups}):
+    for p in sorted({p for p, _ in dups}):
         t = read_part(files[p], "samples")
         status = t.column("status").to_pylist()
         error = t.column("error").to_pylist()
-        for i, (shard, key) in enumerate(zip(t.column("shard").to_pylist(), t.column("key").to_pylist())):
-            first = dups.get((p, shard, key))
-            if first is not None:  # keep stats' status/<x> equal to the manifest's counts
-                task.stats.inc(f"status/{status[i]}", -1)
-                task.stats.inc("status/duplicate")
+        for i in range(t.num_rows):
+            first = dups.get((p, i))
+            if first is not None:
                 status[i], error[i] = "duplicate", f"duplicate of {first}"
         t = t.set_column(t.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
         t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
         write_part(t, files[p], "samples", sort=True)
-    merged = pa.concat_tables([read_part(f, "samples").select(["status", "category"]) for f in files])
+    merged = pa.concat_tables([read_part(f, "samples").select(["status", "category", "shard"]) for f in files])
+    # stats.json sums the ranks' stats and this one's: make its status/<x> equal the manifest's
+    # counts (computed, not counted per change, so a finalize rerun after a kill stays exact).
+    ranks: dict[str, float] = {}
+    for r in range(task.world_size):
+        f = task.step_dir / "stats" / f"{r:05d}.json"
+        for k, v in (json.loads(f.read_text()).get("counters", {}) if f.exists() else {}).items():
+            if k.startswith("status/"):
+                ranks[k] = ranks.get(k, 0) + v
+    final = {f"status/{d['values']}": d["counts"] for d in pc.value_counts(merged.column("status")).to_pylist()}
+    for k in sorted(set(ranks) | set(final)):
+        if final.get(k, 0) != ranks.get(k, 0):
+            task.stats.inc(k, final.get(k, 0) - ranks.get(k, 0))
+    # shards: every file's sample count over all tasks (its row was written by one task)
+    counts = {d["values"]: d["counts"] for d in pc.value_counts(merged.column("shard")).to_pylist()}
+    shard_parts = sorted((task.step_dir / "shards").glob("part-*.parquet"))
+    bad: list[dict] = []
+    for f in shard_parts:
+        t = read_part(f, "shards")
+        n = pa.array([counts.get(s, 0) for s in t.column("shard").to_pylist()], pa.int64())
+        t = t.set_column(t.schema.get_field_index("samples"), "samples", n)
+        write_part(t, f, "shards", sort=True)
+        bad += [r for r in t.to_pylist() if r["status"] != "ok"]
     tables = [_count_table(merged.column(c), c) for c in ("status", "category")]
+    if bad:
+        lines = ["| shard | status | samples | error |", "| --- | --- | ---: | --- |"]
+        for r in sorted(bad, key=lambda r: r["shard"]):
+            err = (r["error"] or "").replace("|", "\\|")
+            lines.append(f"| {Path(r['shard']).name} | {r['status']} | {r['samples']} | {err} |")
+        tables.append("\n".join(lines))
     (task.step_dir / "report.md").write_text(
-        f"{merged.num_rows} samples ingested from {len(expand_inputs(cfg.inputs))} files; "
-        f"{len(dups)} duplicate(s) marked.\n\n" + "\n\n".join(tables) + "\n")
+        f"{merged.num_rows} samples ingested from {len(expand_inputs(cfg.inputs))} files"
+        + (f" ({len(bad)} with a problem: see the `shards` manifest)" if bad else "")
+        + f"; {len(dups)} duplicate(s) marked.\n\n"
+        + "\n\n".join(tables) + "\n")
 
 
 def _count_table(column, name: str) -> str:
@@ -262,6 +448,6 @@ def _count_table(column, name: str) -> str:
     return "\n".join(lines)
 
 
-STEP = Step("ingest", IngestConfig, run, inputs=(), outputs=("samples",), finalize=finalize,
+STEP = Step("ingest", IngestConfig, run, inputs=(), outputs=("samples", "shards"), finalize=finalize,
             description="webdataset / caption Parquet / LLaVA JSON / LLaVA-OV Parquet / FineVision / messages "
                         "→ samples manifest")

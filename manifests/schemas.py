@@ -47,6 +47,18 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("status", STATUS),
         ("error", pa.string()),
     ]),
+    # ingest — one row per input file (tar, Parquet, JSON): whether it could be read whole. A file
+    # that is not its format (not a tar, not Parquet) has no samples rows, only this one; a cut tar
+    # keeps the samples before the cut. Join with samples on `shard`.
+    "shards": pa.schema([
+        ("shard", pa.string()),             # the input file, as samples.shard
+        ("source", pa.string()),
+        ("format", pa.string()),            # the adapter (webdataset, caption-parquet, ...); "" if undetected
+        ("shard_format", pa.string()),      # "tar" | "parquet" | "json"
+        ("samples", pa.int64()),            # samples rows read from it (all tasks)
+        ("status", STATUS),                 # ok | bad_shard | truncated_shard | missing_column
+        ("error", pa.string()),
+    ]),
     # mix — a seeded draw over several ingested sources to target proportions; consumed by
     # lengths/pack like `balanced` (copies = how many times the sample enters packing).
     "mixed": pa.schema([
@@ -178,6 +190,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 SORT_KEYS: dict[str, tuple[str, ...]] = {
     "samples": ("sample_id", "source", "shard", "key"),
+    "shards": ("shard",),
     "image_embeddings": ("sample_id",),
     "concepts": ("concept_id",),
     "assignments": ("sample_id",),
