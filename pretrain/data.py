@@ -43,13 +43,14 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def pixels(image_bytes: bytes, grid_h: int, grid_w: int, patch: int = 14) -> torch.Tensor:
-    """Decode and resize to the grid ``packing`` counted tokens for (smart_resize), normalise."""
+    """Decode, apply the EXIF orientation (ingest records the sizes as displayed, so the grid
+    ``packing`` counted tokens for is the upright image's), resize to that grid, normalise."""
     import io
 
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     with Image.open(io.BytesIO(image_bytes)) as im:
-        im = im.convert("RGB").resize((grid_w * patch, grid_h * patch), Image.BICUBIC)
+        im = ImageOps.exif_transpose(im).convert("RGB").resize((grid_w * patch, grid_h * patch), Image.BICUBIC)
         x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1)
     mean = torch.tensor(CLIP_MEAN)[:, None, None]
     std = torch.tensor(CLIP_STD)[:, None, None]

@@ -85,3 +85,27 @@ def test_metrics_manifest_and_report(megatron_single, packed_demo, tmp_path):
     sql = (Path(manifests.__file__).parent / "queries" / "40_pretrain_loss_by_stage.sql").read_text()
     (stage, steps, first3, last3, *_), = con.execute(sql).fetchall()
     assert (stage, steps) == ("1", 3) and abs(first3 - np.mean([r[2] for r in rows])) < 1e-3
+
+
+def test_pixels_apply_exif_orientation():
+    """A photo stored landscape with EXIF orientation 6 (rotate 90°) is trained upright: ingest
+    records it as displayed (portrait), packing counts that grid, and `pixels` transposes it."""
+    import io
+
+    from PIL import Image
+
+    from curation.ingest import inspect_image
+    from pretrain.data import pixels
+
+    stored = Image.new("RGB", (56, 28), (255, 0, 0))
+    stored.paste((0, 0, 255), (0, 0, 28, 28))            # left half blue as stored
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    stored.save(buf, format="JPEG", exif=exif.tobytes(), quality=95)
+    status, w, h, *_ = inspect_image(buf.getvalue(), "header")
+    assert (status, w, h) == ("ok", 28, 56)               # as displayed
+    x = pixels(buf.getvalue(), grid_h=4, grid_w=2)        # the grid of a 56 x 28 (h x w) image
+    assert x.shape == (3, 56, 28)
+    top, bottom = x[:, :28].mean(dim=(1, 2)), x[:, 28:].mean(dim=(1, 2))
+    assert top[2] > top[0] and bottom[0] > bottom[2]      # rotated 90° clockwise: stored left half on top
