@@ -30,6 +30,7 @@ from typing import Literal
 
 import numpy as np
 
+from ovpipe.config import check_range
 from ovpipe.step import Step, TaskContext, slice_bounds
 
 
@@ -50,6 +51,10 @@ class BalanceConfig:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
         if self.t is not None and self.t <= 0:
             raise ValueError(f"t must be > 0, got {self.t}")
+        check_range(self, "alpha", 0, lo_open=True)
+        check_range(self, "t", 0, lo_open=True)
+        check_range(self, "count_top", 1)
+        check_range(self, "seed", 0, 2**64 - 1)
 
 
 def uniform_draws(sample_ids, seed: int) -> np.ndarray:

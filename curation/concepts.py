@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ovpipe.config import check_local_path, check_range
 from ovpipe.step import Step, TaskContext, slice_bounds
 
 DEFAULT_TEMPLATES = ["a photo of a {}.", "a picture of a {}.", "an image showing a {}.", "{}"]
@@ -35,6 +36,10 @@ class EmbedConceptsConfig:
         bad = [t for t in self.templates if t.count("{}") != 1]
         if not self.templates or bad:
             raise ValueError(f"templates: each needs exactly one '{{}}' placeholder, bad: {bad}")
+        check_range(self, "batch_size", 1)
+
+    def check(self, run_dir) -> None:
+        check_local_path("vocabulary", self.vocabulary)
 
 
 def read_vocabulary(path: str) -> tuple[np.ndarray, list[str]]:
@@ -106,5 +111,5 @@ def load_concept_matrix(run_dir) -> tuple[np.ndarray, np.ndarray, list[str]]:
             [r["text"] for r in t])
 
 
-STEP = Step("embed-concepts", EmbedConceptsConfig, run, outputs=("concepts",),
+STEP = Step("embed-concepts", EmbedConceptsConfig, run, outputs=("concepts",), check=EmbedConceptsConfig.check,
             description="concept vocabulary through the text tower, prompt-template ensemble")

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ovpipe.step import Step, TaskContext
+from ovpipe.config import check_local_path, check_range, check_step_folder
+from ovpipe.step import Step, TaskContext, require_manifest
 
 
 @dataclass
@@ -40,6 +41,16 @@ class DemoClipConfig:
             raise ValueError("ground_truth and vocabulary: paths written by `ovpipe demo-data`")
         if self.steps < 0 or self.batch_size < 2:
             raise ValueError("steps must be >= 0 and batch_size >= 2")
+        check_range(self, "lr", 0, lo_open=True)
+        check_range(self, "k", 1)
+        check_range(self, "seed", 0)
+        check_range(self, "threads", 1)
+        check_step_folder("samples_step", self.samples_step)
+
+    def check(self, run_dir) -> None:
+        check_local_path("ground_truth", self.ground_truth)
+        check_local_path("vocabulary", self.vocabulary)
+        require_manifest(run_dir, "samples", self.samples_step, "samples_step")
 
 
 def recall_at_k(pred: np.ndarray, truth: list[list[int]]) -> float:
@@ -49,14 +60,14 @@ def recall_at_k(pred: np.ndarray, truth: list[list[int]]) -> float:
 
 def _images(rows, preprocess):
     import torch
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     from curation.ingest import read_image_bytes
 
     xs = []
     for r in rows:
         with Image.open(io.BytesIO(read_image_bytes(r))) as im:
-            xs.append(preprocess(im.convert("RGB")))
+            xs.append(preprocess(ImageOps.exif_transpose(im).convert("RGB")))
     return torch.stack(xs)
 
 
@@ -150,5 +161,5 @@ def run(cfg: DemoClipConfig, task: TaskContext) -> None:
         f"Contrastive loss {losses[0] if losses else float('nan'):.3f} → {np.mean(losses[-10:]) if losses else float('nan'):.3f}.\n")
 
 
-STEP = Step("demo-clip", DemoClipConfig, run, inputs=("samples",), max_tasks=1,
+STEP = Step("demo-clip", DemoClipConfig, run, inputs=("samples",), max_tasks=1, check=DemoClipConfig.check,
             description="train the demo's tiny open_clip model (ClipLoss) and score concept recall")

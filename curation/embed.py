@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ovpipe.step import Step, TaskContext
+from ovpipe.config import check_step_folder
+from ovpipe.step import Step, TaskContext, require_manifest
 
 
 @dataclass
@@ -29,16 +30,20 @@ class EmbedImagesConfig:
     def __post_init__(self):
         if self.batch_size < 1 or self.decode_workers < 1:
             raise ValueError("batch_size and decode_workers must be >= 1")
+        check_step_folder("samples_step", self.samples_step)
+
+    def check(self, run_dir) -> None:
+        require_manifest(run_dir, "samples", self.samples_step, "samples_step")
 
 
 def _decode(row: dict, preprocess):
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     from curation.ingest import read_image_bytes
 
     try:
-        with Image.open(io.BytesIO(read_image_bytes(row))) as im:
-            return preprocess(im.convert("RGB")), None
+        with Image.open(io.BytesIO(read_image_bytes(row))) as im:   # upright, as ingest sized it
+            return preprocess(ImageOps.exif_transpose(im).convert("RGB")), None
     except Exception as e:  # corrupt data that passed ingest's header check
         return None, f"{type(e).__name__}: {e}"[:300]
 
@@ -123,4 +128,5 @@ def load_embeddings(run_dir, manifest_rows) -> np.ndarray:
 
 
 STEP = Step("embed-images", EmbedImagesConfig, run, inputs=("samples",), outputs=("image_embeddings",),
+            check=EmbedImagesConfig.check,
             description="MetaCLIP image embeddings (open_clip)")

@@ -126,6 +126,14 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     return sorted({str(Path(f).resolve()) for f in files})
 
 
+def check_inputs(cfg: IngestConfig, run_dir: Path) -> None:
+    """Before any work (``ovpipe ingest``): every input pattern matches a file."""
+    try:
+        expand_inputs(cfg.inputs)
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
+
+
 def read_image_bytes(row: dict) -> bytes:
     """The bytes of a ``samples`` row's first image (what the curation steps embed), from its
     ``images`` address; rows read without that column fall back on the legacy tar/Parquet columns.
@@ -448,6 +456,6 @@ def _count_table(column, name: str) -> str:
     return "\n".join(lines)
 
 
-STEP = Step("ingest", IngestConfig, run, inputs=(), outputs=("samples", "shards"), finalize=finalize,
+STEP = Step("ingest", IngestConfig, run, inputs=(), outputs=("samples", "shards"), finalize=finalize, check=check_inputs,
             description="webdataset / caption Parquet / LLaVA JSON / LLaVA-OV Parquet / FineVision / messages "
                         "→ samples manifest")

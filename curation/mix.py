@@ -69,7 +69,8 @@ from typing import Iterator, Literal
 
 import numpy as np
 
-from ovpipe.step import Step, TaskContext
+from ovpipe.config import check_range, check_step_folder
+from ovpipe.step import Step, TaskContext, require_manifest
 
 MIX_SALT = int.from_bytes(b"ovmix\x00\x00\x00", "big")  # separates mix keys from balance/pack keys
 U64 = (1 << 64) - 1
@@ -97,6 +98,9 @@ class MixConfig:
                              f"got {self.inputs!r}")
         if len(set(self.inputs)) != len(self.inputs):
             raise ValueError(f"inputs: a step folder is named twice: {self.inputs!r}")
+        for s in self.inputs:
+            check_step_folder("inputs", s)
+        check_range(self, "seed", 0, 2**64 - 1)
         for g, p in self.proportions.items():
             if not math.isfinite(p) or p < 0:
                 raise ValueError(f"proportions.{g}: must be a finite number >= 0, got {p!r}")
@@ -105,6 +109,12 @@ class MixConfig:
         if sum(self.proportions.values()) + self.rest <= 0:
             raise ValueError("proportions: give at least one proportion > 0 (e.g. {counting: 0.3, text: 0.1}), "
                              f"or rest > 0; got proportions={self.proportions!r}, rest={self.rest!r}")
+
+
+    def check(self, run_dir: Path) -> None:
+        """Before any work: every input step folder has a samples manifest."""
+        for s in self.inputs:
+            require_manifest(run_dir, "samples", s, "inputs")
 
 
 @dataclass
@@ -451,5 +461,5 @@ def write_report(cfg: MixConfig, step_dir: Path, plans: list[GroupPlan], drawn: 
     plt.close(fig)
 
 
-STEP = Step("mix", MixConfig, run, inputs=("samples",), outputs=("mixed",), finalize=finalize,
+STEP = Step("mix", MixConfig, run, inputs=("samples",), outputs=("mixed",), finalize=finalize, check=MixConfig.check,
             description="seeded draw over ingested sources to target category/source proportions")

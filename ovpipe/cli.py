@@ -17,16 +17,71 @@ from pathlib import Path
 from ovpipe.registry import all_steps
 
 
+class UsageError(Exception):
+    """A user error: printed as one line, exit code 2 (a traceback only with ``--debug``)."""
+
+
 def _parse_set(items: list[str]) -> dict:
     import yaml
+
+    from ovpipe.config import yaml_error_line
 
     out = {}
     for item in items or []:
         if "=" not in item:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
+            raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
         k, v = item.split("=", 1)
-        out[k] = yaml.safe_load(v)
+        try:
+            out[k] = yaml.safe_load(v)
+        except yaml.YAMLError as e:
+            raise UsageError(f"--set {k}: {v!r} is not a YAML value ({yaml_error_line(e)})") from None
     return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def _step_folder_name(text: str) -> str:
+    from ovpipe.config import is_safe_component
+
+    if not is_safe_component(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a step folder name (one path component: letters, digits, '.', '_', '-')")
+    return text
+
+
+def _run_dir(text: str) -> Path:
+    run_dir = Path(text).expanduser().resolve()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {text}: exists and is not a folder")
+    return run_dir
+
+
+def _already_done(run_dir: Path, step, cfg, tasks: int, name: str) -> dict | None:
+    """The merged stats of a step folder whose every rank and finalize are done under this very config
+    and task count — the rerun is then a no-op that writes nothing (so it works on a read-only run)."""
+    from ovpipe import runfolder
+    from ovpipe.config import config_hash
+
+    sdir = run_dir / name
+    try:
+        meta = json.loads((sdir / "executor.json").read_text())
+        if (meta.get("step"), meta.get("tasks"), meta.get("config_hash")) != (step.name, tasks, config_hash(cfg)):
+            return None
+        if runfolder.pending_ranks(sdir, tasks) or not runfolder.is_finalized(sdir):
+            return None
+        if "inputs" in meta and runfolder.upstream_hashes(run_dir, step, cfg, name) != meta["inputs"]:
+            return None  # an upstream step changed: prepare says which, and refuses or (--overwrite) redoes
+        return json.loads((sdir / "stats.json").read_text())
+    except (OSError, ValueError, runfolder.RunFolderError):
+        return None
 
 
 def cmd_step(args) -> int:
@@ -34,40 +89,54 @@ def cmd_step(args) -> int:
     from ovpipe.config import ConfigError, load_config
     from ovpipe.executors import LocalExecutor, SlurmExecutor, SlurmOptions
     from ovpipe.registry import get_step
+    from ovpipe.step import preflight
 
     step = get_step(args.command)
     try:
         cfg = load_config(step.config, args.config, _parse_set(args.set))
     except ConfigError as e:
-        print(f"ovpipe {step.name}: invalid config: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"invalid config: {e}") from e
     tasks = args.tasks
     if step.max_tasks is not None and tasks > step.max_tasks:
-        print(f"ovpipe {step.name}: --tasks {tasks} > {step.max_tasks} (this step needs its whole input at once)",
-              file=sys.stderr)
-        return 2
-    run_dir = Path(args.run_dir).resolve()
+        raise UsageError(f"--tasks {tasks} > {step.max_tasks} (this step needs its whole input at once)")
+    run_dir = _run_dir(args.run_dir)
+    name = args.name or step.name
+    done = None if args.overwrite else _already_done(run_dir, step, cfg, tasks, name)
+    if done is not None:
+        if not args.quiet:
+            print(f"{name}: already done ({tasks} task(s), same config) → {run_dir / name}")
+            print(json.dumps(done.get("counters", {}), indent=None))
+        return 0
     try:
-        runfolder.prepare(run_dir, step, cfg, tasks, overwrite=args.overwrite, name=args.name)
+        preflight(step, cfg, run_dir)
+    except ValueError as e:
+        raise UsageError(f"cannot start: {e}") from e
+    try:
+        runfolder.prepare(run_dir, step, cfg, tasks, overwrite=args.overwrite, name=args.name,
+                          wait_lock=args.wait_lock)
     except runfolder.RunFolderError as e:
-        print(f"ovpipe {step.name}: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from e
+    except OSError as e:  # a read-only run folder, a file where a folder should be, a full disk
+        raise UsageError(f"cannot write the step folder {run_dir / name}: "
+                         f"{e.strerror or e}{f' ({e.filename})' if e.filename else ''}") from e
     if args.executor == "slurm":
         opts = SlurmOptions(partition=args.partition, time=args.slurm_time, cpus_per_task=args.cpus_per_task,
                             mem=args.mem)
-        ex = SlurmExecutor(workers=args.workers, options=opts, wait=args.wait, dependency=args.dependency)
+        ex = SlurmExecutor(workers=args.workers, options=opts, wait=args.wait, dependency=args.dependency,
+                           wait_lock=args.wait_lock)
         result = ex.run(step, run_dir, tasks, name=args.name)
         print(json.dumps(result, indent=2))
         return 0
     from ovpipe.executors.task import TaskFailed
 
     try:
-        merged = LocalExecutor(workers=args.workers, progress=not args.quiet).run(step, run_dir, tasks, name=args.name)
+        merged = LocalExecutor(workers=args.workers, progress=not args.quiet,
+                               wait_lock=args.wait_lock).run(step, run_dir, tasks, name=args.name)
     except TaskFailed as e:
         print(f"ovpipe {step.name}: {e}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(f"{args.name or step.name}: {tasks} task(s) done → {run_dir / (args.name or step.name)}")
+        print(f"{name}: {tasks} task(s) done → {run_dir / name}")
         print(json.dumps(merged["counters"], indent=None))
     return 0
 
@@ -156,23 +225,11 @@ def cmd_report(args) -> int:
 
 
 def cmd_status(args) -> int:
+    """Per step: done / running / failed / stale / pending ranks (``runfolder.print_status``);
+    exit 1 only for failed or stale ranks, never for ranks still running."""
     from ovpipe import runfolder
 
-    run_dir = Path(args.run_dir)
-    steps = sorted(p.parent for p in run_dir.glob("*/executor.json"))
-    if not steps:
-        print(f"{run_dir}: no steps run yet")
-        return 0
-    rc = 0
-    print(f"{'step':<16} {'done':>6} {'failed':>6} {'pending':>7}  final")
-    for sdir in steps:
-        st = runfolder.step_status(sdir)
-        print(f"{st['step']:<16} {st['done']:>3}/{st['tasks']:<2} {len(st['failed']):>6} {len(st['pending']):>7}  "
-              f"{'yes' if st['finalized'] else 'no'}")
-        for rank, log in st["failed"]:
-            print(f"    rank {rank} failed: {log}")
-            rc = 1
-    return rc
+    return runfolder.print_status(Path(args.run_dir))
 
 
 def cmd_demo_data(args) -> int:
@@ -188,6 +245,7 @@ def cmd_demo_data(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ovpipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in all_steps().items():
         sp = sub.add_parser(name, help=f"step ({module})")
@@ -195,16 +253,19 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override one config field (YAML value), repeatable")
         sp.add_argument("--run-dir", required=True)
-        sp.add_argument("--name", help="step folder name (default: the step's name), to run a step twice in one run")
+        sp.add_argument("--name", type=_step_folder_name,
+                        help="step folder name (default: the step's name), to run a step twice in one run")
         sp.add_argument("--executor", choices=["local", "slurm"], default="local")
-        sp.add_argument("--tasks", type=int, default=1)
-        sp.add_argument("--workers", type=int, default=1)
+        sp.add_argument("--tasks", type=_positive_int, default=1)
+        sp.add_argument("--workers", type=_positive_int, default=1)
         sp.add_argument("--overwrite", action="store_true", help="discard outputs made with another config/task count")
         sp.add_argument("--quiet", action="store_true")
+        sp.add_argument("--wait-lock", action="store_true",
+                        help="wait for another command running this step to finish, instead of refusing")
         g = sp.add_argument_group("slurm")
         g.add_argument("--partition")
         g.add_argument("--slurm-time", default="04:00:00")
-        g.add_argument("--cpus-per-task", type=int, default=1)
+        g.add_argument("--cpus-per-task", type=_positive_int, default=1)
         g.add_argument("--mem")
         g.add_argument("--dependency", help="extra job id this step must wait for (afterok)")
         g.add_argument("--wait", action="store_true", help="block until the array and merge jobs end")
@@ -214,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run_dir")
     sp.add_argument("query")
     sp.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    sp.add_argument("--max-rows", type=int, default=100)
+    sp.add_argument("--max-rows", type=_positive_int, default=100)
     sp.set_defaults(func=cmd_sql)
 
     sp = sub.add_parser("report", help="canned reports over a run folder")
@@ -228,8 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("demo-data", help="write the synthetic demo corpus (caption shards + concept vocabulary, "
                                           "LLaVA-558K-style JSON, LLaVA JSON + FineVision instruction sets)")
     sp.add_argument("--out", required=True)
-    sp.add_argument("--samples", type=int, default=2000)
-    sp.add_argument("--shards", type=int, default=4)
+    sp.add_argument("--samples", type=_positive_int, default=2000)
+    sp.add_argument("--shards", type=_positive_int, default=4)
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--no-conversations", action="store_true",
                     help="only the caption shards (skip the LLaVA-558K-style and instruction sets)")
@@ -256,15 +317,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_debug_flag(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` after the subcommand too; SUPPRESS keeps a subcommand from resetting the global one."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                if sp.add_help:  # not `pretrain`, which forwards its arguments
+                    sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                    help="show the traceback of an error")
+
+
+def _user_error_types() -> tuple[type, ...]:
+    from ovpipe.config import ConfigError
+    from ovpipe.runfolder import RunFolderError
+
+    return (UsageError, ConfigError, RunFolderError)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A user error is one line on stderr and exit code 2; anything else
+    unexpected is one line and exit code 1. ``--debug`` re-raises, with the traceback."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["pretrain"]:  # its own argument parser (torchrun / srun launch options)
         from pretrain.launch import main as pretrain_main
 
         return int(pretrain_main(argv[1:]) or 0)
-    args = build_parser().parse_args(argv)
-    rc = args.func(args)
+    parser = build_parser()
+    _add_debug_flag(parser)
+    args = parser.parse_args(argv)
+    prog = f"ovpipe {args.command}"
+    try:
+        rc = args.func(args)
+    except _user_error_types() as e:
+        if args.debug:
+            raise
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:
+        if args.debug:
+            raise
+        print(f"{prog}: {type(e).__name__}: {_one_line(e)} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
     return int(rc or 0)
+
+
+def _one_line(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return " / ".join(lines[:3]) if lines else ""
 
 
 if __name__ == "__main__":

@@ -126,13 +126,78 @@ def load_config(cls, source: str | Path | Mapping | None = None, overrides: Mapp
         import yaml
 
         path = Path(source)
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({yaml_error_line(e)})") from None
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path}: top level must be a mapping of {cls.__name__} fields")
         where = str(path)
     if overrides:
         data.update(overrides)
     return _build(cls, data, where)
+
+
+def yaml_error_line(e: Exception) -> str:
+    """A PyYAML error in one line: what is wrong and where (line/column are 1-based)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+# --- range checks shared by the step configs' __post_init__ (each raises ValueError naming the field)
+
+def check_range(cfg, name: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
+    """``getattr(cfg, name)`` is a finite number in [lo, hi] (``(lo, hi]`` if ``lo_open``); None passes."""
+    import math
+
+    v = getattr(cfg, name)
+    if v is None:
+        return
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {v}")
+
+
+def check_step_folder(name: str, value) -> None:
+    """A step folder name (``lengths_step: lengths``) is one plain path component inside the run folder."""
+    if not is_safe_component(value):
+        raise ValueError(f"{name} must be a step folder name (letters, digits, '.', '_', '-'; "
+                         f"not a path), got {value!r}")
+
+
+def is_safe_component(value) -> bool:
+    import re
+
+    return (isinstance(value, str) and value not in (".", "..")
+            and re.fullmatch(r"[A-Za-z0-9_.][A-Za-z0-9_.+-]*", value) is not None)
+
+
+def looks_like_local_path(value: str) -> bool:
+    """``./tok``, ``/models/qwen``, ``tok/sub`` on this OS — but not a hub id like ``Qwen/Qwen3-4B``?
+
+    A hub id is ``owner/name`` (exactly one '/', no leading '.' or '/'): treat it as a hub name.
+    Anything starting with '/', '.', '~', or with more than one separator is a local path."""
+    import os
+
+    if value.startswith(("/", ".", "~")) or (os.sep != "/" and os.sep in value):
+        return True
+    return value.count("/") > 1
+
+
+def check_local_path(name: str, value: str) -> None:
+    """A field holding a local file/folder path: it must exist (checked before any work)."""
+    if value and not Path(value).expanduser().exists():
+        raise ValueError(f"{name}: {value!r} does not exist")
 
 
 def to_dict(cfg) -> dict:

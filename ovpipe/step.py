@@ -40,6 +40,28 @@ class Step:
     finalize: Callable[[Any, "TaskContext"], Any] | None = None
     max_tasks: int | None = None         # e.g. 1 for a step that needs the whole input at once
     description: str = ""
+    # check(cfg, run_dir) -> None: raise ValueError naming what is missing (an upstream step folder,
+    # a tokenizer path) — run by the CLI before any work, so it fails in a second, not at task time.
+    check: Callable[[Any, Path], None] | None = None
+
+
+def require_manifest(run_dir: Path, kind: str, step: str | None = None, field: str | None = None) -> None:
+    """Raise ``ValueError`` unless ``RUN/<step>/<kind>/`` (any step folder if ``step`` is None) has parts."""
+    pattern = f"{step}/{kind}/part-*.parquet" if step else f"*/{kind}/part-*.parquet"
+    if next(iter(Path(run_dir).glob(pattern)), None) is not None:
+        return
+    where = f"{Path(run_dir) / (step or '*') / kind}/"
+    named = f" ({field} names {step!r})" if field and step else f" ({field})" if field else ""
+    raise ValueError(f"no {kind!r} manifest under {where}{named} — run the step that writes it first")
+
+
+def preflight(step: Step, cfg, run_dir: Path) -> None:
+    """Everything a step needs before its first task: its own ``check`` (named upstream folders,
+    paths), then one manifest of every kind in ``inputs`` somewhere in the run folder."""
+    if step.check is not None:
+        step.check(cfg, Path(run_dir))
+    for kind in step.inputs:
+        require_manifest(run_dir, kind)
 
 
 class Stats:

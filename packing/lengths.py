@@ -24,11 +24,13 @@ carries zero tokens. ``pack`` packs ``ok`` and ``truncated`` rows only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from ovpipe.step import Step, TaskContext, slice_bounds
+from ovpipe.config import check_local_path, check_step_folder, looks_like_local_path
+from ovpipe.step import Step, TaskContext, require_manifest, slice_bounds
 
 SAMPLE_COLUMNS = ["sample_id", "source", "status", "error", "conversation", "images"]
 
@@ -51,6 +53,8 @@ class LengthsConfig:
             raise ValueError("tokenizer: give a Hugging Face tokenizer path or name")
         if not self.samples_steps or not all(isinstance(s, str) and s for s in self.samples_steps):
             raise ValueError(f"samples_steps must name at least one ingest step folder, got {self.samples_steps!r}")
+        for s in self.samples_steps:
+            check_step_folder("samples_steps", s)
         if len(set(self.samples_steps)) != len(self.samples_steps):
             raise ValueError(f"samples_steps names a step twice: {self.samples_steps!r}")
         if self.seq_len < 64:
@@ -62,6 +66,13 @@ class LengthsConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels ({self.min_pixels}) > max_pixels ({self.max_pixels})")
+
+    def check(self, run_dir: Path) -> None:
+        """Before any work: a tokenizer given as a local path exists, every samples step has a manifest."""
+        if looks_like_local_path(self.tokenizer):
+            check_local_path("tokenizer", self.tokenizer)
+        for s in self.samples_steps:
+            require_manifest(run_dir, "samples", s, "samples_steps")
 
     def image_cfg(self):
         from packing.tokens import ImageTokenConfig
@@ -175,5 +186,5 @@ def run(cfg: LengthsConfig, task: TaskContext) -> None:
     task.write_part("lengths", cols)
 
 
-STEP = Step("lengths", LengthsConfig, run, inputs=("samples",), outputs=("lengths",),
+STEP = Step("lengths", LengthsConfig, run, inputs=("samples",), outputs=("lengths",), check=LengthsConfig.check,
             description="exact multimodal token length and loss tokens per conversation")

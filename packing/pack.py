@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from ovpipe.step import Step, TaskContext, slice_bounds
+from ovpipe.config import check_range, check_step_folder
+from ovpipe.step import Step, TaskContext, require_manifest, slice_bounds
 
 PACKABLE = ("ok", "truncated")
 
@@ -60,6 +62,21 @@ class PackConfig:
             raise ValueError("copies_from=mixed requires mix_step (the mix step folder)")
         if self.refine_passes < 0:
             raise ValueError(f"refine_passes must be >= 0, got {self.refine_passes}")
+        check_range(self, "seed", 0, 2**64 - 1)
+        check_range(self, "report_max_samples", 1)
+        if any(b < 1 for b in self.report_buffers):
+            raise ValueError(f"report_buffers must all be >= 1, got {self.report_buffers}")
+        check_step_folder("lengths_step", self.lengths_step)
+        if self.copies_from == "mixed":
+            check_step_folder("mix_step", self.mix_step)
+
+    def check(self, run_dir: Path) -> None:
+        """Before any work: the lengths (and mixed / balanced copies) manifests this pack reads exist."""
+        require_manifest(run_dir, "lengths", self.lengths_step, "lengths_step")
+        if self.copies_from == "mixed":
+            require_manifest(run_dir, "mixed", self.mix_step, "mix_step")
+        elif self.copies_from == "balanced":
+            require_manifest(run_dir, "balanced", None, "copies_from: balanced")
 
 
 def packing_items(task: TaskContext, cfg: PackConfig):
@@ -241,5 +258,5 @@ def finalize(cfg: PackConfig, task: TaskContext) -> None:
     packing_report(cfg, task)
 
 
-STEP = Step("pack", PackConfig, run, inputs=("lengths",), outputs=("packs",), finalize=finalize,
+STEP = Step("pack", PackConfig, run, inputs=("lengths",), outputs=("packs",), finalize=finalize, check=PackConfig.check,
             description="offline hash-bucket BFD packing into fixed-length sequences")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ovpipe.config import check_range
 from ovpipe.step import Step, TaskContext
 
 FORMATS = ("verl", "areal", "roll", "openrlhf")
@@ -35,6 +36,8 @@ class ExportConfig:
             raise ValueError(f"formats: unknown {bad}; choose from {list(FORMATS)}")
         if self.areal_shard_rows < 1:
             raise ValueError("areal_shard_rows must be >= 1")
+        check_range(self, "accuracy_ratio", 0)
+        check_range(self, "format_ratio", 0)
 
 
 def _ext(b: bytes) -> str:

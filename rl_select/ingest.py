@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ovpipe.config import check_range
 from ovpipe.step import Step, TaskContext
 
 PLACEHOLDER = "<image>"
@@ -42,6 +43,7 @@ class RLIngestConfig:
     def __post_init__(self):
         if not self.inputs:
             raise ValueError("inputs: give at least one .parquet / .jsonl path or glob")
+        check_range(self, "max_images", 0)
 
 
 def _read_rows(path: str) -> list[dict]:

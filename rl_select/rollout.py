@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ovpipe.config import check_range
 from ovpipe.step import Step, TaskContext
 
 TEMPLATES = {
@@ -58,6 +59,11 @@ class RolloutConfig:
             raise ValueError(f"model: a model path or id (backend={self.backend})")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype: one of auto, float32, bfloat16, float16, got {self.dtype!r}")
+        check_range(self, "temperature", 0)
+        check_range(self, "top_p", 0, 1, lo_open=True)
+        check_range(self, "max_new_tokens", 1)
+        check_range(self, "seed", 0)
+        check_range(self, "cpu_threads", 0)
 
     def sampling(self) -> str:
         return json.dumps({"n": self.n, "temperature": self.temperature, "top_p": self.top_p,
@@ -110,7 +116,7 @@ def rollouts_transformers(prompts: list[dict], cfg: RolloutConfig, stats) -> lis
 def rollouts_vllm(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:  # pragma: no cover - GPU
     import io
 
-    from PIL import Image
+    from PIL import Image, ImageOps
     from transformers import AutoProcessor
     from vllm import LLM, SamplingParams
 
@@ -122,7 +128,8 @@ def rollouts_vllm(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
             text = TEMPLATES[ptype].format(question=p["question"]).replace("<image>", "")
             content = [{"type": "image"} for _ in p["images"]] + [{"type": "text", "text": text}]
             prompt = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
-            mm = {"image": [Image.open(io.BytesIO(b)).convert("RGB") for b in p["images"]]} if p["images"] else None
+            mm = {"image": [ImageOps.exif_transpose(Image.open(io.BytesIO(b))).convert("RGB")
+                                 for b in p["images"]]} if p["images"] else None
             inputs.append({"prompt": prompt, **({"multi_modal_data": mm} if mm else {})})
             keys.append((p["prompt_id"], ptype))
     sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,

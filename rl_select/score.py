@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ovpipe.config import check_range, check_step_folder
 from ovpipe.step import Step, TaskContext
 
 
@@ -22,6 +23,8 @@ class ScoreConfig:
     def __post_init__(self):
         if self.timeout_s <= 0 or self.workers < 1:
             raise ValueError("timeout_s must be > 0 and workers >= 1")
+        check_range(self, "timeout_s", 0, lo_open=True)
+        check_step_folder("rollouts_step", self.rollouts_step)
 
 
 def run(cfg: ScoreConfig, task: TaskContext) -> None:

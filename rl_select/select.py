@@ -31,6 +31,7 @@ from typing import Literal
 
 import numpy as np
 
+from ovpipe.config import check_step_folder
 from ovpipe.step import Step, TaskContext, slice_bounds
 
 
@@ -56,6 +57,7 @@ class SelectConfig:
                 raise ValueError(f"{name} must be in [0, 1], got {v}")
         if any(k < 1 for k in self.ks):
             raise ValueError(f"ks must be >= 1, got {self.ks}")
+        check_step_folder("rollouts_step", self.rollouts_step)
 
 
 def aggregate(rewards, rollouts=None, timeouts_as_incorrect: bool = False):

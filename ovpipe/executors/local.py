@@ -1,22 +1,67 @@
-"""Local executor: the incomplete ranks in a process pool on this machine, with a tqdm bar."""
+"""Local executor: the incomplete ranks in a process pool on this machine, with a tqdm bar.
+
+The whole run — every rank and the finalize — holds the step lock (``runfolder.step_lock``):
+a second command on the same step folder refuses, naming the holder, or waits with
+``wait_lock``. At the start, under the lock and with no rank running, leftover ``.tmp-*``
+files of killed runs are removed. Pool workers die with the parent: a parent-death signal
+(Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``) and a watchdog thread polling ``os.getppid()``.
+"""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from ovpipe import runfolder
 from ovpipe.executors.task import TaskFailed, finalize_step, run_task
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
+    """Pool initializer: make this worker die when ``parent_pid`` does (no orphans running queued
+    ranks, then idling forever, after the parent was killed)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:      # the parent died before the signal was armed
+        os._exit(1)
+
+    def watchdog() -> None:
+        while True:
+            threading.Event().wait(poll_s)
+            if os.getppid() != parent_pid:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watchdog, name="ovpipe-parent-watchdog", daemon=True).start()
+
 
 class LocalExecutor:
-    def __init__(self, workers: int = 1, progress: bool = True):
+    def __init__(self, workers: int = 1, progress: bool = True, wait_lock: bool = False):
         self.workers = max(1, workers)
         self.progress = progress
+        self.wait_lock = wait_lock
 
     def run(self, step, run_dir: Path, tasks: int, name: str | None = None) -> dict:
         name = name or step.name
-        sdir = run_dir / name
+        sdir = Path(run_dir) / name
+        with runfolder.step_lock(sdir, wait=self.wait_lock):
+            live = runfolder.running_ranks(sdir)
+            if live:
+                raise runfolder.RunFolderError(f"{sdir}: ranks {sorted(live)} are still running; wait for them")
+            runfolder.clean_temp_files(sdir)
+            return self._run(step, Path(run_dir), tasks, name, sdir)
+
+    def _run(self, step, run_dir: Path, tasks: int, name: str, sdir: Path) -> dict:
         pending = runfolder.pending_ranks(sdir, tasks)
         failures: list[str] = []
         from tqdm import tqdm
@@ -34,7 +79,8 @@ class LocalExecutor:
         else:
             # spawn, not fork: DuckDB/polars/torch thread pools do not survive fork.
             ctx = mp.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=min(self.workers, len(pending)), mp_context=ctx) as pool:
+            with ProcessPoolExecutor(max_workers=min(self.workers, len(pending)), mp_context=ctx,
+                                     initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
                 futs = {pool.submit(run_task, step.name, str(run_dir), r, tasks, 1, name): r for r in pending}
                 for fut in as_completed(futs):
                     try:

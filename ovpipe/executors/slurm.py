@@ -110,13 +110,18 @@ def _sbatch(args: list[str]) -> str:
 
 
 def job_active(job_id: str) -> bool:
-    res = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%i"], capture_output=True, text=True)
+    try:
+        res = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%i"], capture_output=True, text=True)
+    except OSError:       # no squeue here: the job cannot be live on this machine
+        return False
     return res.returncode == 0 and bool(res.stdout.strip())
 
 
 class SlurmExecutor:
     def __init__(self, workers: int = 1, options: SlurmOptions | None = None, wait: bool = False,
-                 dependency: str | None = None, poll_s: float = 1.0, progress: bool = True):
+                 dependency: str | None = None, poll_s: float = 1.0, progress: bool = True,
+                 wait_lock: bool = False):
+        self.wait_lock = wait_lock
         self.workers = max(1, workers)
         self.options = options or SlurmOptions()
         self.wait = wait
@@ -135,9 +140,23 @@ class SlurmExecutor:
         return deps
 
     def run(self, step, run_dir: Path, tasks: int, name: str | None = None) -> dict:
+        """Submit under the step lock (``runfolder.step_lock``); refuses while the jobs of an
+        earlier submit of this step folder are still queued or running."""
         run_dir = run_dir.resolve()
         name = self._name = name or step.name
         sdir = run_dir / name
+        with runfolder.step_lock(sdir, wait=self.wait_lock):
+            prev = sdir / "slurm_jobs.json"
+            if prev.exists():
+                rec = json.loads(prev.read_text())
+                live = [j for j in (rec.get("array"), rec.get("merge")) if j and job_active(j)]
+                if live:
+                    raise runfolder.RunFolderError(
+                        f"{sdir}: slurm jobs {live} of an earlier submit are still queued or running; "
+                        f"wait for them (or scancel them) first")
+            return self._submit(step, run_dir, tasks, name, sdir)
+
+    def _submit(self, step, run_dir: Path, tasks: int, name: str, sdir: Path) -> dict:
         pending = runfolder.pending_ranks(sdir, tasks)
         deps = self.upstream_jobs(step, run_dir)
         if self.dependency:
@@ -176,4 +195,4 @@ class SlurmExecutor:
         if not runfolder.is_finalized(sdir):
             st = runfolder.step_status(sdir)
             raise RuntimeError(f"slurm jobs {jobs} ended but {sdir.name} is not complete: "
-                               f"failed {st['failed']}, pending {st['pending']}")
+                               f"failed {st['failed']}, stale {st['stale']}, pending {st['pending']}")

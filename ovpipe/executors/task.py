@@ -56,7 +56,13 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
     sdir = run_dir / name
     handler = _file_logger(sdir / "logs" / f"task_{rank:05d}.log")
     log = logging.getLogger("ovpipe")
+    marker = runfolder.RunningMarker(sdir, rank)
     try:
+        marker.__enter__()   # running/{rank}: pid/host/Slurm job + heartbeat, removed at the end
+        # Its input steps must still be finalized with the config this step was prepared on.
+        runfolder.check_inputs_current(run_dir, sdir)
+        # A restarted rank: drop the temp files a killed (or ENOSPC'd) earlier try left behind.
+        runfolder.clean_temp_files(sdir, rank)
         cfg = load_step_config(step, sdir)
         # A (re)run rank invalidates an earlier finalize: it must see this rank's new part.
         (sdir / "completions" / runfolder.FINALIZED).unlink(missing_ok=True)
@@ -80,6 +86,7 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
             raise
         raise TaskFailed(f"{name} rank {rank} failed: {e!r} (log: {sdir/'logs'/f'task_{rank:05d}.log'})") from e
     finally:
+        marker.__exit__(None, None, None)
         logging.getLogger().removeHandler(handler)
         handler.close()
 

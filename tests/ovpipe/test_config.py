@@ -70,3 +70,42 @@ def test_cli_rejects_bad_config_before_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "verifyy" in err and "allowed fields" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_yaml_syntax_error_is_a_config_error(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("seq_len: [4096\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML .*line \d+, column \d+"):
+        load_config(Cfg, p)
+
+
+def test_missing_config_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(Cfg, tmp_path / "nope.yaml")
+
+
+@dataclass
+class Ranged:
+    n: int = 1
+    p: float = 0.5
+    opt: int | None = None
+
+    def __post_init__(self):
+        from ovpipe.config import check_range
+
+        check_range(self, "n", 1)
+        check_range(self, "p", 0, 1, lo_open=True)
+        check_range(self, "opt", 0)
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"n": 0}, "n must be >= 1, got 0"),
+    ({"p": 0}, "p must be > 0"),
+    ({"p": 1.5}, "p must be <= 1"),
+    ({"p": float("inf")}, "p must be a finite number"),
+    ({"opt": -1}, "opt must be >= 0"),
+])
+def test_check_range_names_the_field(data, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(Ranged, data)
+    assert load_config(Ranged, {"opt": None}) == Ranged()
