@@ -50,6 +50,14 @@ def require_manifest(run_dir: Path, kind: str, step: str | None = None, field: s
     pattern = f"{step}/{kind}/part-*.parquet" if step else f"*/{kind}/part-*.parquet"
     if next(iter(Path(run_dir).glob(pattern)), None) is not None:
         return
+    # A step already launched that writes this kind (e.g. still queued on Slurm, chained with
+    # afterok): its executor.json lists it; whether it has finished is `runfolder.prepare`'s check.
+    for ex in Path(run_dir).glob(f"{step or '*'}/executor.json"):
+        try:
+            if kind in json.loads(ex.read_text()).get("outputs", []):
+                return
+        except (OSError, ValueError):
+            continue
     where = f"{Path(run_dir) / (step or '*') / kind}/"
     named = f" ({field} names {step!r})" if field and step else f" ({field})" if field else ""
     raise ValueError(f"no {kind!r} manifest under {where}{named} — run the step that writes it first")
