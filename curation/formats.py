@@ -163,19 +163,25 @@ def _unexpected(d: dict, allowed: frozenset, extra: frozenset, where: str, expec
     return None
 
 
+def _json_objects(value, name: str, expected: str) -> list[dict]:
+    """A list of objects, given as such or as its JSON text; anything else is a ``BadRow``."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise BadRow(f"{name}: not valid JSON ({e})") from None
+    if not isinstance(value, list):
+        raise BadRow(f"{name}: expected {expected}, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise BadRow(f"{name}[{i}]: expected an object, got {type(item).__name__}")
+    return value
+
+
 def llava_turns(convs, extra_keys: frozenset) -> tuple[list[tuple[str, str]], tuple[str, str] | None]:
     """LLaVA ``conversations`` (a list, or its JSON text) → (turns, unexpected_key problem or None)."""
-    if isinstance(convs, str):
-        try:
-            convs = json.loads(convs)
-        except ValueError as e:
-            raise BadRow(f"conversations: not valid JSON ({e})") from None
-    if not isinstance(convs, list):
-        raise BadRow(f"conversations: expected a list of turns, got {type(convs).__name__}")
     turns, problem = [], None
-    for i, t in enumerate(convs):
-        if not isinstance(t, dict):
-            raise BadRow(f"conversations[{i}]: expected an object, got {type(t).__name__}")
+    for i, t in enumerate(_json_objects(convs, "conversations", "a list of turns")):
         problem = problem or _unexpected(t, LLAVA_TURN_KEYS, extra_keys, f"conversations[{i}]", "from/value")
         role = t.get("from") if t.get("from") is not None else t.get("role")
         text = t.get("value") if t.get("value") is not None else t.get("content")
@@ -188,17 +194,8 @@ def llava_turns(convs, extra_keys: frozenset) -> tuple[list[tuple[str, str]], tu
 def message_turns(messages, extra_keys: frozenset) -> tuple[list[tuple[str, str]], tuple[str, str] | None]:
     """Chat ``messages`` → (turns, problem): image parts become ``<image>`` in place, text parts
     are concatenated as the chat templates render them (no separator)."""
-    if isinstance(messages, str):
-        try:
-            messages = json.loads(messages)
-        except ValueError as e:
-            raise BadRow(f"messages: not valid JSON ({e})") from None
-    if not isinstance(messages, list):
-        raise BadRow(f"messages: expected a list, got {type(messages).__name__}")
     turns, problem = [], None
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise BadRow(f"messages[{i}]: expected an object, got {type(m).__name__}")
+    for i, m in enumerate(_json_objects(messages, "messages", "a list")):
         problem = problem or _unexpected(m, MESSAGE_KEYS, extra_keys, f"messages[{i}]", "role/content")
         content = m.get("content")
         if content is None or isinstance(content, str):
