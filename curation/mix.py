@@ -218,12 +218,7 @@ def sample_keys(sample_ids, seed: int) -> np.ndarray:
 
     from packing.binpack import hex_ids_to_u64, splitmix64
 
-    arr = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
-    if not isinstance(arr, pa.Array):
-        arr = pa.array(arr, pa.string())
-    # hex_ids_to_u64 reads the data buffer from offset·16: make sure a sliced array starts there.
-    if len(arr) and np.frombuffer(arr.buffers()[1], np.int32)[arr.offset] != arr.offset * 16:
-        arr = arr.take(pa.array(np.arange(len(arr))))
+    arr = sample_ids if isinstance(sample_ids, (pa.Array, pa.ChunkedArray)) else pa.array(sample_ids, pa.string())
     return splitmix64(hex_ids_to_u64(arr) ^ splitmix64(np.uint64((seed ^ MIX_SALT) & U64)))
 
 

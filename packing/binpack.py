@@ -59,9 +59,11 @@ def hex_ids_to_u64(ids) -> np.ndarray:
     lens = pc.binary_length(arr)
     if len(arr) and (pc.min(lens).as_py() != 16 or pc.max(lens).as_py() != 16):
         raise ValueError("sample_id must be 16 hex characters (xxh3-64)")
-    buf = arr.buffers()[2].to_pybytes()
-    off = arr.offset
-    raw = bytes.fromhex(buf[off * 16:(off + len(arr)) * 16].decode("ascii"))
+    # Every id is 16 bytes, so the ids are one contiguous run of the data buffer, starting where
+    # the offsets buffer says (not at offset·16: a slice or a filtered batch may start elsewhere).
+    off_type = np.int64 if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type) else np.int32
+    start = int(np.frombuffer(arr.buffers()[1], off_type)[arr.offset]) if len(arr) else 0
+    raw = bytes.fromhex(arr.buffers()[2].to_pybytes()[start:start + len(arr) * 16].decode("ascii"))
     return np.frombuffer(raw, dtype=">u8").astype(np.uint64)
 
 

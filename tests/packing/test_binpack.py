@@ -74,6 +74,13 @@ def test_peers_are_never_better_than_bfd_on_mixtures():
 def test_hex_ids_to_u64():
     ids = ["0000000000000001", "ffffffffffffffff", "0123456789abcdef"]
     assert hex_ids_to_u64(ids).tolist() == [1, 2 ** 64 - 1, 0x0123456789ABCDEF]
+    # a slice of ids after a non-id string, and a slice of a slice, read from where their data starts
+    import pyarrow as pa
+
+    arr = pa.array(["x", *ids])
+    assert hex_ids_to_u64(arr.slice(1)).tolist() == [1, 2 ** 64 - 1, 0x0123456789ABCDEF]
+    assert hex_ids_to_u64(arr.slice(1).slice(2)).tolist() == [0x0123456789ABCDEF]
+    assert hex_ids_to_u64(pa.array(ids, pa.large_string())).tolist() == [1, 2 ** 64 - 1, 0x0123456789ABCDEF]
 
 
 @pytest.mark.parametrize("seed", range(3))
