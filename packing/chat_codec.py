@@ -157,12 +157,17 @@ _CAPTION_KEY = (("user", "assistant"), ("IT", "T"))
 _IMAGE_PAIR = (("user", "assistant"), ("I", "T"))      # user "<image>" exactly, assistant text
 
 
+def with_caption_prompt(key: tuple, holes: list, caption_prompt: str, n_images: int) -> tuple[tuple, list]:
+    """The caption-pair rule, on a shape: a conversation shaped ``[user "<image>", assistant text]``
+    over one image trains as ``"<image>" + caption_prompt`` → text; any other shape is unchanged."""
+    if key == _IMAGE_PAIR and caption_prompt and n_images == 1:
+        return _CAPTION_KEY, [caption_prompt, holes[0]]
+    return key, holes
+
+
 def shape_key(roles: Sequence[str], texts: Sequence[str], caption_prompt: str = "", n_images: int = -1):
     """``(key, holes)``: the conversation's shape — ``(roles, layouts)``, a layout per turn such as
-    ``"IT"`` (an image, then text) — and its text pieces in order."""
-    if (caption_prompt and n_images == 1 and len(roles) == 2 and texts[0] == IMAGE_TOKEN and roles[0] == "user"
-            and roles[1] == "assistant" and texts[1] and IMAGE_TOKEN not in texts[1]):
-        return _CAPTION_KEY, [caption_prompt, texts[1]]
+    ``"IT"`` (an image, then text) — and its text pieces in order (``with_caption_prompt`` applied)."""
     lays, holes = [], []
     for text in texts:
         if IMAGE_TOKEN in text:
@@ -173,7 +178,7 @@ def shape_key(roles: Sequence[str], texts: Sequence[str], caption_prompt: str = 
             lays.append("T" if text else "")
             if text:
                 holes.append(text)
-    return (tuple(roles), tuple(lays)), holes
+    return with_caption_prompt((tuple(roles), tuple(lays)), holes, caption_prompt, n_images)
 
 
 class ChatCodec:
@@ -371,8 +376,7 @@ class ChatCodec:
                         holes.append(texts[t])
             else:
                 holes = [x for x in texts[a:b] if x]
-            if key == _IMAGE_PAIR and caption_prompt and na == 1:  # a caption pair: the prompt joins the image
-                key, holes = _CAPTION_KEY, [caption_prompt, holes[0]]
+            key, holes = with_caption_prompt(key, holes, caption_prompt, na)
             sh = shapes.get(key) or shape_of(key)
             if sh.status is not None or sh.n_images != na:
                 status[j], error[j] = sh.status or ("image_mismatch", f"{sh.n_images} {IMAGE_TOKEN} placeholder(s) "

@@ -60,8 +60,8 @@ def prompted_turns(turns: Sequence[tuple[str, str]], n_images: int, caption_prom
     """A caption pair whose user turn is exactly ``<image>`` gets ``caption_prompt`` appended to
     that turn (``"<image>Describe the image."``); any other conversation is returned as is."""
     turns = [(r, t) for r, t in turns]
-    if (caption_prompt and n_images == 1 and len(turns) == 2 and turns[0] == ("user", IMAGE_TOKEN)
-            and turns[1][0] == "assistant" and turns[1][1] and IMAGE_TOKEN not in turns[1][1]):
+    roles, texts = [r for r, _ in turns], [t for _, t in turns]
+    if shape_key(roles, texts, caption_prompt, n_images)[0] != shape_key(roles, texts)[0]:   # the rule applied
         turns[0] = ("user", IMAGE_TOKEN + caption_prompt)
     return turns
 
