@@ -49,10 +49,6 @@ def iter_rows(path: str, columns: list[str], take: Take) -> Iterator[tuple[int, 
         base += n
 
 
-def _schema(path: str):
-    return parquet_schema(path)
-
-
 def _require(path: str, names: list[str], have: list[str], hint: str) -> None:
     """Columns the layout needs; a file without them is a ``missing_column`` shard (every task
     reading the file finds it before reading any row)."""
@@ -84,7 +80,7 @@ def _cell_images(v, path: str, row: int, column: str, root: str, scalar_null_is_
 def read_caption_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
     from manifests.conversation import image_value_bytes
 
-    have = _schema(path).names
+    have = parquet_schema(path).names
     _require(path, [cfg.image_column, cfg.caption_column], have, "set image_column/caption_column in the ingest config")
     for idx, row in iter_rows(path, [cfg.image_column, cfg.caption_column], take):
         cap = row[cfg.caption_column]
@@ -106,7 +102,7 @@ def read_caption_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
 
 
 def read_llava_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
-    schema = _schema(path)
+    schema = parquet_schema(path)
     image_cols = list(cfg.image_columns) or [f.name for f in schema if is_image_type(f.type)]
     _require(path, ["conversations", *image_cols], schema.names, "set image_columns in the ingest config")
     meta = [c for c in ("category", "data_source") if c in schema.names]
@@ -124,7 +120,7 @@ def read_llava_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
 
 
 def read_finevision(path: str, cfg, take: Take) -> Iterator[RawSample]:
-    schema = _schema(path)
+    schema = parquet_schema(path)
     _require(path, ["images", "texts"], schema.names, "a FineVision file has images and texts columns")
     ratings = sorted(n for n in schema.names if n.endswith("_ratings"))
     meta = ["source"] if "source" in schema.names else []
@@ -145,7 +141,7 @@ def read_finevision(path: str, cfg, take: Take) -> Iterator[RawSample]:
 
 
 def read_messages_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
-    schema = _schema(path)
+    schema = parquet_schema(path)
     _require(path, ["messages"], schema.names, "the messages layout has a messages column (+ images)")
     cols = ["messages"] + [c for c in ("images", "category", "data_source") if c in schema.names]
     root = cfg.image_root or os.path.dirname(path)

@@ -136,29 +136,12 @@ def check_inputs(cfg: IngestConfig, run_dir: Path) -> None:
 
 def read_image_bytes(row: dict) -> bytes:
     """The bytes of a ``samples`` row's first image (what the curation steps embed), from its
-    ``images`` address; rows read without that column fall back on the legacy tar/Parquet columns.
-    A text-only sample has none: ``ValueError`` (callers skip ``n_images == 0`` rows)."""
+    ``images`` address. A text-only sample has none: ``ValueError`` (callers skip ``n_images == 0``)."""
     from manifests.conversation import read_image
 
-    if "images" in row:
-        if not row["images"]:
-            raise ValueError(f"sample {row.get('sample_id')} has no image (a text-only sample)")
-        return read_image(row["images"][0])
-    if row["shard_format"] == "tar" and int(row["offset"]) >= 0:
-        with open(row["shard"], "rb") as f:
-            f.seek(int(row["offset"]))
-            return f.read(int(row["size"]))
-    if row["shard_format"] == "parquet":
-        import pyarrow.parquet as pq
-
-        from curation.formats import is_image_type
-
-        # Legacy rows name no column: the file's first image-typed column holds the image.
-        col = next((f.name for f in pq.read_schema(row["shard"]) if is_image_type(f.type)), None)
-        if col is not None:
-            return read_image({"file": row["shard"], "container": "parquet", "offset": row["offset"],
-                               "column": col, "index": -1})
-    raise ValueError(f"sample {row.get('sample_id')}: read it with its `images` column")
+    if not row["images"]:
+        raise ValueError(f"sample {row.get('sample_id')} has no image (a text-only sample)")
+    return read_image(row["images"][0])
 
 
 class _NoBombCheck:
