@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 from ovpipe.config import config_hash, config_json
-from ovpipe.step import Stats, save_json
+from ovpipe.step import Stats, holds, save_json
 
 FINALIZED = "finalized"
 LOCK_NAME = ".lock"
@@ -172,17 +172,6 @@ def _clear_step_dir(sdir: Path) -> None:
 
 # ------------------------------------------------------------------------------------ upstream
 
-def _outputs_of(d: Path) -> list[str]:
-    try:
-        return list(json.loads((d / "executor.json").read_text()).get("outputs", []))
-    except (OSError, ValueError):
-        return []
-
-
-def _holds(d: Path, kind: str) -> bool:
-    return kind in _outputs_of(d) or (d / kind).is_dir() and any((d / kind).glob("part-*.parquet"))
-
-
 def _named_folders(cfg, run_dir: Path) -> set[str]:
     """Step folders named by the config: the values of fields ``*_step``, ``*_steps`` or ``inputs``
     that are names of existing folders of the run (paths and globs, like ingest's ``inputs``, are not)."""
@@ -217,7 +206,7 @@ def input_steps(run_dir: Path, step, cfg, name: str | None = None) -> list[Path]
     named = _named_folders(cfg, run_dir)
     out: set[Path] = set()
     for kind in step.inputs:
-        cands = [d for d in folders if _holds(d, kind)]
+        cands = [d for d in folders if holds(d, kind)]
         out.update([d for d in cands if d.name in named] or cands)
     return sorted(out)
 

@@ -45,20 +45,27 @@ class Step:
     check: Callable[[Any, Path], None] | None = None
 
 
+def holds(step_dir: Path, kind: str) -> bool:
+    """Whether a step folder holds manifest ``kind``: parts on disk, or ``kind`` among the outputs its
+    ``executor.json`` records (a step already launched, e.g. still queued on Slurm; whether it has
+    finished is ``runfolder.prepare``'s check)."""
+    step_dir = Path(step_dir)
+    if any((step_dir / kind).glob("part-*.parquet")):
+        return True
+    try:
+        return kind in json.loads((step_dir / "executor.json").read_text()).get("outputs", [])
+    except (OSError, ValueError):
+        return False
+
+
 def require_manifest(run_dir: Path, kind: str, step: str | None = None, field: str | None = None) -> None:
-    """Raise ``ValueError`` unless ``RUN/<step>/<kind>/`` (any step folder if ``step`` is None) has parts."""
-    pattern = f"{step}/{kind}/part-*.parquet" if step else f"*/{kind}/part-*.parquet"
-    if next(iter(Path(run_dir).glob(pattern)), None) is not None:
+    """Raise ``ValueError`` unless ``RUN/<step>/`` (any step folder if ``step`` is None) ``holds`` ``kind``."""
+    run_dir = Path(run_dir)
+    folders = [run_dir / step] if step else (sorted(d for d in run_dir.iterdir() if d.is_dir())
+                                             if run_dir.is_dir() else [])
+    if any(holds(d, kind) for d in folders):
         return
-    # A step already launched that writes this kind (e.g. still queued on Slurm, chained with
-    # afterok): its executor.json lists it; whether it has finished is `runfolder.prepare`'s check.
-    for ex in Path(run_dir).glob(f"{step or '*'}/executor.json"):
-        try:
-            if kind in json.loads(ex.read_text()).get("outputs", []):
-                return
-        except (OSError, ValueError):
-            continue
-    where = f"{Path(run_dir) / (step or '*') / kind}/"
+    where = f"{run_dir / (step or '*') / kind}/"
     named = f" ({field} names {step!r})" if field and step else f" ({field})" if field else ""
     raise ValueError(f"no {kind!r} manifest under {where}{named} — run the step that writes it first")
 
