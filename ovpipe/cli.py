@@ -64,26 +64,6 @@ def _run_dir(text: str) -> Path:
     return run_dir
 
 
-def _already_done(run_dir: Path, step, cfg, tasks: int, name: str) -> dict | None:
-    """The merged stats of a step folder whose every rank and finalize are done under this very config
-    and task count — the rerun is then a no-op that writes nothing (so it works on a read-only run)."""
-    from ovpipe import runfolder
-    from ovpipe.config import config_hash
-
-    sdir = run_dir / name
-    try:
-        meta = json.loads((sdir / "executor.json").read_text())
-        if (meta.get("step"), meta.get("tasks"), meta.get("config_hash")) != (step.name, tasks, config_hash(cfg)):
-            return None
-        if runfolder.pending_ranks(sdir, tasks) or not runfolder.is_finalized(sdir):
-            return None
-        if "inputs" in meta and runfolder.upstream_hashes(run_dir, step, cfg, name) != meta["inputs"]:
-            return None  # an upstream step changed: prepare says which, and refuses or (--overwrite) redoes
-        return json.loads((sdir / "stats.json").read_text())
-    except (OSError, ValueError, runfolder.RunFolderError):
-        return None
-
-
 def cmd_step(args) -> int:
     from ovpipe import runfolder
     from ovpipe.config import ConfigError, load_config
@@ -101,7 +81,7 @@ def cmd_step(args) -> int:
         raise UsageError(f"--tasks {tasks} > {step.max_tasks} (this step needs its whole input at once)")
     run_dir = _run_dir(args.run_dir)
     name = args.name or step.name
-    done = None if args.overwrite else _already_done(run_dir, step, cfg, tasks, name)
+    done = None if args.overwrite else runfolder.up_to_date(run_dir, step, cfg, tasks, name)
     if done is not None:
         if not args.quiet:
             print(f"{name}: already done ({tasks} task(s), same config) → {run_dir / name}")
