@@ -1,13 +1,38 @@
 """The LLM on packed (THD) batches: samples never see each other, positions restart per sample."""
 import torch
 
-from pretrain.attention import block_causal_mask
+from pretrain.attention import block_causal_mask, packed_causal_attention
 
 
 def test_block_causal_mask():
     m = block_causal_mask(torch.tensor([0, 2, 5]), 5)
     want = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]).bool()
     assert torch.equal(m, want)
+
+
+def test_per_sample_attention_equals_the_block_causal_mask():
+    """The linear-memory path (one causal SDPA per sample, GQA without repeating key/value) gives
+    what the dense block-diagonal mask gives — forward and gradients — including an empty sample
+    and tokens past the last boundary (they belong to the last sample)."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 5, 5, 12, 14])
+    t, heads, groups, d = 17, 4, 2, 8
+    q = torch.randn(t, heads, d, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(t, groups, d, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(t, groups, d, dtype=torch.float64, requires_grad=True)
+    got = packed_causal_attention(q, k, v, cu)
+    rep = heads // groups
+    want = F.scaled_dot_product_attention(q.transpose(0, 1), k.repeat_interleave(rep, 1).transpose(0, 1),
+                                          v.repeat_interleave(rep, 1).transpose(0, 1),
+                                          attn_mask=block_causal_mask(cu, t)).transpose(0, 1)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-12)
+    g = torch.randn_like(got)
+    ga = torch.autograd.grad(got, (q, k, v), g)
+    gb = torch.autograd.grad(want, (q, k, v), g)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(ga, gb))
 
 
 def test_packed_forward_equals_separate_forwards(megatron_single):
