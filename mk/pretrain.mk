@@ -2,13 +2,19 @@
 #   stage 1   projector only, one epoch of the LLaVA-558K-style alignment packs   (pack-align)
 #   stage 1.5 everything, the concept-balanced caption packs                      (pack)
 #   stage 2   everything, the mixed instruction packs (LLaVA JSON + FineVision)   (pack-instruct)
+# then stage 2 exported as one LLaVA-OneVision-1.5 folder (HF_EXPORT) that lmms-eval and RL rollouts load.
 DEMO_TARGETS += pretrain
 PRETRAIN_STEPS ?= 30
 PRETRAIN_LR ?= 3e-3
 ALIGN_EPOCHS ?= 1
+HF_EXPORT ?= $(RUN)/pretrain/hf-stage-2
 
-.PHONY: pretrain
+.PHONY: pretrain export-model
 pretrain:
 	$(OVPIPE) pretrain --recipe tiny --stage 1 --run-dir $(RUN) --epochs $(ALIGN_EPOCHS) --lr $(PRETRAIN_LR)
 	$(OVPIPE) pretrain --recipe tiny --stage 1.5 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR)
 	$(OVPIPE) pretrain --recipe tiny --stage 2 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR)
+	$(OVPIPE) export-model --run-dir $(RUN) --stage 2 --out $(HF_EXPORT)
+
+export-model:
+	$(OVPIPE) export-model --run-dir $(RUN) --stage 2 --out $(HF_EXPORT)

@@ -16,6 +16,13 @@ from pathlib import Path
 import torch
 
 
+# The distributed optimizer's state is saved in its canonical per-parameter form (gathered over DP
+# at save, sliced per rank at load), so a checkpoint reshards over TP/PP/DP. megatron-core 0.19's
+# default ('fully_sharded_model_space') writes flattened ShardedTensors its own save rejects: every
+# GPU checkpoint failed before this (found on the first GPU run, bench/results/gpu_h200.md).
+OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
 def model_sharded_state_dict(model) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.dist_checkpointing import ShardedTensor
@@ -47,7 +54,7 @@ def save(path: Path, model, opt, step: int) -> None:
     model_sd = model_sharded_state_dict(model)
     sd = {"model": model_sd}
     if opt is not None:
-        sd["optimizer"] = opt.sharded_state_dict(model_sd)
+        sd["optimizer"] = opt.sharded_state_dict(model_sd, metadata=OPT_METADATA)
     dist_checkpointing.save(sd, str(path))
     if dist.is_initialized():
         dist.barrier()
@@ -79,16 +86,25 @@ def load_optimizer(path: Path, model, opt) -> None:
     """The megatron optimizer's state, resharded to this rank's parameters."""
     from megatron.core import dist_checkpointing
 
-    sd = {"optimizer": opt.sharded_state_dict(model_sharded_state_dict(model), is_loading=True)}
+    for o in getattr(opt, "chained_optimizers", [opt]):
+        # megatron's DistributedOptimizer describes its Adam state only once it exists; a fresh one
+        # (no step taken) gets zero-valued state first, replaced in place by the load
+        init = getattr(o, "_init_optimizer_states_with_dummy_values", None)
+        if init is not None and not o.optimizer.state:
+            init()
+    sd = {"optimizer": opt.sharded_state_dict(model_sharded_state_dict(model), is_loading=True,
+                                              metadata=OPT_METADATA)}
     opt.load_state_dict(dist_checkpointing.load(sd, str(path))["optimizer"])
 
 
 def load_state_dict(path: Path, recipe: str) -> dict:
     """The full (TP=1) state dict of a saved stage, for export and inspection (needs megatron's
-    parallel state initialised, e.g. ``pretrain.train.setup_distributed(1)``)."""
+    parallel state initialised, e.g. ``pretrain.train.setup_distributed(1)``). Always megatron's
+    local layer spec, on GPU too: its parameter names are the ones ``pretrain.hf`` maps, and its
+    ``sharded_state_dict_keys_map`` reads checkpoints a Transformer Engine run saved."""
     from pretrain.recipes import RECIPES
     from pretrain.vlm import VLM
 
-    model = VLM(RECIPES[recipe], image_pad_id=0, tp=1, backend="sdpa" if not torch.cuda.is_available() else "auto")
+    model = VLM(RECIPES[recipe], image_pad_id=0, tp=1, backend="sdpa")
     load_model(path, model)
     return model.state_dict()

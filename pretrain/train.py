@@ -146,6 +146,8 @@ def build(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequen
         overrides.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     model = VLM(RECIPES[recipe], image_pad_id(run_dir, tokenizer), tp=sizes["tp"],
                 backend="auto" if cuda else "sdpa", sequence_parallel=sequence_parallel, dtype=dtype, **overrides)
+    if recompute == "full" and getattr(model, "vision", None) is not None:
+        model.vision.recompute = True           # the tower's activations too, not only the LLM's
     if cuda:
         model.cuda()
     return model.to(dtype)

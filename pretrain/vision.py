@@ -1,19 +1,25 @@
-"""RICE-ViT vision tower (native resolution) and the 2×2-merge projector.
+"""RICE-ViT vision tower (native resolution) and the 2×2-merge projector, as the released
+LLaVA-OneVision-1.5 model (``LLaVAOneVision1_5_ForConditionalGeneration``'s ``visual``) runs them.
 
-RICE-ViT is what ``transformers.MLCDVisionModel`` holds: patch 14 convolution (no bias), a learned
-class token with its own rotary angles (``class_pos_emb``), pre-LayerNorm, CLIP-style pre-LN
-encoder layers (LayerNorm → MHA with 2D RoPE → LayerNorm → GELU MLP), and 2D axial RoPE: of each
-head's rotary frequencies half follow the patch row, half the column. Parameter names here match
-``MLCDVisionModel``'s state dict, so its checkpoints load as they are (``load_mlcd``).
+RICE-ViT: patch 14 convolution (no bias), a learned class token per image with its own rotary
+angles (``class_pos_emb``), pre-LayerNorm, CLIP-style pre-LN encoder layers (LayerNorm → MHA with
+2D RoPE → LayerNorm → GELU MLP), and 2D axial RoPE: of each head's rotary frequencies half follow
+the patch row, half the column (``[h, w, h, w]`` over the head dimension). There is no final
+LayerNorm: the published tower hands its last layer's patches straight to the merger (the
+``post_layernorm`` of ``MLCDVisionModel`` is not part of the model, and is dropped on import).
+Parameter names here match ``MLCDVisionModel``'s state dict, so its checkpoints load as they are
+(``load_mlcd``); ``pretrain.hf_llava_ov`` maps them to and from the published names (``visual.*``:
+fused ``qkv``, ``norm1/2``, ``blocks``).
 
 Native resolution, packed: every image keeps its own grid (its size from ``packing.tokens``);
 its patches are re-ordered into 2×2 merge windows — (h//2, w//2, h%2, w%2) — so the projector's
 2×2 merge is a reshape, and all images of a micro-batch run as one THD sequence whose attention
 is confined to each image (block-diagonal, ``cu_seqlens`` per image, class token included).
 
-Projector (``Projector``): LayerNorm → 2×2 neighbour merge (4 consecutive tokens → one 4D vector)
-→ Linear → GELU → Linear into the LLM hidden size. Plain torch modules: the tower is ~0.3B of a
-4–8B model and runs data-parallel; the LLM is the tensor-parallel part.
+Projector (``Projector``, the published ``visual.merger``): LayerNorm (the tower's ε, 1e-5) → 2×2
+neighbour merge (4 consecutive tokens → one 4D vector) → Linear(4D → 4D) → GELU → Linear(4D → LLM
+hidden). Plain torch modules: the tower is ~0.3B of a 4–8B model and runs data-parallel; the LLM is
+the tensor-parallel part.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -63,13 +70,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(s.hidden_size, s.hidden_size)
         self.out_proj = nn.Linear(s.hidden_size, s.hidden_size)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, lens: list[int]):
         t = x.shape[0]
         q, k, v = (p(x).view(t, self.heads, self.hd) for p in (self.q_proj, self.k_proj, self.v_proj))
         c, s_ = cos[:, None, :], sin[:, None, :]
-        q = q * c + rotate_half(q) * s_
-        k = k * c + rotate_half(k) * s_
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+        acc = c.dtype                                       # rotary in fp32 (at least), as HF does
+        q = (q.to(acc) * c + rotate_half(q.to(acc)) * s_).to(v.dtype)
+        k = (k.to(acc) * c + rotate_half(k.to(acc)) * s_).to(v.dtype)
+        # lens: the per-image token counts. Attention is confined to each image: one SDPA per image
+        # (flash / memory-efficient kernels, memory linear in the pack), never a dense pack² mask
+        q, k, v = (z.transpose(0, 1) for z in (q, k, v))
+        out = torch.cat([F.scaled_dot_product_attention(qi[None], ki[None], vi[None])[0]
+                         for qi, ki, vi in zip(q.split(lens, 1), k.split(lens, 1), v.split(lens, 1))], dim=1)
         return self.out_proj(out.transpose(0, 1).reshape(t, -1))
 
 
@@ -91,8 +103,8 @@ class Layer(nn.Module):
         self.layer_norm2 = nn.LayerNorm(s.hidden_size, eps=s.layer_norm_eps)
         self.mlp = MLP(s)
 
-    def forward(self, x, cos, sin, mask):
-        x = x + self.self_attn(self.layer_norm1(x), cos, sin, mask)
+    def forward(self, x, cos, sin, lens: list[int]):
+        x = x + self.self_attn(self.layer_norm1(x), cos, sin, lens)
         return x + self.mlp(self.layer_norm2(x))
 
 
@@ -117,19 +129,24 @@ class RiceViT(nn.Module):
         self.embeddings = Embeddings(s)
         self.pre_layrnorm = nn.LayerNorm(s.hidden_size, eps=s.layer_norm_eps)
         self.encoder = Encoder(s)
-        self.post_layernorm = nn.LayerNorm(s.hidden_size, eps=s.layer_norm_eps)
+        self.recompute = False              # the trainer sets it with recompute='full'
         self.class_pos_emb = nn.Parameter(torch.randn(1, hd // 2) * 0.02)
         spatial = hd // 2
         self.register_buffer("inv_freq", 1.0 / (s.rope_theta ** (torch.arange(0, spatial, 2).float() / spatial)),
                              persistent=False)
 
     def _angles(self, gh: int, gw: int, order: torch.Tensor) -> torch.Tensor:
-        h = torch.arange(gh).repeat_interleave(gw)[order].float()
-        w = torch.arange(gw).repeat(gh)[order].float()
-        fh, fw = h[:, None] * self.inv_freq, w[:, None] * self.inv_freq
+        # in fp32 (fp64 for an fp64 model) whatever the training dtype: a bf16 model's buffers are
+        # bf16, and bf16 frequencies × positions are off by tenths of a radian
+        dev, acc = self.class_pos_emb.device, torch.promote_types(self.class_pos_emb.dtype, torch.float32)
+        spatial = self.size.hidden_size // self.size.num_heads // 2
+        inv_freq = 1.0 / (self.size.rope_theta ** (torch.arange(0, spatial, 2, device=dev).to(acc) / spatial))
+        h = torch.arange(gh, device=dev).repeat_interleave(gw)[order.to(dev)].to(acc)
+        w = torch.arange(gw, device=dev).repeat(gh)[order.to(dev)].to(acc)
+        fh, fw = h[:, None] * inv_freq, w[:, None] * inv_freq
         hw = torch.cat([fh, fw], dim=-1)
         patch = torch.cat([hw, hw], dim=-1)
-        cls = torch.cat([self.class_pos_emb, self.class_pos_emb], dim=-1)
+        cls = torch.cat([self.class_pos_emb, self.class_pos_emb], dim=-1).to(acc)
         return torch.cat([cls, patch], dim=0)
 
     def forward(self, images: list[torch.Tensor], merge_order: bool = True) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -150,20 +167,20 @@ class RiceViT(nn.Module):
         cos, sin = ang.cos(), ang.sin()
         cu = torch.zeros(len(lens) + 1, dtype=torch.long)
         cu[1:] = torch.tensor(lens).cumsum(0)
-        seg = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
-        mask = seg[:, None] == seg[None, :]                 # attention confined to each image
-        for layer in self.encoder.layers:
-            x = layer(x, cos, sin, mask)
+        ckpt = self.recompute and self.training and torch.is_grad_enabled()
+        for layer in self.encoder.layers:      # recompute: each layer's activations rebuilt in backward
+            x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, lens, use_reentrant=False) if ckpt \
+                else layer(x, cos, sin, lens)
         return [x[cu[i]:cu[i + 1]] for i in range(len(lens))], cu
 
 
 class Projector(nn.Module):
-    def __init__(self, vit_hidden: int, llm_hidden: int, merge: int = 2):
+    def __init__(self, vit_hidden: int, llm_hidden: int, merge: int = 2, eps: float = 1e-5):
         super().__init__()
         self.merge = merge
-        self.ln_q = nn.LayerNorm(vit_hidden, eps=1e-6)
-        self.mlp = nn.Sequential(nn.Linear(vit_hidden * merge * merge, llm_hidden), nn.GELU(),
-                                 nn.Linear(llm_hidden, llm_hidden))
+        merged = vit_hidden * merge * merge
+        self.ln_q = nn.LayerNorm(vit_hidden, eps=eps)
+        self.mlp = nn.Sequential(nn.Linear(merged, merged), nn.GELU(), nn.Linear(merged, llm_hidden))
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         """patches [n, D] in merge-window order → [n / merge², llm_hidden]."""
@@ -172,7 +189,8 @@ class Projector(nn.Module):
 
 
 def load_mlcd(path: str) -> RiceViT:
-    """A saved ``transformers.MLCDVisionModel`` → our tower, weights as they are."""
+    """A saved ``transformers.MLCDVisionModel`` → our tower, weights as they are (its
+    ``post_layernorm``, which the published model does not run, is left out)."""
     from transformers import MLCDVisionConfig, MLCDVisionModel
 
     cfg = MLCDVisionConfig.from_pretrained(path)
@@ -182,7 +200,8 @@ def load_mlcd(path: str) -> RiceViT:
     hf = MLCDVisionModel.from_pretrained(path).state_dict()
     hf = {k.removeprefix("vision_model."): v for k, v in hf.items()}
     missing, unexpected = ours.load_state_dict(hf, strict=False)
-    unexpected = [k for k in unexpected if "position_ids" not in k and "inv_freq" not in k and "position_embedding" not in k]
+    unexpected = [k for k in unexpected if not any(x in k for x in ("position_ids", "inv_freq", "position_embedding",
+                                                                     "post_layernorm"))]
     if missing or unexpected:
         raise KeyError(f"MLCD weights do not map: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return ours

@@ -40,7 +40,7 @@ class VLM(nn.Module):
         self.post_process = ps.is_pipeline_last_stage() if pp_ready else True
         if self.pre_process:
             self.vision = RiceViT(recipe.vit)
-            self.projector = Projector(recipe.vit.hidden_size, recipe.llm.hidden_size)
+            self.projector = Projector(recipe.vit.hidden_size, recipe.llm.hidden_size, eps=recipe.vit.layer_norm_eps)
         self.llm = build_llm(recipe.llm, tp=tp, backend=backend, pre_process=self.pre_process,
                              post_process=self.post_process, sequence_parallel=sequence_parallel,
                              **overrides)
@@ -56,16 +56,12 @@ class VLM(nn.Module):
     def set_input_tensor(self, t) -> None:
         self.llm.set_input_tensor(t)
 
-    # Loaded by name from MLCD / published checkpoints but not in the forward pass (the projector's
-    # ``ln_q`` normalises the patches): never trainable, or DDP's overlapped gradient reduction would
-    # wait for gradients that never come.
-    NOT_IN_FORWARD = ("vision.post_layernorm.",)
-
     def set_trainable(self, which: str) -> None:
-        """``all`` | ``projector``: which parameters train (the rest are frozen)."""
+        """``all`` | ``projector``: which parameters train (the rest are frozen). Every parameter is
+        in the forward pass (the published tower has no final LayerNorm; MLCD's is dropped on import),
+        so DDP's overlapped gradient reduction sees each one's gradient on every step."""
         for name, p in self.named_parameters():
-            p.requires_grad = (which == "all" or name.startswith("projector.")) and \
-                not name.startswith(self.NOT_IN_FORWARD)
+            p.requires_grad = which == "all" or name.startswith("projector.")
 
     def image_embeddings(self, images: list[torch.Tensor]) -> torch.Tensor:
         """RICE-ViT → projector: [Σ (gh·gw)/4, llm_hidden] for the images in order."""

@@ -1,32 +1,90 @@
-"""A trained stage exports to transformers models that reproduce our forward passes."""
+"""A trained stage exports as one folder in the published LLaVA-OneVision-1.5 layout, whatever the
+TP/PP layout its dist checkpoint was saved at, with the tokenizer and image settings the training
+used (found through the run folder). Parity with the official class: test_official_parity.py."""
+import json
+import os
 import shutil
+import subprocess
+import sys
 
+import pytest
 import torch
 
 
-def test_export_roundtrip(megatron_single, packed_demo, tmp_path):
-    from transformers import MLCDVisionModel, Qwen3ForCausalLM
+def _tensors(folder):
+    from pretrain.hf_import import read_safetensors
 
-    from pretrain.export import export
+    return read_safetensors(folder)
+
+
+def test_export_is_the_trained_stage_with_its_training_inputs(megatron_single, packed_demo, tmp_path, capsys):
+    from ovpipe.cli import main
+    from pretrain.dist_ckpt import load_state_dict
+    from pretrain.hf_llava_ov import published_state_dict
     from pretrain.recipes import RECIPES
-    from pretrain.train import image_pad_id, train
-    from pretrain.vlm import VLM
+    from pretrain.train import train
 
     run = tmp_path / "run"
     shutil.copytree(packed_demo, run)
     out = train(run, "tiny", "1.5", steps=2, micro_batch=1, lr=1e-2, log=lambda *_: None)
-    export(run, "1.5", tmp_path / "hf")
-    ours = VLM(RECIPES["tiny"], image_pad_id(run, None), backend="sdpa").eval()
-    from pretrain.dist_ckpt import load_model
+    assert main(["export-model", "--run-dir", str(run), "--stage", "1.5", "--out", str(tmp_path / "hf"),
+                 "--max-shard-size", "100KB"]) == 0
+    printed = capsys.readouterr().out
+    hf = tmp_path / "hf"
+    assert f"--model llava_onevision1_5 --model_args pretrained={hf.resolve()}" in printed
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1                      # sharded, every shard indexed
+    want = published_state_dict(load_state_dict(out["checkpoint"], "tiny"), RECIPES["tiny"])
+    got = _tensors(hf)
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    lengths = json.loads((run / "lengths" / "config.json").read_text())
+    pre = json.loads((hf / "preprocessor_config.json").read_text())
+    assert (pre["min_pixels"], pre["max_pixels"], pre["patch_size"], pre["merge_size"], pre["temporal_patch_size"]) == \
+        (lengths["min_pixels"], lengths["max_pixels"], lengths["patch_size"], lengths["merge_size"], 1)
+    assert pre["processor_class"] == "Qwen2_5_VLProcessor"
+    info = json.loads((hf / "ovpipe_export.json").read_text())
+    assert info["tokenizer"] == lengths["tokenizer"] and info["recipe"] == "tiny" and info["step"] == 2
+    assert (hf / "tokenizer.json").read_bytes() == (run / "tokenizer" / "tokenizer.json").read_bytes()
+    gen = json.loads((hf / "generation_config.json").read_text())
+    from packing.tokens import load_tokenizer
 
-    load_model(out["checkpoint"], ours)
-    tokens = torch.randint(0, 512, (1, 20))
-    with torch.no_grad():
-        mine = ours.llm(tokens, torch.arange(20)[None], attention_mask=None)
-        theirs = Qwen3ForCausalLM.from_pretrained(tmp_path / "hf" / "llm").eval()(tokens).logits
-        assert (mine - theirs).abs().max().item() <= 1e-4
-        img = torch.randn(3, 56, 56)
-        (v,), _ = ours.vision([img], merge_order=False)
-        ref = MLCDVisionModel.from_pretrained(tmp_path / "hf" / "vision").eval()(pixel_values=img[None]).last_hidden_state[0]
-        assert (v - ref).abs().max().item() <= 1e-4
-    assert (tmp_path / "hf" / "projector.safetensors").exists()
+    assert gen["eos_token_id"] == load_tokenizer(str(run / "tokenizer")).convert_tokens_to_ids("<|im_end|>")
+
+
+def test_export_without_a_recipe_or_tokenizer_says_which(megatron_single, tmp_path, capsys):
+    from ovpipe.cli import main
+
+    assert main(["export-model", "--run-dir", str(tmp_path), "--stage", "0", "--out", str(tmp_path / "hf")]) == 2
+    assert "give --recipe" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_export_from_a_pipeline_parallel_checkpoint(conversation_run, tmp_path):
+    """Stage 2 trained at PP=2 (two gloo processes under torchrun): the export holds the same tensors
+    as the checkpoint read back at TP=1/PP=1, and the official class loads it with nothing missing."""
+    from pretrain.official import files
+
+    src, _ = conversation_run
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ovpipe = [sys.executable, "-m", "ovpipe.cli"]
+    subprocess.run([*ovpipe, "pretrain", "--recipe", "tiny", "--stage", "2", "--run-dir", str(run), "--pp", "2",
+                    "--steps", "1", "--micro-batch", "1", "--data", "pack-conv", "--distributed-optimizer", "off"],
+                   check=True, env=env, timeout=300, capture_output=True)
+    assert json.loads((run / "pretrain" / "stage-2" / "stage.json").read_text())["pp"] == 2
+    subprocess.run([*ovpipe, "export-model", "--run-dir", str(run), "--stage", "2", "--out", str(tmp_path / "hf")],
+                   check=True, env=env, timeout=300, capture_output=True)
+    check = ("import sys, torch; from pretrain.train import setup_distributed; setup_distributed(1)\n"
+             "from pretrain.dist_ckpt import load_state_dict; from pretrain.hf_llava_ov import published_state_dict\n"
+             "from pretrain.hf_import import read_safetensors; from pretrain.recipes import RECIPES\n"
+             "want = published_state_dict(load_state_dict(sys.argv[1], 'tiny'), RECIPES['tiny'])\n"
+             "got = read_safetensors(sys.argv[2])\n"
+             "assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)\n")
+    subprocess.run([sys.executable, "-c", check, str(run / "pretrain" / "stage-2" / "dist_ckpt"), str(tmp_path / "hf")],
+                   check=True, env=env, timeout=300)
+    if files() is not None:
+        from pretrain.official import from_pretrained
+
+        _, info = from_pretrained(tmp_path / "hf", output_loading_info=True)
+        assert not info["missing_keys"] and not info["unexpected_keys"]

@@ -52,3 +52,35 @@ def test_mismatched_checkpoint_names_the_field(megatron_single, tmp_path):
     _save_hf(tmp_path, hidden=32)
     with pytest.raises(ValueError, match=r"hidden_size=32 \(recipe: 64\)"):
         import_hf(tmp_path / "run", "tiny", str(tmp_path / "qwen3"))
+
+
+def test_stage_1_5_starts_from_an_imported_llava_ov_checkpoint(megatron_single, packed_demo, tmp_path):
+    """A LLaVA-OneVision-1.5 folder saved by the official class, imported as ``stage-1``: stage 1.5
+    starts from exactly its weights (one step at lr 0 leaves them as they were)."""
+    from pretrain.official import files, load
+
+    if files() is None:
+        pytest.skip("lmms-engine is not installed (make install adds it, --no-deps)")
+    from packing.tokens import load_tokenizer
+    from pretrain.dist_ckpt import load_state_dict
+    from pretrain.hf_import import import_llava_ov, read_safetensors
+    from pretrain.hf_llava_ov import config_dict, to_ours
+    from pretrain.recipes import RECIPES
+    from pretrain.train import train
+
+    official = load()
+    run = tmp_path / "run"
+    shutil.copytree(packed_demo, run)
+    torch.manual_seed(11)
+    tok = load_tokenizer(str(run / "tokenizer"))
+    cfg = official.configuration.Llavaonevision1_5Config(**config_dict(RECIPES["tiny"], tok))
+    m = official.LLaVAOneVision1_5_ForConditionalGeneration(cfg)
+    m.lm_head.weight = m.model.language_model.embed_tokens.weight                  # the tiny recipe ties them
+    m._tied_weights_keys = {"lm_head.weight": "model.language_model.embed_tokens.weight"}   # transformers 5's form
+    m.save_pretrained(str(tmp_path / "release"))
+    ck = import_llava_ov(run, "tiny", str(tmp_path / "release"), stage="1")
+    assert ck == run / "pretrain" / "stage-1" / "dist_ckpt"
+    out = train(run, "tiny", "1.5", steps=1, micro_batch=1, lr=0.0, log=lambda *_: None)
+    after = load_state_dict(out["checkpoint"], "tiny")
+    want = to_ours(read_safetensors(tmp_path / "release"), RECIPES["tiny"])
+    assert len(want) > 40 and all(torch.equal(after[k], v) for k, v in want.items())

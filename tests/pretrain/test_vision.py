@@ -47,6 +47,17 @@ def test_images_do_not_attend_to_each_other():
 
 
 def test_projector_merges_2x2():
+    """The published merger's layout: LayerNorm(ε 1e-5) → 2×2 merge → Linear(4D, 4D) → GELU →
+    Linear(4D, LLM)."""
     p = Projector(32, 64)
     out = p(torch.randn(16, 32))
     assert out.shape == (4, 64)
+    assert p.ln_q.eps == 1e-5 and p.mlp[0].weight.shape == (128, 128) and p.mlp[2].weight.shape == (64, 128)
+
+
+def test_tower_has_no_final_norm_and_mlcd_post_layernorm_is_dropped(tmp_path):
+    """The published tower hands its last layer to the merger (no post-LayerNorm); MLCD's is not imported."""
+    hf = _tiny_mlcd(tmp_path / "mlcd")
+    assert any("post_layernorm" in k for k in hf.state_dict())
+    ours = load_mlcd(str(tmp_path / "mlcd"))
+    assert not any("post_layernorm" in k for k in ours.state_dict())
