@@ -3,14 +3,19 @@
 * ``verl`` (also EasyR1): ``RUN/export/verl/<split>.parquet`` — ``data_source``, ``prompt`` (chat
   messages; the user turn keeps one ``<image>`` per image), ``images`` (``[{"bytes": …}]``),
   ``ability``, ``reward_model {style: "rule", ground_truth}``, ``extra_info {index, prompt_id,
-  answer_type, split}``, plus ``problem``/``answer`` so EasyR1's default keys read the same file;
+  answer_type, split, reward_params}``, plus ``problem``/``answer`` so EasyR1's default keys read the same file;
 * ``areal`` (what the published RL recipe hands to AReaL): ``RUN/export/areal/<split>/part-NNNNN.jsonl``,
   2000 rows per shard — ``id, images, problem, answer, problem_type, answer_type, source,
-  prompt_type``; images written once as PNG/JPEG files under ``areal/images/`` and referenced by path;
+  prompt_type`` (``normal`` | ``thinking``, as the recipe's dataset reads it), ``reward_params``;
+  images written once as PNG/JPEG files under ``areal/images/`` and referenced by path;
 * ``roll`` (ROLL VLM): parquet like verl plus ``reward_model.{accuracy_ratio, format_ratio, verifier,
   verifier_parm}`` and ``tag``; ratios come from the prompt's ``extra`` (a ROLL input) else the config;
-* ``openrlhf``: ``RUN/export/openrlhf/<split>.jsonl`` — ``{"prompt", "label", "images": [paths],
-  "datasource"}``.
+* ``openrlhf``: ``RUN/export/openrlhf/<split>.jsonl`` — ``{"id", "prompt", "label", "reward_label", "images":
+  [paths], "datasource"}`` (``reward_label``: ground truth + answer type + reward parameters, JSON).
+
+Every layout carries what ``rl_select.trainers`` needs to score a rollout with the same reward as
+``ovpipe score`` (``answer_type`` and ``reward_params``), and beside each one ``HANDOFF.md`` gives the
+trainer's command line wiring the data and our reward function together (``rl_select/handoff.py``).
 """
 from __future__ import annotations
 
@@ -54,6 +59,13 @@ def kept_rows(task: TaskContext) -> list[dict]:
     return out
 
 
+def reward_label(p: dict) -> str:
+    """OpenRLHF hands its reward function only the query, the prompt and one label field: the label
+    carries the answer type and reward parameters (``--label_key reward_label``)."""
+    return json.dumps({"ground_truth": p["ground_truth"], "answer_type": p["answer_type"],
+                       "reward_params": p["extra"] or "{}"}, sort_keys=True)
+
+
 def _verl_row(i: int, p: dict, roll: bool, cfg: ExportConfig) -> dict:
     rm = {"style": "rule", "ground_truth": p["ground_truth"]}
     if roll:
@@ -63,7 +75,9 @@ def _verl_row(i: int, p: dict, roll: bool, cfg: ExportConfig) -> dict:
                    "verifier": p["answer_type"], "verifier_parm": json.dumps(extra, sort_keys=True)})
     row = {"data_source": p["source"], "prompt": [{"role": "user", "content": p["question"]}],
            "images": [{"bytes": b} for b in p["images"]], "ability": p["category"], "reward_model": rm,
-           "extra_info": {"index": i, "prompt_id": p["prompt_id"], "answer_type": p["answer_type"], "split": p["split"]},
+           # answer_type + reward_params (the prompt's `extra`, JSON) are what the verl adapter scores with
+           "extra_info": {"index": i, "prompt_id": p["prompt_id"], "answer_type": p["answer_type"], "split": p["split"],
+                          "reward_params": p["extra"] or "{}"},
            # EasyR1's defaults (data.prompt_key=problem, answer_key=answer, image_key=images) read the same file
            "problem": p["question"], "answer": p["ground_truth"]}
     if roll:
@@ -104,20 +118,27 @@ def run(cfg: ExportConfig, task: TaskContext) -> None:
                 if fmt == "areal":
                     d = root / "areal" / split
                     d.mkdir(parents=True, exist_ok=True)
-                    prompt_type = "answer_only" if split == "stage1-answer-only" else "thinking"
+                    # the recipe's AReaL dataset gives `normal` prompts the answer-only template, others the thinking one
+                    prompt_type = "normal" if split == "stage1-answer-only" else "thinking"
                     for s in range(0, max(len(part), 1), cfg.areal_shard_rows):
                         with open(d / f"part-{s // cfg.areal_shard_rows:05d}.jsonl", "w") as f:
                             for p in part[s:s + cfg.areal_shard_rows]:
                                 f.write(json.dumps({"id": p["prompt_id"], "images": paths(p), "problem": p["question"],
                                                     "answer": p["ground_truth"], "problem_type": p["category"],
                                                     "answer_type": p["answer_type"], "source": p["source"],
-                                                    "prompt_type": prompt_type}) + "\n")
+                                                    "prompt_type": prompt_type,
+                                                    "reward_params": p["extra"] or "{}"}) + "\n")
                 else:
                     with open(root / "openrlhf" / f"{split}.jsonl", "w") as f:
                         for p in part:
-                            f.write(json.dumps({"prompt": p["question"], "label": p["ground_truth"],
-                                                "images": paths(p), "datasource": p["source"]}) + "\n")
+                            f.write(json.dumps({"id": p["prompt_id"], "prompt": p["question"], "label": p["ground_truth"],
+                                                "reward_label": reward_label(p), "images": paths(p),
+                                                "datasource": p["source"]}) + "\n")
             task.stats.inc(f"{fmt}/{split}", len(part))
+        if splits:
+            from rl_select.handoff import write_handoff
+
+            write_handoff(fmt, root, splits, rows, task.run_dir)
     task.stats.inc("exported", len(rows))
 
 

@@ -37,6 +37,6 @@ def pass_at_k(n, c, k) -> np.ndarray:
     for i, j in enumerate(active):
         log_ratio[:j] += np.log1p(-xs[:j] / (ns[:j] - i))
     out = np.empty(ms.size)
-    out[order] = -np.expm1(log_ratio)
+    out[order] = 0.0 - np.expm1(log_ratio)            # 0.0 − (−0.0): a pass@k of zero is +0.0, never −0.0
     out[certain] = 1.0
     return out.reshape(shape)

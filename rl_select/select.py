@@ -4,7 +4,9 @@ the first.
 Per prompt (over its accuracy rewards; ``format`` rows are not correctness): ``n`` rollouts,
 ``c`` correct, ``pass@1 = c/n``, unbiased ``pass@k`` for the configured k (``rl_select.passk``),
 ``pass@N = pass@n``, ``gap = pass@N − pass@1``, mean reward (a configured k > n is reported
-as pass@n). Rules (``rule``):
+as pass@n); ``pass_at_k`` is a typed ``MAP<int32, double>`` (``WHERE pass_at_k[4] >= 0.5`` in
+``ovpipe sql``). A prompt with no scored rollout (``n = 0``) has NULL rates and a NULL map, never 0,
+so ``avg(pass_at_1)`` in SQL counts only what was measured. Rules (``rule``):
 
 * ``gap`` (default): keep iff pass@N ≥ ``min_pass_at_n`` (0.5), pass@1 ≤ ``max_pass_at_1`` (0.7)
   and gap ≥ ``min_gap`` (0.2); otherwise ``too_hard`` / ``too_easy`` / ``no_gap``, checked in
@@ -88,12 +90,12 @@ def decide(n, c, errors, mean, n_ao, c_ao, categories, cfg: SelectConfig) -> dic
 
     n = np.asarray(n)
     c = np.asarray(c)
-    valid = n > 0
+    valid = n > 0                 # n = 0: nothing was scored, every rate is undefined (NaN here, NULL in the manifest)
     nn = np.maximum(n, 1)
-    p1 = np.where(valid, c / nn, 0.0)
-    pn = np.where(valid, pass_at_k(nn, np.minimum(c, nn), nn), 0.0)
+    p1 = np.where(valid, c / nn, np.nan)
+    pn = np.where(valid, pass_at_k(nn, np.minimum(c, nn), nn), np.nan)
     gap = pn - p1
-    mean = np.nan_to_num(np.asarray(mean, dtype=np.float64), nan=0.0)
+    mean = np.where(valid, np.asarray(mean, dtype=np.float64), np.nan)
     reason = np.full(len(n), "kept", dtype=object)
     if cfg.rule == "gap":
         reason[gap < cfg.min_gap] = "no_gap"
@@ -117,9 +119,23 @@ def decide(n, c, errors, mean, n_ao, c_ao, categories, cfg: SelectConfig) -> dic
     passk = {}
     for k in cfg.ks:
         kk = np.minimum(k, nn)
-        passk[k] = np.where(valid, pass_at_k(nn, np.minimum(c, nn), kk), 0.0)
-    return {"pass_at_1": p1, "pass_at_n": pn, "gap": gap, "mean_reward": mean, "reason": reason, "kept": kept,
+        passk[k] = np.where(valid, pass_at_k(nn, np.minimum(c, nn), kk), np.nan)
+    return {"valid": valid, "pass_at_1": p1, "pass_at_n": pn, "gap": gap, "mean_reward": mean, "reason": reason, "kept": kept,
             "split": split, "passk": passk}
+
+
+def pass_at_k_map(passk: dict, undefined: np.ndarray):
+    """``{k: pass@k}`` per prompt as an Arrow ``MAP<int32, double>`` (``pass_at_k[4]`` in DuckDB);
+    NULL where nothing was scored."""
+    import pyarrow as pa
+
+    ks = sorted(passk)
+    n = len(undefined)
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * len(ks), pa.int32())
+    keys = pa.array(np.tile(np.asarray(ks, dtype=np.int32), n), pa.int32())
+    items = pa.array(np.stack([passk[k] for k in ks], axis=1).ravel() if ks else np.zeros(0), pa.float64())
+    return pa.MapArray.from_arrays(offsets, keys, items, type=pa.map_(pa.int32(), pa.float64()),
+                                   mask=pa.array(undefined, pa.bool_()))
 
 
 def run(cfg: SelectConfig, task: TaskContext) -> None:
@@ -154,20 +170,17 @@ def run(cfg: SelectConfig, task: TaskContext) -> None:
     reasons, counts = np.unique(d["reason"].astype(str), return_counts=True)
     for reason, count in zip(reasons, counts):
         task.stats.inc(f"reason/{reason}", int(count))
-    ks = list(d["passk"])
-    passk = pl.DataFrame({f"k{k}": np.round(d["passk"][k], 12) for k in ks}).select(pl.concat_str(
-        [pl.lit("{")] + [e for j, k in enumerate(ks) for e in
-                         (pl.lit(("" if j == 0 else ", ") + f'"{k}": '), pl.col(f"k{k}").cast(pl.Utf8))] + [pl.lit("}")]
-    ).alias("pass_at_k"))["pass_at_k"] if ks else pl.Series(["{}"] * df.height)
+    undefined = ~d["valid"]
+    rate = lambda a: pa.array(a, pa.float64(), mask=undefined)  # noqa: E731
     task.write_part("selection", pa.table({
         "prompt_id": df["prompt_id"].to_arrow().cast(pa.string()),
         "source": df["source"].to_arrow().cast(pa.string()),
         "category": df["category"].to_arrow().cast(pa.string()),
         "n": pa.array(col("n"), pa.int32()),
         "correct": pa.array(col("c"), pa.int32()),
-        "pass_at_1": pa.array(d["pass_at_1"]), "pass_at_n": pa.array(d["pass_at_n"]), "gap": pa.array(d["gap"]),
-        "mean_reward": pa.array(d["mean_reward"]),
-        "pass_at_k": passk.to_arrow().cast(pa.string()),
+        "pass_at_1": rate(d["pass_at_1"]), "pass_at_n": rate(d["pass_at_n"]), "gap": rate(d["gap"]),
+        "mean_reward": rate(d["mean_reward"]),
+        "pass_at_k": pass_at_k_map(d["passk"], undefined),
         "kept": pa.array(d["kept"].astype(bool)), "reason": pa.array(d["reason"].astype(str), pa.string()),
         "split": pa.array(list(d["split"]), pa.string()),
     }))
@@ -180,9 +193,10 @@ def finalize(cfg: SelectConfig, task: TaskContext) -> None:
     import matplotlib.pyplot as plt
     import polars as pl
 
-    sel = pl.from_arrow(task.read_output("selection"))
+    sel = pl.from_arrow(task.read_output("selection").drop(["pass_at_k"]))
+    scored = sel.filter(pl.col("n") > 0)
     plt.figure(figsize=(4.8, 4))
-    plt.hist2d(sel["pass_at_1"].to_numpy(), sel["pass_at_n"].to_numpy(), bins=[20, 20], range=[[0, 1], [0, 1]],
+    plt.hist2d(scored["pass_at_1"].to_numpy(), scored["pass_at_n"].to_numpy(), bins=[20, 20], range=[[0, 1], [0, 1]],
                cmap="Blues", cmin=1)
     plt.colorbar(label="prompts")
     plt.plot([0, 1], [cfg.min_gap, 1 + cfg.min_gap], "r--", lw=0.8)

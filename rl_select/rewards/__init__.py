@@ -9,6 +9,10 @@ process's main thread. ``RewardRunner`` sends each job to a pool of worker proce
 exceeds ``timeout_s`` becomes ``status = timeout`` (reward 0) and its worker is replaced; a response
 that cannot be parsed (malformed JSON boxes, unsafe SVG) is ``status = bad_response`` (reward 0, an
 incorrect rollout); any other exception is ``status = error`` with the message. Nothing in a response is executed.
+
+The recipe's AnswerType names (``multiple-choice``, ``math-expressions``, ``ocrtext``, ``critic`` …)
+resolve to the same rules; a prompt's ``require_answer_tag: true`` applies the recipe's extraction
+(no ``<answer>…</answer>``, reward 0). Trainers call the same registry through ``rl_select.trainers``.
 """
 from __future__ import annotations
 
@@ -18,9 +22,9 @@ import time
 from typing import Callable
 
 from rl_select.rewards.detection import detection_reward
-from rl_select.rewards.extract import BadResponse
-from rl_select.rewards.rules import (bbox_reward, bool_reward, choice_reward, format_reward, html_reward, math_reward,
-                                     number_reward, ocr_reward, string_reward)
+from rl_select.rewards.extract import MAX_RESPONSE_CHARS, BadResponse
+from rl_select.rewards.rules import (bbox_reward, bool_reward, choice_reward, exact_reward, format_reward, html_reward,
+                                     math_reward, number_reward, ocr_reward, string_reward)
 from rl_select.rewards.svg import svg_reward
 
 REWARDS: dict[str, Callable] = {
@@ -37,7 +41,12 @@ REWARDS: dict[str, Callable] = {
     "string": string_reward,
     "format": format_reward,
     "detection": detection_reward,
+    "exact": exact_reward,
 }
+# the published recipe's AnswerType names (its data ships with them), on the same rules
+REWARDS.update({"multiple-choice": choice_reward, "math-expressions": math_reward, "html-code": html_reward,
+                "svg-code": svg_reward, "boolean": bool_reward, "ocrtext": ocr_reward, "any": string_reward,
+                "critic": exact_reward})
 
 
 def register(name: str, fn: Callable) -> None:
@@ -67,11 +76,20 @@ def reward_params(extra) -> dict:
     return params
 
 
+def has_answer_tag(response: str) -> bool:
+    """An ``<answer>…</answer>`` pair (case-insensitive) in the part of the response that is scored."""
+    low = (response or "")[-MAX_RESPONSE_CHARS:].lower()
+    i = low.find("<answer>")
+    return i >= 0 and low.find("</answer>", i) >= 0
+
+
 def score_one(job: tuple) -> tuple[float, bool, str, str | None]:
     answer_type, response, gt, extra = job
     try:
         fn = resolve(answer_type)
         params = reward_params(extra)
+        if params.get("require_answer_tag") and answer_type != "format" and not has_answer_tag(response):
+            return 0.0, False, "ok", None      # the recipe's extraction: no <answer>…</answer>, no reward
         r, c = fn(response, gt, params)
         if "correct_threshold" in params:      # per-prompt override of a graded reward's notion of correct
             c = float(r) >= float(params["correct_threshold"])
@@ -91,6 +109,24 @@ def _worker(conn) -> None:
             return
         for i, job in batch:
             conn.send((i, score_one(job)))
+
+
+_warm = False
+
+
+def warm_up() -> None:
+    """Import and exercise the slow-to-start rewards once in the parent, before the workers fork:
+    a worker that had to import SymPy and build math-verify's parsers on its first job spent seconds
+    of that job's time limit on it (the demo's first math jobs timed out on a loaded machine)."""
+    global _warm
+    if _warm:
+        return
+    _warm = True
+    for job in (("math", "<answer>\\frac{1}{2}</answer>", "0.5", "{}"), ("ocr", "<answer>a</answer>", "a", "{}")):
+        try:
+            score_one(job)
+        except Exception:   # best effort (e.g. math-verify's signal timeouts outside the main thread)
+            pass
 
 
 class RewardRunner:
@@ -117,6 +153,7 @@ class RewardRunner:
         return p, parent
 
     def __enter__(self):
+        warm_up()
         self._procs = [self._spawn() for _ in range(self.workers)]
         return self
 

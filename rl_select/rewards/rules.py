@@ -55,7 +55,13 @@ _CHOICE = re.compile(r"(?:^|[^A-Za-z])\(?([A-J])\)?(?:[^A-Za-z]|$)")
 
 
 def choice_letter(s: str) -> str | None:
+    """The recipe's rule first (strip ``.()``, uppercase the first character: ``b.`` → B), taken
+    only when that character stands alone (``B) 42``, ``(c)``, ``d.``), so ``Blue`` is not option B;
+    then "answer is C", a standalone capital letter, the last one wins."""
     s = (s or "").strip()
+    head = s.strip(".()")
+    if head[:1].isalpha() and head[:1].upper() in "ABCDEFGHIJ" and (len(head) == 1 or head[1] in ".):,"):
+        return head[0].upper()
     m = re.search(r"answer\s*(?:is|:)?\s*\(?([A-J])\)?\b", s, re.I)
     if m:
         return m.group(1).upper()
@@ -125,6 +131,12 @@ def string_reward(response: str, gt: str, extra: dict):
     return float(ok), ok
 
 
+def exact_reward(response: str, gt: str, extra: dict):
+    """The recipe's ``critic`` rule: the answer equals the ground truth after stripping whitespace."""
+    ok = bool(gt and gt.strip()) and extract_answer(response).strip() == gt.strip()
+    return float(ok), ok
+
+
 # -- bbox, OCR, HTML ----------------------------------------------------------------------
 def parse_box(s: str) -> list[float] | None:
     s = (s or "")[:10_000]
@@ -165,14 +177,29 @@ def bbox_reward(response: str, gt: str, extra: dict):
     return v, v >= float(extra.get("iou_threshold", 0.5))
 
 
+def _ocr_golds(gt: str) -> list[str]:
+    """A JSON list of acceptable transcriptions, or the ground truth itself."""
+    g = (gt or "").strip()
+    if g.startswith("["):
+        try:
+            v = json.loads(g)
+            if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+                return v
+        except ValueError:
+            pass
+    return [g]
+
+
 def ocr_reward(response: str, gt: str, extra: dict):
-    """1 − Levenshtein / max length, zero below 0.5."""
+    """The recipe's rule: lower-cased, whitespace collapsed, 1 − Levenshtein / max length against
+    the best of the acceptable answers, zero below 0.5; an empty answer scores 0."""
     from rapidfuzz.distance import Levenshtein
 
-    p, g = extract_answer(response).strip(), (gt or "").strip()
-    if not p and not g:
-        return 1.0, True
-    score = 1 - Levenshtein.distance(p, g) / max(len(p), len(g))
+    norm = lambda t: " ".join(t.strip().lower().split())  # noqa: E731
+    p = norm(extract_answer(response))
+    if not p:
+        return 0.0, False
+    score = max(1 - Levenshtein.distance(p, g) / max(len(p), len(g)) for g in map(norm, _ocr_golds(gt)))
     score = score if score >= 0.5 else 0.0
     return score, score >= 0.9
 

@@ -159,3 +159,39 @@ def test_correct_threshold_override():
     r, c, status, _ = score_one(("ocr", "<answer>helo world</answer>", "hello world", "{}"))
     assert status == "ok" and r > 0.9 and c
     assert score_one(("ocr", "<answer>helo world</answer>", "hello world", '{"correct_threshold": 0.95}'))[1] is False
+
+
+# -- fidelity to the published recipe's rules (reward/*.py of LLaVA-OneVision-1.5-RL) -------------
+@pytest.mark.parametrize("resp, gt, ok", [
+    ("\\boxed{b.}", "B", True),            # the recipe strips `.()` and uppercases the first character
+    ("<answer>b.</answer>", "B", True),
+    ("<answer>(c)</answer>", "C", True),
+    ("<answer>D) 42</answer>", "D", True),
+    ("<answer>a</answer>", "b", False),
+    ("<answer>Blue</answer>", "B", False),  # deliberate: a word starting with B is not option B (the recipe says 1)
+    ("<answer>The answer is C</answer>", "C", True),
+])
+def test_multiple_choice_recipe_rule(resp, gt, ok):
+    assert R("multiple_choice", resp, gt)[1] is ok
+    assert R("multiple-choice", resp, gt)[1] is ok         # the recipe's AnswerType name, same rule
+
+
+def test_ocr_recipe_normalisation_and_gold_list():
+    assert R("ocr", "<answer>Hello   WORLD</answer>", "hello world")[0] == 1.0     # lower-cased, spaces collapsed
+    assert R("ocrtext", "<answer>helo</answer>", '["zzzz", "hello"]')[0] == pytest.approx(0.8)   # best of the golds
+    assert R("ocr", "<answer></answer>", "")[0] == 0.0                              # an empty answer scores 0
+
+
+def test_recipe_answer_types_resolve_and_critic_is_exact():
+    for t in ("math-expressions", "html-code", "svg-code", "boolean", "ocrtext", "any", "critic"):
+        assert callable(resolve(t))
+    assert R("critic", "<answer> Yes </answer>", "Yes")[0] == 1.0 and R("critic", "<answer>yes</answer>", "Yes")[0] == 0.0
+    with pytest.raises(KeyError):
+        resolve("general-code")            # the recipe executes code for this one; we never execute a response
+
+
+def test_require_answer_tag_is_the_recipes_extraction():
+    strict = '{"require_answer_tag": true}'
+    assert score_one(("math", "so \\boxed{4}", "4", "{}"))[0] == 1.0
+    assert score_one(("math", "so \\boxed{4}", "4", strict))[:3] == (0.0, False, "ok")
+    assert score_one(("math", "<ANSWER>4</ANSWER>", "4", strict))[0] == 1.0

@@ -62,13 +62,28 @@ def test_selection_exact(rl_run):
         assert (r["n"], r["correct"]) == (8, c)
         p1, pn = c / 8, 1.0 if c > 0 else 0.0
         assert r["pass_at_1"] == pytest.approx(p1) and r["pass_at_n"] == pytest.approx(pn)
-        k4 = json.loads(r["pass_at_k"])["4"]
+        k4 = dict(r["pass_at_k"])[4]                                          # a typed MAP<int32, double>
         assert k4 == pytest.approx(1 - math.comb(8 - c, 4) / math.comb(8, 4) if 8 - c >= 4 else 1.0, abs=1e-12)
         want = "too_hard" if pn < 0.5 else "too_easy" if p1 > 0.7 else "no_gap" if pn - p1 < 0.2 else "kept"
         assert r["reason"] == want, (c, r)
         if want == "kept":
             assert r["split"] == ("stage2-cot" if p1 < 0.25 else "stage1-answer-only")
     assert sum(r["reason"] == "error" for r in sel.values()) == 1  # the mismatch row
+    unscored = [r for r in sel.values() if r["n"] == 0]                    # never rolled out: rates undefined
+    assert len(unscored) == 1 and all(r[k] is None for r in unscored
+                                      for k in ("pass_at_1", "pass_at_n", "gap", "mean_reward", "pass_at_k"))
+
+
+def test_selection_sql_nulls_and_pass_at_k_map(rl_run):
+    """`ovpipe sql` sees NULL rates for unscored prompts and filters on pass@4 directly."""
+    from manifests.catalog import connect
+
+    run, rates = rl_run
+    con = connect(run)
+    assert con.sql("SELECT count(*) FROM selection WHERE n = 0 AND pass_at_1 IS NOT NULL").fetchall()[0][0] == 0
+    want = sum((1 - math.comb(8 - c, 4) / math.comb(8, 4) if 8 - c >= 4 else 1.0) >= 0.5 for c in rates.values())
+    assert con.sql("SELECT count(*) FROM selection WHERE pass_at_k[4] >= 0.5").fetchall()[0][0] == want
+    assert con.sql("SELECT typeof(pass_at_k) FROM selection LIMIT 1").fetchall()[0][0] == "MAP(INTEGER, DOUBLE)"
 
 
 def test_exports_round_trip(rl_run):
@@ -114,10 +129,10 @@ def test_exports_round_trip(rl_run):
 def test_tiny_transformers_model_generates_for_real(rl_run, tmp_path):
     import shutil
 
-    from rl_select.demo import build_tiny_model
+    from ovpipe.tiny_vlm import build_tiny_vlm
 
     run, _ = rl_run
-    model = build_tiny_model(tmp_path / "lm")
+    model = build_tiny_vlm(tmp_path / "vlm")   # a VLM: the prompts' images go through its processor
     r2 = tmp_path / "run"
     shutil.copytree(run / "rl-ingest", r2 / "rl-ingest")
     assert main(["rollout", "--set", f"model={model}", "--set", "n=3", "--set", "max_new_tokens=8",

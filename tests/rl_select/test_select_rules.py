@@ -39,3 +39,20 @@ def test_rules_and_splits():
     assert list(cat["split"])[2:4] == ["stage2-cot", "stage1-answer-only"]
     no_gap = decide([4], [3], [0], [0.75], [4], [3], ["a"], SelectConfig(max_pass_at_1=0.9, min_gap=0.3))
     assert no_gap["reason"][0] == "no_gap"                                      # 1 − 0.75 < 0.3
+
+
+def test_unscored_prompt_has_undefined_rates_not_zero():
+    d = decide([0, 4], [0, 2], [1, 0], [float("nan"), 0.5], [0, 4], [0, 2], ["a", "a"], SelectConfig(ks=[1, 4]))
+    assert np.isnan(d["pass_at_1"][0]) and np.isnan(d["pass_at_n"][0]) and np.isnan(d["gap"][0])
+    assert np.isnan(d["passk"][4][0]) and d["passk"][4][1] == 1.0 and d["reason"][0] == "error"
+    assert list(d["valid"]) == [False, True]
+
+
+def test_pass_at_k_map_is_typed_and_null_when_unscored():
+    import pyarrow as pa
+
+    from rl_select.select import pass_at_k_map
+
+    m = pass_at_k_map({1: np.array([0.0, 0.25]), 4: np.array([0.0, 0.75])}, np.array([True, False]))
+    assert m.type == pa.map_(pa.int32(), pa.float64())
+    assert m.to_pylist() == [None, [(1, 0.25), (4, 0.75)]]

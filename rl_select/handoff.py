@@ -1,0 +1,101 @@
+"""``HANDOFF.md`` beside each export: the trainer command line that trains on the exported data with
+ovpipe's rewards (``rl_select/trainers``), one block per split in the recipe's order (stage 1
+answer-only, then stage 2 CoT).
+
+Paths are absolute (the export folder and the adapter file of this checkout), so the lines run as
+printed; the model path, GPU counts and batch sizes are the user's (``$MODEL``, ``$N_GPUS``). The
+reward time limit is the one the run's ``score`` step used (``RUN/score/config.json``), so training
+times rewards out exactly where selection did.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TRAINERS = Path(__file__).resolve().parent / "trainers"
+
+SCALE_NOTE = ("Reward scale and bias are the trainer's: the recipe trains on `(r - 0.5) * 10` (AReaL "
+              "`actor.reward_scaling=10.0 actor.reward_bias=-0.5`). GRPO's per-group normalisation "
+              "`(r - mean) / std` cancels any affine map, so verl / OpenRLHF (`group_norm`) / ROLL (`grpo`) need "
+              "no flag for it; see docs/rl_handoff.md.")
+
+
+def _timeout(run_dir: Path) -> float:
+    from rl_select.trainers import DEFAULT_TIMEOUT_S
+
+    cfg = Path(run_dir) / "score" / "config.json"
+    try:
+        return float(json.loads(cfg.read_text()).get("timeout_s", DEFAULT_TIMEOUT_S))
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_TIMEOUT_S
+
+
+def _verl(root: Path, split: str, timeout: float) -> str:
+    f = root / "verl" / f"{split}.parquet"
+    return f"""python3 -m verl.trainer.main_ppo \\
+  algorithm.adv_estimator=grpo \\
+  data.train_files="['{f}']" data.val_files="['{f}']" \\
+  data.prompt_key=prompt data.image_key=images data.reward_fn_key=data_source \\
+  data.max_prompt_length=2048 data.max_response_length=2048 data.train_batch_size=128 \\
+  actor_rollout_ref.model.path=$MODEL actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=8 \\
+  reward.custom_reward_function.path={TRAINERS / 'verl_reward.py'} \\
+  reward.custom_reward_function.name=compute_score \\
+  +reward.custom_reward_function.reward_kwargs.timeout_s={timeout} \\
+  trainer.n_gpus_per_node=$N_GPUS trainer.nnodes=1"""
+
+
+def _openrlhf(root: Path, split: str, timeout: float) -> str:
+    return f"""cd {root / 'openrlhf'}   # image paths in the JSONL are relative to this folder
+OVPIPE_REWARD_TIMEOUT_S={timeout} python3 -m openrlhf.cli.train_ppo_ray \\
+  --actor.model_name_or_path $MODEL --actor.num_gpus_per_node $N_GPUS \\
+  --data.prompt_dataset {root / 'openrlhf' / f'{split}.jsonl'} \\
+  --data.input_key prompt --data.label_key reward_label --data.image_key images \\
+  --data.apply_chat_template --data.max_images_per_prompt 16 \\
+  --reward.remote_url {TRAINERS / 'openrlhf_reward.py'} \\
+  --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 8"""
+
+
+def _areal(root: Path, split: str, timeout: float) -> str:
+    stage = "stage1" if split.startswith("stage1") else "stage2"
+    return f"""# $RECIPE = a checkout of LLaVA-OneVision-1.5-RL; in its trains/grpo.py the reward changes (two lines):
+#   from rl_select.trainers.areal_reward import reward_parts
+#   VisionRLVRWorkflow(reward_fn=reward_parts, ...)        # was reward_fn=reward_system.reward (train and eval)
+cd {root / 'areal'}   # image paths in the JSONL are relative to this folder
+OVPIPE_REWARD_TIMEOUT_S={timeout} PYTHONPATH={TRAINERS.parents[1]}:$PYTHONPATH \\
+python3 -m areal.launcher.local $RECIPE/trains/grpo.py --config $RECIPE/configs/llavaov15-8b_{stage}_grpo.yaml \\
+  train_dataset.path={root / 'areal' / split} actor.path=$MODEL \\
+  actor.reward_scaling=10.0 actor.reward_bias=-0.5"""
+
+
+def _roll(root: Path, split: str, tags: list[str], timeout: float) -> str:
+    return f"""# in the pipeline YAML (ROLL rlvr_vl pipeline); set OVPIPE_REWARD_TIMEOUT_S={timeout} in the workers' env
+actor_train:
+  data_args:
+    file_name: [{root / 'roll' / f'{split}.parquet'}]
+    messages: prompt
+rewards:
+  ovpipe:
+    worker_cls: rl_select.trainers.roll_reward.OvpipeRewardWorker
+    model_args:
+      model_name_or_path: ${{pretrain}}
+    tag_included: [{', '.join(tags)}]"""
+
+
+def write_handoff(fmt: str, root: Path, splits: list[str], rows: list[dict], run_dir: Path) -> Path:
+    timeout = _timeout(run_dir)
+    blocks = []
+    for split in splits:
+        tags = sorted({r["category"] for r in rows if r["split"] == split})
+        cmd = {"verl": lambda: _verl(root, split, timeout), "openrlhf": lambda: _openrlhf(root, split, timeout),
+               "areal": lambda: _areal(root, split, timeout),
+               "roll": lambda: _roll(root, split, tags, timeout)}[fmt]()
+        lang = "yaml" if fmt == "roll" else "bash"
+        blocks.append(f"## {split}\n\n```{lang}\n{cmd}\n```\n")
+    text = (f"# {fmt}: train on this export with ovpipe's rewards\n\n"
+            f"The reward is `rl_select/trainers/{fmt}_reward.py`: the registry `ovpipe score` used, the same "
+            f"per-job time limit ({timeout} s), statuses mapped to a score as `select` counted them.\n"
+            f"{SCALE_NOTE}\n\n" + "\n".join(blocks))
+    path = root / fmt / "HANDOFF.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path

@@ -1,0 +1,154 @@
+"""Run inside a subprocess whose PYTHONPATH holds the trainers installed by test_trainer_adapters.py
+(so ray, pandas, datasets … never enter the pytest process). Prints one JSON object.
+
+    python trainer_checks.py verl|openrlhf|all EXPORT_DIR RESPONSES_JSONL WORK_DIR   → {"verl": {…}, "openrlhf": {…}}
+
+RESPONSES_JSONL: one ``{"prompt_id", "rollout_idx", "response"}`` per line.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny_qwen2vl_processor(work: Path, texts: list[str]):
+    """A Qwen2-VL processor (the real class) over a tiny BPE tokenizer; nothing downloaded."""
+    from transformers import AutoProcessor, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    from packing.tiny_tokenizer import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer(texts, work / "tok", 600)
+    proc = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 64),
+                            tokenizer=tok, video_processor=Qwen2VLVideoProcessor(), chat_template=tok.chat_template)
+    proc.save_pretrained(str(work / "processor"))
+    return AutoProcessor.from_pretrained(str(work / "processor")), tok
+
+
+_PROC: list = []
+
+
+def _processor(work: Path, responses: list[dict]):
+    if not _PROC:
+        _PROC.extend(tiny_qwen2vl_processor(work, [r["response"] for r in responses]))
+    return _PROC
+
+
+def verl_check(export: Path, responses: list[dict], work: Path) -> dict:
+    import numpy as np
+    import torch
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+    from verl.workers.reward_manager.batch import BatchRewardManager
+    from verl.workers.reward_manager.naive import NaiveRewardManager
+
+    files = sorted(str(f) for f in (export / "verl").glob("*.parquet"))
+    proc, tok = _processor(work, responses)
+    data_cfg = OmegaConf.create({"prompt_key": "prompt", "image_key": "images", "max_prompt_length": 4096,
+                                 "filter_overlong_prompts": False, "truncation": "error", "return_raw_chat": True,
+                                 "cache_dir": str(work / "verl_cache")})
+    ds = RLHFDataset(data_files=files, tokenizer=tok, config=data_cfg, processor=proc)
+    rows = [ds[i] for i in range(len(ds))]
+    image_parts = [sum(1 for m in r["raw_prompt"] for c in (m["content"] if isinstance(m["content"], list) else [])
+                       if c.get("type") == "image") for r in rows]
+    by_pid = {}
+    for r in responses:
+        by_pid.setdefault(r["prompt_id"], []).append(r)
+
+    # one verl batch: each dataset row repeated once per rollout, as GRPO's rollout.n does
+    items, keys = [], []
+    for r in rows:
+        for roll in sorted(by_pid[r["extra_info"]["prompt_id"]], key=lambda x: x["rollout_idx"]):
+            items.append((r, roll["response"]))
+            keys.append((roll["prompt_id"], roll["rollout_idx"]))
+    resp_ids = [tok(t, add_special_tokens=False)["input_ids"] for _, t in items]
+    roundtrip = all(tok.decode(ids, skip_special_tokens=True) == t for ids, (_, t) in zip(resp_ids, items))
+    P, R = 4, max(len(x) for x in resp_ids)
+    prompts = torch.full((len(items), P), tok.pad_token_id, dtype=torch.long)
+    responses_t = torch.full((len(items), R), tok.pad_token_id, dtype=torch.long)
+    attn = torch.zeros((len(items), P + R), dtype=torch.long)
+    attn[:, :P] = 1
+    for i, ids in enumerate(resp_ids):
+        responses_t[i, :len(ids)] = torch.tensor(ids)
+        attn[i, P:P + len(ids)] = 1
+    batch = collate_fn([{k: v for k, v in r.items() if k in ("data_source", "reward_model", "extra_info")}
+                        for r, _ in items])
+    non_tensor = {k: np.array(list(v), dtype=object) for k, v in batch.items()}
+    data = DataProto.from_dict(tensors={"prompts": prompts, "responses": responses_t, "attention_mask": attn},
+                               non_tensors=non_tensor)
+
+    fn_cfg = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": str(REPO / "rl_select/trainers/verl_reward.py"), "name": "compute_score"}}})
+    naive = NaiveRewardManager(tokenizer=tok, num_examine=0, compute_score=get_custom_reward_fn(fn_cfg))
+    out = naive(data, return_dict=True)
+    lengths = attn[:, P:].sum(-1)
+    naive_scores = [float(out["reward_tensor"][i, lengths[i] - 1]) for i in range(len(items))]
+    batch_cfg = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": str(REPO / "rl_select/trainers/verl_reward.py"), "name": "compute_score_batch"}}})
+    bm = BatchRewardManager(tokenizer=tok, num_examine=0, compute_score=get_custom_reward_fn(batch_cfg))
+    bout = bm(data, return_dict=True)
+    batch_scores = [float(bout["reward_tensor"][i, lengths[i] - 1]) for i in range(len(items))]
+
+    # what verl 0.9.1's trainer runs: the reward loop's manager, built by load_reward_manager from the
+    # config, awaiting run_single per sample (compute_score goes to a thread-pool executor)
+    from verl.trainer.ppo.reward import load_reward_manager
+    from verl.utils.ray_utils import get_event_loop
+
+    loop_cfg = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": str(REPO / "rl_select/trainers/verl_reward.py"), "name": "compute_score"},
+        "reward_manager": {"source": "register", "name": "naive"}}})
+    rl_manager = load_reward_manager(loop_cfg, tok)
+
+    async def run_all():
+        import asyncio
+
+        return await asyncio.gather(*[rl_manager.run_single(data[i:i + 1]) for i in range(len(items))])
+
+    loop_scores = [float(r["reward_score"]) for r in get_event_loop().run_until_complete(run_all())]
+    return {"rows": len(rows), "image_parts": image_parts, "row_keys": sorted(rows[0]),
+            "answer_types": sorted({r["extra_info"]["answer_type"] for r in rows}), "roundtrip": roundtrip,
+            "keys": keys, "naive": naive_scores, "batch": batch_scores, "reward_loop": loop_scores,
+            "extra_keys": sorted(out["reward_extra_info"])}
+
+
+def openrlhf_check(export: Path, responses: list[dict], work: Path) -> dict:
+    """OpenRLHF's PromptDataset preprocessing (chat template, ``<image>`` → image parts) and its
+    SingleTurnAgentExecutor loading our file and calling ``reward_func`` the way it does."""
+    import asyncio
+
+    from openrlhf.datasets.prompts_dataset import preprocess_data
+    from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+    proc, tok = _processor(work, responses)
+    executor = SingleTurnAgentExecutor(str(REPO / "rl_select/trainers/openrlhf_reward.py"))
+    rows = [json.loads(line) for f in sorted((export / "openrlhf").glob("*.jsonl"))
+            for line in f.read_text().splitlines()]
+    by_pid = {}
+    for r in responses:
+        by_pid.setdefault(r["prompt_id"], []).append(r)
+    queries, prompts, labels, keys, image_parts = [], [], [], [], []
+    for row in rows:
+        prompt, label = preprocess_data(row, None, "prompt", "reward_label", tok.apply_chat_template)
+        image_parts.append(prompt.count("<|image_pad|>"))
+        for roll in sorted(by_pid[row["id"]], key=lambda x: x["rollout_idx"]):
+            # what the executor decodes: prompt tokens + generated tokens up to and including <|im_end|>
+            queries.append(prompt + roll["response"] + "<|im_end|>")
+            prompts.append(prompt)
+            labels.append(label)
+            keys.append((roll["prompt_id"], roll["rollout_idx"]))
+    infos = asyncio.run(executor._fetch_rewards_via_func(queries, prompts, labels))
+    return {"rows": len(rows), "image_parts": image_parts, "images": [len(r["images"]) for r in rows],
+            "keys": keys, "scores": [float(i["scores"][0]) for i in infos],
+            "extra_logs": sorted(infos[0]["extra_logs"]) if infos else []}
+
+
+if __name__ == "__main__":
+    which, export, resp_file, work = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+    sys.path.insert(0, str(REPO))
+    resp = [json.loads(line) for line in resp_file.read_text().splitlines()]
+    checks = {"verl": verl_check, "openrlhf": openrlhf_check}
+    print(json.dumps({name: fn(export, resp, work) for name, fn in checks.items() if which in (name, "all")}))
