@@ -20,6 +20,10 @@ pair fits; a conversation the template cannot render as trained (``image_mismatc
 status; every non-ok ``samples`` status is carried over. A ``too_long`` row keeps the token counts
 of the whole conversation (how long it is) with ``turns_kept = 0``; every other non-packable row
 carries zero tokens. ``pack`` packs ``ok`` and ``truncated`` rows only.
+
+``caption_source`` (``raw`` | ``recaption:<lang>`` | ``both[:<lang>]``, ``packing.caption_source``) trains
+caption pairs on the ``recaption`` step's VLM captions instead of, or as well as, the raw alt-text; every
+row names the ingested sample it comes from in ``source_sample_id`` (itself unless recaptioned).
 """
 from __future__ import annotations
 
@@ -47,6 +51,13 @@ class LengthsConfig:
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
     batch_size: int = 8192                  # conversations per batched tokenizer call
+    # Which caption a caption pair trains on (packing.caption_source): raw | recaption:<lang> | both[:<lang>]
+    caption_source: str = "raw"
+    recaption_step: str = "recaption"       # step folder of the `captions` manifest
+    both_as: Literal["two_samples", "two_turns"] = "two_samples"
+    missing_recaption: Literal["raw", "status"] = "raw"   # a pair with no ok recaption: keep raw / no_recaption row
+    recaption_prompts: dict[str, str] = field(default_factory=lambda: {
+        "en": "Describe the image in detail.", "zh": "请详细描述这张图片。"})  # the user turn of a recaptioned pair
 
     def __post_init__(self):
         if not self.tokenizer:
@@ -66,6 +77,17 @@ class LengthsConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels ({self.min_pixels}) > max_pixels ({self.max_pixels})")
+        from packing.caption_source import parse
+
+        mode, lang = parse(self.caption_source)
+        if mode != "raw":
+            check_step_folder("recaption_step", self.recaption_step)
+            if lang not in self.recaption_prompts:
+                raise ValueError(f"recaption_prompts has no prompt for {lang!r} (caption_source {self.caption_source!r})")
+        if self.both_as not in ("two_samples", "two_turns"):
+            raise ValueError(f"both_as must be two_samples or two_turns, got {self.both_as!r}")
+        if self.missing_recaption not in ("raw", "status"):
+            raise ValueError(f"missing_recaption must be raw or status, got {self.missing_recaption!r}")
 
     def check(self, run_dir: Path) -> None:
         """Before any work: a tokenizer given as a local path exists, every samples step has a manifest."""
@@ -73,6 +95,8 @@ class LengthsConfig:
             check_local_path("tokenizer", self.tokenizer)
         for s in self.samples_steps:
             require_manifest(run_dir, "samples", s, "samples_steps")
+        if self.caption_source != "raw":
+            require_manifest(run_dir, "captions", self.recaption_step, "recaption_step")
 
     def image_cfg(self):
         from packing.tokens import ImageTokenConfig
@@ -96,6 +120,15 @@ def read_samples(task: TaskContext, steps: list[str], columns: list[str] | None 
         return table
     lo, hi = slice_bounds(table.num_rows, task.rank, task.world_size)
     return table.slice(lo, hi - lo)
+
+
+def training_samples(task: TaskContext, cfg: LengthsConfig, columns: list[str] | None = None, whole: bool = False):
+    """``read_samples`` of ``cfg.samples_steps`` with ``cfg.caption_source`` applied (recaptioned caption
+    pairs, ``packing.caption_source``) and a ``source_sample_id`` column — what ``lengths`` measures and
+    ``pack``'s shard writer encodes, so the two read the same conversations."""
+    from packing import caption_source
+
+    return caption_source.apply(task, read_samples(task, cfg.samples_steps, columns, whole), cfg, count=not whole)
 
 
 def compute_lengths(samples, cfg: LengthsConfig, tok, stats=None, progress=None) -> dict:
@@ -164,7 +197,10 @@ def compute_lengths(samples, cfg: LengthsConfig, tok, stats=None, progress=None)
         packable = np.array([s in ("ok", "truncated") for s in status], bool)
         for k in ("text", "image", "target"):
             stats.inc(f"tokens/{k}", int(cols[k][packable].sum()))
-    return {"sample_id": samples.column("sample_id").to_pylist(), "source": samples.column("source").to_pylist(),
+    source_ids = samples.column("source_sample_id") if "source_sample_id" in samples.column_names \
+        else samples.column("sample_id")
+    return {"sample_id": samples.column("sample_id").to_pylist(), "source_sample_id": source_ids.to_pylist(),
+            "source": samples.column("source").to_pylist(),
             "text_tokens": cols["text"].astype(np.int32), "image_tokens": cols["image"].astype(np.int32),
             "total_tokens": cols["total"].astype(np.int32), "target_tokens": cols["target"].astype(np.int32),
             "turns_kept": cols["kept"].astype(np.int32), "status": status, "error": error}
@@ -178,7 +214,7 @@ def _store(cols: dict, rows: np.ndarray, c) -> None:
 def run(cfg: LengthsConfig, task: TaskContext) -> None:
     from packing.tokens import load_tokenizer
 
-    samples = read_samples(task, cfg.samples_steps, SAMPLE_COLUMNS)
+    samples = training_samples(task, cfg, SAMPLE_COLUMNS)
     tok = load_tokenizer(cfg.tokenizer)
     with task.stats.timer("lengths"), task.progress(samples.num_rows, unit="samples") as bar:
         cols = compute_lengths(samples, cfg, tok, task.stats, progress=bar.update)

@@ -1,24 +1,28 @@
 """``rollout``: N responses per prompt, with the recipe's two prompt templates.
 
-Backends (``backend``):
+Backends (``backend``) — ``transformers`` and ``vllm`` are the shared VLM generation backend
+(``ovpipe.vlm_generate``, also behind ``recaption``):
 
-* ``vllm`` (GPU): ``LLM(model)`` + ``SamplingParams(n=N, …)``, the prompt rendered by the model's
-  processor chat template with one image part per image and the PIL images passed as
-  ``multi_modal_data`` — the path for real VLM rollouts at scale;
-* ``transformers`` (CPU or GPU): ``generate(num_return_sequences=N, do_sample=True)``. Text-only:
-  ``<image>`` placeholders stay in the prompt as text (the demo's tiny model has no vision tower);
+* ``vllm`` (GPU): ``LLM(model)`` once + one ``SamplingParams(n=N, seed=…)`` per request, the prompt
+  rendered by the model's processor chat template with one image part per image and the PIL images
+  passed as ``multi_modal_data`` — the path for real VLM rollouts at scale;
+* ``transformers`` (CPU or GPU): any Hugging Face VLM folder (ovpipe's exported
+  ``LLaVAOneVision1_5_ForConditionalGeneration`` folder included): ``AutoProcessor`` +
+  ``AutoModelForImageTextToText`` (or ``AutoModelForCausalLM``), the images really passed through the
+  processor, ``generate(num_return_sequences=N, do_sample=True)`` seeded per request. A text-only LM
+  folder serves text-only prompts; a prompt with images needs a VLM (the task fails, naming it);
 * ``file``: import rollouts produced elsewhere, JSONL rows ``{"prompt_id", "response",
-  ["prompt_type"], ["rollout_idx"], ["model"]}``.
+  ["prompt_type"], ["rollout_idx"], ["model"]}`` (the selection-rule demo's simulated policy).
 
 Every row records the backend, the model id and the sampling parameters (JSON). ``rollout_idx``
-is unique per prompt across templates (answer-only first). Sampling is seeded per prompt
-(``seed ⊕ prompt_id``), so a prompt's rollouts do not depend on which rank drew it.
+is unique per prompt across templates (answer-only first). Sampling is seeded per request
+(``seed ⊕ prompt_id`` + template offset), so a prompt's rollouts do not depend on which rank drew it.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ovpipe.config import check_range
 from ovpipe.step import Step, TaskContext
@@ -46,6 +50,8 @@ class RolloutConfig:
     dtype: str = "auto"           # transformers backend: "auto" (bf16 on cuda, fp32 on cpu), "float32", "bfloat16"
     cpu_threads: int = 0          # transformers on CPU: torch threads per task (0 = torch's default); 1 when
                                   # several tasks share few cores, else they oversubscribe them
+    vllm_engine_args: dict[str, Any] = field(default_factory=dict)  # vllm backend: more LLM(...) arguments, e.g.
+                                  # {tensor_parallel_size: 2, model_impl: transformers, max_model_len: 8192}
 
     def __post_init__(self):
         if self.n < 1:
@@ -75,97 +81,71 @@ def prompt_seed(seed: int, prompt_id: str) -> int:
     return (seed * 1_000_003 + int(prompt_id[:8], 16)) % (2 ** 31)
 
 
-def rollouts_transformers(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def prompt_messages(question: str) -> list[dict]:
+    """The user turn as chat content parts: each ``<image>`` placeholder becomes an image part in
+    place (the processor's template then renders the model's own image tokens)."""
+    from manifests.conversation import to_messages
 
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    if device == "cpu" and cfg.cpu_threads > 0:
-        torch.set_num_threads(cfg.cpu_threads)
-    dtype = (torch.bfloat16 if device.startswith("cuda") else torch.float32) if cfg.dtype == "auto" \
-        else getattr(torch, cfg.dtype)
-    from transformers.utils import logging as hf_logging
+    return to_messages([("user", question)])
 
-    hf_logging.disable_progress_bar()      # the task's own progress/log is enough
-    tok = AutoTokenizer.from_pretrained(cfg.model)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(device)
-    model.eval()
-    stats.info["device"] = device
-    rows = []
+
+def requests_for(prompts: list[dict], cfg: RolloutConfig):
+    """One ``Request`` per (prompt, template), seeded ``prompt_seed ⊕ template index``; keys alongside."""
+    from ovpipe.vlm_generate import Request
+
+    reqs, keys = [], []
     for p in prompts:
-        idx = 0
-        for ptype in cfg.prompt_types:
+        for j, ptype in enumerate(cfg.prompt_types):
             text = TEMPLATES[ptype].format(question=p["question"])
-            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                          return_tensors="pt", return_dict=True).to(device)
-            torch.manual_seed(prompt_seed(cfg.seed, p["prompt_id"]) + idx)
-            with torch.inference_mode():
-                out = model.generate(**ids, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
-                                     max_new_tokens=cfg.max_new_tokens, num_return_sequences=cfg.n,
-                                     pad_token_id=tok.pad_token_id or tok.eos_token_id)
-            gen = out[:, ids["input_ids"].shape[1]:]
-            for seq in gen:
-                ntok = int((seq != (tok.pad_token_id if tok.pad_token_id is not None else -1)).sum())
-                rows.append({"prompt_id": p["prompt_id"], "rollout_idx": idx, "prompt_type": ptype,
-                             "response": tok.decode(seq, skip_special_tokens=True), "tokens": ntok})
-                idx += 1
-            stats.inc("generated", cfg.n)
-    return rows
-
-
-def rollouts_vllm(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:  # pragma: no cover - GPU
-    import io
-
-    from PIL import Image, ImageOps
-    from transformers import AutoProcessor
-    from vllm import LLM, SamplingParams
-
-    processor = AutoProcessor.from_pretrained(cfg.model)
-    llm = LLM(model=cfg.model, seed=cfg.seed, limit_mm_per_prompt={"image": 16})
-    inputs, keys = [], []
-    for p in prompts:
-        for ptype in cfg.prompt_types:
-            text = TEMPLATES[ptype].format(question=p["question"]).replace("<image>", "")
-            content = [{"type": "image"} for _ in p["images"]] + [{"type": "text", "text": text}]
-            prompt = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
-            mm = {"image": [ImageOps.exif_transpose(Image.open(io.BytesIO(b))).convert("RGB")
-                                 for b in p["images"]]} if p["images"] else None
-            inputs.append({"prompt": prompt, **({"multi_modal_data": mm} if mm else {})})
+            reqs.append(Request(prompt_messages(text), list(p["images"] or []), cfg.n,
+                                prompt_seed(cfg.seed, p["prompt_id"]) + j * cfg.n))
             keys.append((p["prompt_id"], ptype))
-    sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
-                        seed=cfg.seed)
+    return reqs, keys
+
+
+def rollouts_generate(prompts: list[dict], cfg: RolloutConfig, stats, backend=None) -> list[dict]:
+    """``transformers`` / ``vllm`` through the shared VLM backend (``ovpipe.vlm_generate``)."""
+    from ovpipe.vlm_generate import Sampling, load_backend
+
+    if backend is None:
+        backend = load_backend(cfg.backend, cfg.model, device=cfg.device, dtype=cfg.dtype,
+                               cpu_threads=cfg.cpu_threads, seed=cfg.seed, engine_args=cfg.vllm_engine_args)
+    stats.info["device"] = getattr(backend, "device", "cuda")
+    reqs, keys = requests_for(prompts, cfg)
+    gens = backend.generate(reqs, Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens))
     rows, next_idx = [], {}
-    for (pid, ptype), out in zip(keys, llm.generate(inputs, sp)):
-        for o in out.outputs:
+    for (pid, ptype), outs in zip(keys, gens):
+        for g in outs:
+            if g.error is not None:    # the prompt could not be run (an image that does not decode)
+                raise RuntimeError(f"prompt {pid}: {g.error}")
             i = next_idx.get(pid, 0)
             next_idx[pid] = i + 1
-            rows.append({"prompt_id": pid, "rollout_idx": i, "prompt_type": ptype, "response": o.text,
-                         "tokens": len(o.token_ids)})
-        stats.inc("generated", len(out.outputs))
+            rows.append({"prompt_id": pid, "rollout_idx": i, "prompt_type": ptype, "response": g.text,
+                         "tokens": g.tokens})
+        stats.inc("generated", len(outs))
     return rows
+
+
+def rollouts_transformers(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
+    return rollouts_generate(prompts, cfg, stats)
+
+
+def rollouts_vllm(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
+    return rollouts_generate(prompts, cfg, stats)
 
 
 def rollouts_file(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
+    from ovpipe.vlm_generate import read_jsonl
+
     want = {p["prompt_id"] for p in prompts}
     rows, next_idx = [], {}
-    with open(cfg.file, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                stats.inc("file/bad_json")
-                continue
-            pid = r.get("prompt_id")
-            if pid not in want:
-                stats.inc("file/other_prompt")
-                continue
-            i = r.get("rollout_idx", next_idx.get(pid, 0))
-            next_idx[pid] = max(next_idx.get(pid, 0), i + 1)
-            rows.append({"prompt_id": pid, "rollout_idx": int(i), "prompt_type": r.get("prompt_type", "answer_only"),
-                         "response": str(r.get("response", "")), "tokens": int(r.get("tokens", 0)),
-                         "model": r.get("model")})
+    for r in read_jsonl(cfg.file, lambda r: r.get("prompt_id") in want, stats, other_key="file/other_prompt"):
+        pid = r["prompt_id"]
+        i = r.get("rollout_idx", next_idx.get(pid, 0))
+        next_idx[pid] = max(next_idx.get(pid, 0), i + 1)
+        rows.append({"prompt_id": pid, "rollout_idx": int(i), "prompt_type": r.get("prompt_type", "answer_only"),
+                     "response": str(r.get("response", "")), "tokens": int(r.get("tokens", 0)),
+                     "model": r.get("model")})
     return rows
 
 

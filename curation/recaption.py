@@ -1,0 +1,426 @@
+"""``recaption``: bilingual captions of the (balanced) corpus from a VLM, as a resumable batch step,
+with quality checks as columns.
+
+After concept balancing, the LLaVA-OneVision-1.5 recipe runs a strong captioner over the balanced set
+and trains mid-training on its aligned English and Chinese descriptions instead of the raw web
+alt-text. Input: the ok one-image samples of ``samples_steps`` (with ``only_balanced``: those with
+``copies > 0`` in the ``balanced`` manifest), one request per (sample, language) with that language's
+prompt from ``prompts``. Output: the ``captions`` manifest, one row per (sample_id, lang).
+
+Backends — the one ``rollout`` uses (``ovpipe.vlm_generate``): ``vllm`` (GPU, a chunk's requests in one
+batched ``llm.generate``, images as ``multi_modal_data``), ``transformers`` (CPU/GPU, any Hugging Face
+VLM folder, ovpipe's exported stage-2 folder included), ``file`` (captions produced elsewhere, JSONL rows
+``{"sample_id", "lang", "caption", ["tokens"], ["finish_reason"], ["model"], ["error"]}``). Each request
+is seeded from ``seed``, the sample id and the language, so a caption does not depend on the rank, the
+task count or the chunk it ran in: outputs are deterministic (``temperature: 0``, the default, is greedy).
+
+Resumable per rank: the rank's samples are cut into chunks of ``chunk_size``; each chunk's rows are
+written, atomically, to ``RUN/<step>/chunks/{rank:05d}/chunk-{k:06d}.parquet`` as soon as it is done.
+A rank restarted after a kill or a Slurm pre-emption keeps every whole chunk whose sample ids are the
+ones it expects and generates from the first missing one, so a pre-empted task loses at most one chunk
+(minutes), not the rank (hours). When the rank ends, its chunks become its ``captions`` part; ranks
+already complete are never redone (the executor's completion markers); ``finalize`` writes the report
+and removes the chunks.
+
+Quality checks (``quality``), first that applies wins, every one a ``status`` — nothing is dropped:
+
+    error           the request failed (an image that does not decode, a caption missing from the file)
+    empty           no text
+    refused         matches a ``refusal_patterns`` regex ("I'm sorry", "I cannot", "抱歉", "我无法", ...)
+    repetition      repeat_ratio = 1 − distinct/total n-grams (``repeat_ngram`` words; Han: characters)
+                    above ``max_repeat_ratio`` — a decoding loop
+    truncated       stopped at ``max_new_tokens`` (finish_reason ``length``)
+    wrong_language  script_ratio (letters of the language's script in ``scripts`` / all letters, by
+                    Unicode character name) below ``min_script_ratio``
+    too_short       fewer than ``min_length[lang]`` units (Latin: words; Han: characters)
+    ok
+
+``script_ratio`` and ``repeat_ratio`` are columns too (NULL where undefined: no letters, fewer units
+than the n-gram). The report (``RUN/<step>/report.md`` + ``caption_lengths.png``) gives the counts per
+status and language, the caption-length histograms per language and a few examples per status.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ovpipe.config import check_local_path, check_range, check_step_folder, looks_like_local_path
+from ovpipe.step import Step, TaskContext, require_manifest, slice_bounds
+
+DEFAULT_PROMPTS = {
+    "en": "Describe this image in detail.",
+    "zh": "请详细描述这张图片。",
+}
+# Letters counted as a language's script, by the start of their Unicode character name.
+SCRIPT_NAMES = {"latin": ("LATIN",), "han": ("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH")}
+REFUSALS = [r"^\s*(i'?m sorry|i am sorry|sorry,|i cannot|i can'?t|i am unable|i'?m unable|as an ai)",
+            r"^\s*(抱歉|很抱歉|对不起|我无法|我不能)"]
+STATUSES = ("ok", "error", "empty", "refused", "repetition", "truncated", "wrong_language", "too_short")
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+@dataclass
+class RecaptionConfig:
+    backend: Literal["vllm", "transformers", "file"] = "transformers"
+    model: str = ""                       # HF VLM folder or id (the demo: RUN/pretrain/hf-stage-2)
+    file: str = ""                        # backend=file: the captions JSONL
+    samples_steps: list[str] = field(default_factory=lambda: ["ingest"])
+    only_balanced: bool = False           # only samples with copies > 0 in `balanced`
+    balance_step: str = "balance"
+    limit: int = 0                        # > 0: the first `limit` input samples (canonical order) — demo slices
+    prompts: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PROMPTS))   # lang → prompt
+    scripts: dict[str, str] = field(default_factory=lambda: {"en": "latin", "zh": "han"})  # lang → script
+    max_new_tokens: int = 256
+    temperature: float = 0.0              # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+    chunk_size: int = 256                 # samples per written chunk (what a pre-empted task can lose)
+    # quality checks
+    refusal_patterns: list[str] = field(default_factory=lambda: list(REFUSALS))
+    repeat_ngram: int = 4
+    max_repeat_ratio: float = 0.5
+    min_script_ratio: float = 0.5
+    min_length: dict[str, int] = field(default_factory=lambda: {"en": 5, "zh": 10})
+    report_examples: int = 3
+    # transformers backend
+    device: str = "auto"
+    dtype: str = "auto"
+    cpu_threads: int = 0
+    vllm_engine_args: dict[str, Any] = field(default_factory=dict)  # vllm backend: more LLM(...) arguments, e.g.
+                                  # {tensor_parallel_size: 2, model_impl: transformers, max_model_len: 8192}
+
+    def __post_init__(self):
+        if not self.prompts:
+            raise ValueError("prompts: give at least one language → prompt")
+        for lang, p in self.prompts.items():
+            if not isinstance(p, str) or not p.strip():
+                raise ValueError(f"prompts.{lang}: empty prompt")
+            if self.scripts.get(lang) not in SCRIPT_NAMES:
+                raise ValueError(f"scripts.{lang}: the script of language {lang!r}, one of {sorted(SCRIPT_NAMES)} "
+                                 f"(got {self.scripts.get(lang)!r})")
+            if lang not in self.min_length:
+                raise ValueError(f"min_length.{lang}: the shortest acceptable caption for {lang!r}")
+        if self.backend == "file" and not self.file:
+            raise ValueError("file: the JSONL of captions (backend=file)")
+        if self.backend != "file" and not self.model:
+            raise ValueError(f"model: a VLM folder or id (backend={self.backend})")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype: one of auto, float32, bfloat16, float16, got {self.dtype!r}")
+        if not self.samples_steps:
+            raise ValueError("samples_steps must name at least one ingest step folder")
+        for s in self.samples_steps:
+            check_step_folder("samples_steps", s)
+        check_step_folder("balance_step", self.balance_step)
+        for i, pat in enumerate(self.refusal_patterns):
+            try:
+                re.compile(pat)
+            except re.error as e:
+                raise ValueError(f"refusal_patterns[{i}]: {e}") from None
+        check_range(self, "max_new_tokens", 1)
+        check_range(self, "temperature", 0)
+        check_range(self, "top_p", 0, 1, lo_open=True)
+        check_range(self, "seed", 0)
+        check_range(self, "limit", 0)
+        check_range(self, "chunk_size", 1)
+        check_range(self, "repeat_ngram", 1)
+        check_range(self, "max_repeat_ratio", 0, 1)
+        check_range(self, "min_script_ratio", 0, 1)
+        check_range(self, "report_examples", 0)
+        check_range(self, "cpu_threads", 0)
+        for lang, n in self.min_length.items():
+            if n < 0:
+                raise ValueError(f"min_length.{lang} must be >= 0, got {n}")
+
+    def check(self, run_dir: Path) -> None:
+        """Before any work: the samples (and balanced) manifests, the captions file, a local model folder."""
+        for s in self.samples_steps:
+            require_manifest(run_dir, "samples", s, "samples_steps")
+        if self.only_balanced:
+            require_manifest(run_dir, "balanced", self.balance_step, "balance_step")
+        if self.backend == "file":
+            check_local_path("file", self.file)
+        elif looks_like_local_path(self.model):
+            check_local_path("model", self.model)
+
+    def prompt_id(self, lang: str) -> str:
+        import xxhash
+
+        return f"{lang}:{xxhash.xxh3_64_hexdigest(self.prompts[lang].encode())[:8]}"
+
+
+# --------------------------------------------------------------------------------- quality checks
+
+def script_ratio(text: str, script: str) -> float | None:
+    """Share of the letters of ``text`` whose Unicode name puts them in ``script``; None without letters."""
+    names = SCRIPT_NAMES[script]
+    letters = [c for c in text if c.isalpha()]
+    if not letters:
+        return None
+    return sum(unicodedata.name(c, "").startswith(names) for c in letters) / len(letters)
+
+
+def units(text: str, script: str) -> list[str]:
+    """What length and repetition are counted in: Han characters for ``han``, lowercased words else."""
+    if script == "han":
+        return [c for c in text if unicodedata.name(c, "").startswith(SCRIPT_NAMES["han"])]
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def repeat_ratio(u: list[str], n: int) -> float | None:
+    """1 − distinct/total n-grams of ``u``; None when ``u`` has fewer than ``n`` units."""
+    grams = [tuple(u[i:i + n]) for i in range(len(u) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else None
+
+
+def quality(text: str, lang: str, finish_reason: str, error: str | None, cfg: RecaptionConfig,
+            refusals: list[re.Pattern] | None = None) -> dict:
+    """``{status, error, script_ratio, repeat_ratio}`` of one caption (see the module docstring)."""
+    script = cfg.scripts[lang]
+    text = text or ""
+    sr = script_ratio(text, script) if text.strip() else None
+    u = units(text, script)
+    rr = repeat_ratio(u, cfg.repeat_ngram)
+    out = {"script_ratio": sr, "repeat_ratio": rr, "error": None}
+    refusals = refusals if refusals is not None else [re.compile(p, re.I) for p in cfg.refusal_patterns]
+    if error is not None or finish_reason == "error":
+        return {**out, "status": "error", "error": error or "generation failed"}
+    if not text.strip():
+        return {**out, "status": "empty", "error": "no text"}
+    hit = next((p.pattern for p in refusals if p.search(text)), None)
+    if hit:
+        return {**out, "status": "refused", "error": f"matches refusal pattern {hit!r}"}
+    if rr is not None and rr > cfg.max_repeat_ratio:
+        return {**out, "status": "repetition",
+                "error": f"{cfg.repeat_ngram}-gram repeat ratio {rr:.2f} > {cfg.max_repeat_ratio}"}
+    if finish_reason == "length":
+        return {**out, "status": "truncated", "error": f"stopped at max_new_tokens ({cfg.max_new_tokens})"}
+    if sr is None or sr < cfg.min_script_ratio:
+        return {**out, "status": "wrong_language",
+                "error": f"{script} script ratio {'n/a' if sr is None else f'{sr:.2f}'} < {cfg.min_script_ratio}"}
+    if len(u) < cfg.min_length[lang]:
+        what = "character(s)" if script == "han" else "word(s)"
+        return {**out, "status": "too_short", "error": f"{len(u)} {what} < {cfg.min_length[lang]}"}
+    return {**out, "status": "ok"}
+
+
+# ------------------------------------------------------------------------------------- the step
+
+def input_samples(task: TaskContext, cfg: RecaptionConfig) -> list[dict]:
+    """This rank's samples to caption, ``[{sample_id, image}]``: ok, one image, (``only_balanced``)
+    copies > 0, each ``sample_id`` once, the first ``limit`` — selected on the light columns
+    (``sample_id``, ``status``, ``n_images``) of the whole input before slicing, so ranks get equal
+    shares; only this rank's image addresses are then read (``rank_images``)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from packing.lengths import read_samples
+
+    t = read_samples(task, cfg.samples_steps, ["sample_id", "status", "n_images"], whole=True)
+    keep = pc.and_(pc.equal(t.column("status"), "ok"), pc.equal(t.column("n_images"), 1))
+    if task.rank == 0:
+        task.stats.inc("input/samples", t.num_rows)
+        task.stats.inc("input/not_ok", int(pc.sum(pc.not_equal(t.column("status"), "ok")).as_py() or 0))
+        task.stats.inc("input/not_one_image", int(pc.sum(pc.and_(pc.equal(t.column("status"), "ok"),
+                                                                 pc.not_equal(t.column("n_images"), 1))).as_py() or 0))
+    t = t.filter(keep)
+    if cfg.only_balanced:
+        b = task.read_input("balanced", step=cfg.balance_step, columns=["sample_id", "copies"])
+        b = b.filter(pc.greater(b.column("copies"), 0))
+        n = t.num_rows
+        t = t.filter(pc.is_in(t.column("sample_id"), value_set=b.column("sample_id").combine_chunks()))
+        if task.rank == 0:
+            task.stats.inc("input/not_balanced", n - t.num_rows)
+    sid = t.column("sample_id").combine_chunks()
+    if len(sid) > 1:           # the same sample ingested twice (same image bytes, same text): caption it once
+        order = pc.sort_indices(sid).to_numpy()          # stable: the first occurrence leads its run
+        s = pc.take(sid, pa.array(order))
+        dup = np.zeros(len(s), bool)
+        dup[1:] = pc.equal(s.slice(1), s.slice(0, len(s) - 1)).to_numpy(zero_copy_only=False)
+        if dup.any():
+            first = np.ones(len(s), bool)
+            first[order[dup]] = False
+            sid = sid.filter(pa.array(first))
+            if task.rank == 0:
+                task.stats.inc("input/duplicate_sample_ids", int(dup.sum()))
+    if cfg.limit:
+        sid = sid.slice(0, cfg.limit)
+    lo, hi = slice_bounds(len(sid), task.rank, task.world_size)
+    ids = sid.slice(lo, hi - lo).to_pylist()
+    images = rank_images(task, cfg, ids)
+    return [{"sample_id": s, "image": images[s]} for s in ids]
+
+
+def rank_images(task: TaskContext, cfg: RecaptionConfig, ids: list[str]) -> dict:
+    """``{sample_id: image address}`` of this rank's samples, read by DuckDB from the samples parts
+    (only the matching rows are materialised). A sample ingested twice has the same image bytes
+    under either address; the first in ``samples_steps`` order, then canonical order, is used."""
+    import duckdb
+    import pyarrow as pa
+
+    from manifests.io import manifest_files
+
+    con = duckdb.connect()
+    con.register("want", pa.table({"sample_id": pa.array(ids, pa.string())}))
+    out: dict = {}
+    for step in cfg.samples_steps:
+        files = [str(f) for f in manifest_files(task.run_dir, "samples", step)]
+        rows = con.execute("""
+            SELECT sample_id, images[1] AS image FROM read_parquet(?)
+            WHERE status = 'ok' AND n_images = 1 AND sample_id IN (SELECT sample_id FROM want)
+            ORDER BY sample_id, source, shard, key""", [files]).fetchall()
+        for sid, image in rows:
+            out.setdefault(sid, image)
+    con.close()
+    return out
+
+
+def chunk_dir(task: TaskContext) -> Path:
+    return task.step_dir / "chunks" / f"{task.rank:05d}"
+
+
+def chunk_path(task: TaskContext, k: int) -> Path:
+    return chunk_dir(task) / f"chunk-{k:06d}.parquet"
+
+
+def write_chunk(path: Path, rows: list[dict]) -> None:
+    from manifests.io import write_part
+
+    write_part(rows, path, "captions", sort=True)
+
+
+def done_chunk(path: Path, want: set[tuple[str, str]]) -> bool:
+    """A chunk written by an earlier try of this rank is kept iff it is whole and holds exactly the
+    (sample_id, lang) pairs this chunk should (the input did not change under it)."""
+    from manifests.io import read_part
+
+    if not path.exists():
+        return False
+    try:
+        t = read_part(path, "captions")
+    except Exception:
+        return False
+    return set(zip(t.column("sample_id").to_pylist(), t.column("lang").to_pylist())) == want
+
+
+class FileCaptions:
+    """backend=file: this rank's rows of the captions JSONL, read once (streamed, others skipped)."""
+
+    name = "file"
+
+    def __init__(self, cfg: RecaptionConfig, want: set[tuple[str, str]], stats):
+        from ovpipe.vlm_generate import read_jsonl
+
+        self.rows = {}
+        for r in read_jsonl(cfg.file, lambda r: (r.get("sample_id"), r.get("lang")) in want, stats):
+            self.rows.setdefault((r["sample_id"], r["lang"]), r)
+
+    def caption(self, sid: str, lang: str) -> dict:
+        r = self.rows.get((sid, lang))
+        if r is None:
+            return {"caption": "", "tokens": None, "finish_reason": "error", "model": None,
+                    "error": f"no caption for ({sid}, {lang}) in the file"}
+        tokens = r.get("tokens")
+        return {"caption": str(r.get("caption") or ""), "tokens": int(tokens) if tokens is not None else None,
+                "finish_reason": r.get("finish_reason") or ("error" if r.get("error") else "stop"),
+                "model": r.get("model"), "error": r.get("error")}
+
+
+def caption_chunk(samples: list[dict], cfg: RecaptionConfig, backend, task: TaskContext) -> list[dict]:
+    """The captions rows of one chunk of samples (every language), quality checks applied."""
+    from manifests.conversation import read_image
+    from ovpipe.vlm_generate import Request, Sampling, seed_for
+
+    langs = sorted(cfg.prompts)
+    if isinstance(backend, FileCaptions):
+        got = {(s["sample_id"], lang): backend.caption(s["sample_id"], lang) for s in samples for lang in langs}
+    else:
+        reqs, keys, got = [], [], {}
+        with task.stats.timer("read_images"):
+            for s in samples:
+                try:
+                    img = read_image(s["image"])
+                except Exception as e:      # a vanished shard: an error row per language
+                    for lang in langs:
+                        got[(s["sample_id"], lang)] = {"caption": "", "tokens": None, "finish_reason": "error",
+                                                       "model": None, "error": f"image: {type(e).__name__}: {e}"}
+                    continue
+                for lang in langs:
+                    parts = [{"type": "image"}, {"type": "text", "text": cfg.prompts[lang]}]
+                    msg = [{"role": "user", "content": parts}]
+                    reqs.append(Request(msg, [img], 1, seed_for(cfg.seed, f"{s['sample_id']}:{lang}")))
+                    keys.append((s["sample_id"], lang))
+        with task.stats.timer("generate"):
+            gens = backend.generate(reqs, Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens))
+        for key, (g,) in zip(keys, gens):
+            got[key] = {"caption": g.text, "tokens": g.tokens if g.error is None else None,
+                        "finish_reason": g.finish_reason, "model": None, "error": g.error}
+    refusals = [re.compile(p, re.I) for p in cfg.refusal_patterns]
+    rows = []
+    for (sid, lang), g in sorted(got.items()):
+        q = quality(g["caption"], lang, g["finish_reason"], g["error"], cfg, refusals)
+        rows.append({"sample_id": sid, "lang": lang, "caption": g["caption"], "model": g["model"] or cfg.model or None,
+                     "backend": cfg.backend, "prompt_id": cfg.prompt_id(lang), "tokens": g["tokens"],
+                     "finish_reason": g["finish_reason"], **q})
+    return rows
+
+
+def run(cfg: RecaptionConfig, task: TaskContext) -> None:
+    import pyarrow as pa
+
+    from manifests.io import read_part
+
+    samples = input_samples(task, cfg)
+    langs = sorted(cfg.prompts)
+    chunks = [samples[i:i + cfg.chunk_size] for i in range(0, len(samples), cfg.chunk_size)]
+    cdir = chunk_dir(task)
+    for p in cdir.glob(".tmp-*"):           # a killed earlier try of this rank: only this rank writes here
+        p.unlink(missing_ok=True)
+    wants = [{(s["sample_id"], lang) for s in c for lang in langs} for c in chunks]
+    todo = [k for k in range(len(chunks)) if not done_chunk(chunk_path(task, k), wants[k])]
+    task.stats.inc("chunks/resumed", len(chunks) - len(todo))
+    backend = None
+    if todo:
+        if cfg.backend == "file":
+            backend = FileCaptions(cfg, set().union(*(wants[k] for k in todo)), task.stats)
+        else:
+            from ovpipe.vlm_generate import load_backend
+
+            with task.stats.timer("load_model"):
+                backend = load_backend(cfg.backend, cfg.model, device=cfg.device, dtype=cfg.dtype,
+                                       cpu_threads=cfg.cpu_threads, seed=cfg.seed, max_images=1,
+                                       engine_args=cfg.vllm_engine_args)
+            task.stats.info["device"] = getattr(backend, "device", "cuda")
+    with task.progress(len(samples), unit="samples") as bar:
+        bar.update(sum(len(chunks[k]) for k in range(len(chunks)) if k not in todo))
+        for k in todo:
+            rows = caption_chunk(chunks[k], cfg, backend, task)
+            write_chunk(chunk_path(task, k), rows)
+            task.stats.inc("chunks/written")
+            bar.update(len(chunks[k]))
+    tables = [read_part(chunk_path(task, k), "captions") for k in range(len(chunks))]
+    from manifests.schemas import schema_for
+
+    table = pa.concat_tables(tables) if tables else schema_for("captions").empty_table()
+    for lang, status in zip(table.column("lang").to_pylist(), table.column("status").to_pylist()):
+        task.stats.inc(f"status/{lang}/{status}")
+    task.stats.inc("samples", len(samples))
+    task.stats.inc("captions", table.num_rows)
+    task.write_part("captions", table)
+
+
+def finalize(cfg: RecaptionConfig, task: TaskContext) -> None:
+    import shutil
+
+    from curation.recaption_report import recaption_report
+
+    recaption_report(cfg, task)
+    shutil.rmtree(task.step_dir / "chunks", ignore_errors=True)   # every rank's part is written
+
+
+STEP = Step("recaption", RecaptionConfig, run, inputs=("samples",), outputs=("captions",), finalize=finalize,
+            check=RecaptionConfig.check,
+            description="bilingual VLM captions of the (balanced) corpus, resumable, with quality checks")
