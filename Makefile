@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON312) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[all]'
+	$(BIN)/pip install -q --no-deps lmms-engine==0.1.4   # the official LLaVA-OV-1.5 modeling files (docs/hf_format.md)
 	$(BIN)/python -W ignore -c "import torchvision, open_clip, megatron.core, faiss, transformers; print('install ok: torch', __import__('torch').__version__, '| torchvision', torchvision.__version__, '| megatron-core', megatron.core.__version__)"
 	touch $@
 
@@ -37,7 +38,7 @@ ingest: demo-data
 # Stage targets (curation, packing, pretrain, rl) live in mk/<stage>.mk.
 -include mk/*.mk
 
-DEMO_ORDER  := curation packing pretrain rl gym
+DEMO_ORDER  := curation packing pretrain recaption rl gym
 DEMO_STAGES ?= ingest $(filter $(DEMO_TARGETS),$(DEMO_ORDER))
 demo: install
 	$(MAKE) --no-print-directory $(DEMO_STAGES)

@@ -19,19 +19,37 @@ Two rules, chosen by ``method``:
 Draws are per sample and seeded: ``u_i = splitmix64(sample_id ⊕ seed) / 2⁶⁴``. Without
 replacement a sample is kept iff ``u_i < p_i``; with replacement ``copies_i = ⌊λ_i⌋ + [u_i < λ_i − ⌊λ_i⌋]``
 (unbiased stochastic rounding). No draw depends on another sample, so the result is the same
-for any task count. Every rank computes the global counts (numpy ``bincount``: seconds at 10M
-samples) and writes its slice of ``balanced``; rank 0 writes ``concept_counts`` with
-``count_after = Σ_i copies_i · [c ∈ topK(i)]``.
+for any task count.
+
+Map → reduce → apply (``docs/scale.md``): no task holds the corpus.
+
+* map (``count_concepts``): rank r streams its share of ``assignments.concept_ids`` and writes its
+  ``bincount`` (V int64) — memory one batch + V counts.
+* reduce (``reduce_counts``): sums the bincounts into ``count_before`` and solves the global
+  scalars: ``Σ_i prob_i`` (the λ normaliser), MetaCLIP's ``t`` and the without-replacement scale
+  ``s``. Those are sums over samples in canonical order; they are computed by streaming
+  ``concept_ids`` in canonical order once into a temp int32 file and summing it chunk by chunk in
+  numpy's own pairwise order (``ovpipe.mapreduce.pairwise_sum``), so every float is bit-identical
+  to a ``prob.sum()`` over the whole vector — memory one chunk + V counts. Writes
+  ``reduced/balance.npz`` (counts, n, K, Σ, t, s).
+* apply (``apply_weights``): rank r streams its canonical slice, computes weight and copies per
+  sample from the artifact, writes its ``balanced`` part batch by batch and a partial
+  ``count_after`` bincount.
+* finalize: ``concept_counts`` (count_before from the reduce, count_after = Σ of the apply ranks'
+  bincounts = ``Σ_i copies_i · [c ∈ topK(i)]``).
+
+``balance()`` is the same computation on in-memory arrays (tests, bench).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 
 from ovpipe.config import check_range
-from ovpipe.step import Step, TaskContext, slice_bounds
+from ovpipe.step import Step, TaskContext
 
 
 @dataclass
@@ -75,12 +93,16 @@ def metaclip_probs(concepts: np.ndarray, counts: np.ndarray, t: float) -> np.nda
 
 def solve_t(concepts: np.ndarray, counts: np.ndarray, target: float) -> float:
     """Bisection on t (Σ_i P_i(t) is increasing in t)."""
+    return _solve_t(lambda t: metaclip_probs(concepts, counts, t).sum(), counts, target)
+
+
+def _solve_t(total: Callable[[float], float], counts: np.ndarray, target: float) -> float:
     lo, hi = 0.0, float(counts.max()) if len(counts) else 1.0
-    if metaclip_probs(concepts, counts, hi).sum() <= target:
+    if total(hi) <= target:
         return hi
     for _ in range(60):
         mid = (lo + hi) / 2
-        if metaclip_probs(concepts, counts, mid).sum() < target:
+        if total(mid) < target:
             lo = mid
         else:
             hi = mid
@@ -95,73 +117,258 @@ def scale_to_target(w: np.ndarray, target: float) -> np.ndarray:
     """p = min(1, s·w) with Σ p = target (s by bisection)."""
     if target >= len(w):
         return np.ones_like(w)
-    lo, hi = 0.0, 1.0 / max(w[w > 0].min(), 1e-300)
+    s = _solve_scale(lambda m: np.minimum(1.0, m * w).sum(), float(w[w > 0].min()), target)
+    return np.minimum(1.0, s * w)
+
+
+def _solve_scale(total: Callable[[float], float], w_min: float, target: float) -> float:
+    lo, hi = 0.0, 1.0 / max(w_min, 1e-300)
     for _ in range(100):
         mid = (lo + hi) / 2
-        if np.minimum(1.0, mid * w).sum() < target:
+        if total(mid) < target:
             lo = mid
         else:
             hi = mid
-    return np.minimum(1.0, hi * w)
+    return hi
+
+
+@dataclass
+class Solution:
+    """The global scalars of a balance, from the counts and (where needed) sums over every sample."""
+
+    target: float
+    t: float | None = None          # metaclip threshold used
+    total: float | None = None      # Σ_i prob_i (with replacement)
+    scale: float | None = None      # s of p = min(1, s·prob) (without replacement); None: p = prob or ones
+
+
+def solve(n: int, counts: np.ndarray, cfg: "BalanceConfig", rows: Callable[[int, int], np.ndarray],
+          sum_of: Callable[[Callable[[np.ndarray], np.ndarray]], float],
+          min_of: Callable[[Callable[[np.ndarray], np.ndarray]], float]) -> Solution:
+    """The global scalars of ``balance``: ``sum_of(f)`` is ``f(concepts).sum()`` over every sample in
+    canonical order (numpy's summation order), ``min_of(f)`` its minimum over values > 0."""
+    sol = Solution(target=cfg.target_size or n)
+    if cfg.method == "metaclip":
+        sol.t = cfg.t if cfg.t is not None else _solve_t(
+            lambda t: sum_of(lambda c: metaclip_probs(c, counts, t)), counts,
+            sol.target if not cfg.replacement else n / 2)
+    prob = sample_probs(counts, cfg, sol.t)
+    if cfg.replacement:
+        sol.total = sum_of(prob)
+    elif not (cfg.method == "metaclip" and cfg.t is not None) and sol.target < n:
+        sol.scale = _solve_scale(lambda m: sum_of(lambda c: np.minimum(1.0, m * prob(c))), min_of(prob), sol.target)
+    return sol
+
+
+def sample_probs(counts: np.ndarray, cfg: "BalanceConfig", t: float | None) -> Callable[[np.ndarray], np.ndarray]:
+    """concepts (rows, K) → prob per row: MetaCLIP's P_i or the inverse-frequency weight w_i."""
+    if cfg.method == "metaclip":
+        return lambda c: metaclip_probs(c, counts, t)
+    return lambda c: inverse_frequency_weights(c, counts, cfg.alpha)
+
+
+def draw(concepts: np.ndarray, u: np.ndarray, counts: np.ndarray, n: int, cfg: "BalanceConfig",
+         sol: Solution) -> tuple[np.ndarray, np.ndarray]:
+    """(weight, copies) of some samples, given the global solution — row by row, so a slice gives
+    the rows the whole corpus would."""
+    prob = sample_probs(counts, cfg, sol.t)(concepts)
+    if cfg.replacement:
+        lam = sol.target * prob / sol.total if sol.total > 0 else np.zeros(len(prob))
+        base = np.floor(lam)
+        return lam, (base + (u < lam - base)).astype(np.int64)
+    if cfg.method == "metaclip" and cfg.t is not None:
+        p = prob
+    elif sol.scale is None:       # target ≥ n: keep everything
+        p = np.ones_like(prob)
+    else:
+        p = np.minimum(1.0, sol.scale * prob)
+    return p, (u < p).astype(np.int64)
 
 
 def balance(concepts: np.ndarray, u: np.ndarray, n_concepts: int, cfg: BalanceConfig):
-    """(weight, copies, counts_before, counts_after, info) for all samples."""
+    """(weight, copies, counts_before, counts_after, info) for all samples, in memory."""
     n = len(concepts)
-    target = cfg.target_size or n
     counts = concept_counts(concepts, n_concepts)
-    info = {}
-    if cfg.method == "metaclip":
-        t = cfg.t if cfg.t is not None else solve_t(concepts, counts, target if not cfg.replacement else n / 2)
-        info["t"] = t
-        prob = metaclip_probs(concepts, counts, t)
-    else:
-        prob = inverse_frequency_weights(concepts, counts, cfg.alpha)
-    if cfg.replacement:
-        lam = target * prob / prob.sum() if prob.sum() > 0 else np.zeros(n)
-        base = np.floor(lam)
-        copies = (base + (u < lam - base)).astype(np.int64)
-        weight = lam
-    else:
-        p = prob if (cfg.method == "metaclip" and cfg.t is not None) else scale_to_target(prob, target)
-        copies = (u < p).astype(np.int64)
-        weight = p
+    sol = solve(n, counts, cfg, None, lambda f: f(concepts).sum(), lambda f: float((v := f(concepts))[v > 0].min()))
+    weight, copies = draw(concepts, u, counts, n, cfg, sol)
     after = np.bincount(np.repeat(concepts, copies, axis=0).ravel(), minlength=n_concepts).astype(np.int64)
-    return weight, copies, counts, after, info
+    return weight, copies, counts, after, ({"t": sol.t} if sol.t is not None else {})
 
 
-def run(cfg: BalanceConfig, task: TaskContext) -> None:
+# ---------------------------------------------------------------------------------- the step
+
+def _concepts(lists, count_top: int | None) -> np.ndarray:
+    """A list<int32> column → (rows, K) int64, cut to the first ``count_top``."""
     import pyarrow as pa
 
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    flat = lists.flatten().to_numpy().astype(np.int64)
+    k = (len(flat) // len(lists)) if len(lists) else 1
+    if len(flat) != k * len(lists):
+        raise ValueError(f"assignments.concept_ids: rows hold different numbers of concepts ({len(flat)} ids "
+                         f"in {len(lists)} rows); assign writes K per row")
+    c = flat.reshape(len(lists), k)
+    return c[:, :count_top] if count_top else c
+
+
+def count_concepts(cfg: BalanceConfig, task: TaskContext) -> None:
+    """Map: this rank's share of ``assignments`` → its concept bincount."""
+    counts = np.zeros(0, np.int64)
+    n, k = 0, 0
+    with task.stats.timer("count"):
+        for batch in task.iter_input_share("assignments", ["concept_ids"]):
+            c = _concepts(batch.column(0), cfg.count_top)
+            if not len(c):
+                continue
+            if k and c.shape[1] != k:
+                raise ValueError(f"assignments.concept_ids: {c.shape[1]} concepts per row here, {k} before")
+            k = c.shape[1]
+            b = np.bincount(c.ravel())
+            if len(b) > len(counts):
+                counts = np.pad(counts, (0, len(b) - len(counts)))
+            counts[:len(b)] += b
+            n += len(c)
+    task.write_partial("counts", counts=counts, n=np.array([n]), k=np.array([k]))
+
+
+def reduce_counts(cfg: BalanceConfig, task: TaskContext) -> None:
+    """Reduce: Σ bincounts → count_before; the global scalars (``solve``) by streaming the concept ids in
+    canonical order through a temp file; ``reduced/balance.npz``."""
     from manifests import read_manifest
 
-    a = task.read_input("assignments", columns=["sample_id", "concept_ids"])
-    sid = a.column("sample_id").combine_chunks()
-    lists = a.column("concept_ids").combine_chunks()
-    k = (len(lists.values) // len(lists)) if len(lists) else 1
-    concepts = lists.values.to_numpy().astype(np.int64).reshape(len(lists), k)
-    if cfg.count_top:
-        concepts = concepts[:, : cfg.count_top]
+    counts = np.zeros(0, np.int64)
+    n, k = 0, 0
+    for part in task.iter_partials("counts"):
+        c = part["counts"]
+        if len(c) > len(counts):
+            counts = np.pad(counts, (0, len(c) - len(counts)))
+        counts[:len(c)] += c
+        n += int(part["n"][0])
+        if int(part["k"][0]):
+            if k and int(part["k"][0]) != k:
+                raise ValueError(f"assignments.concept_ids: map ranks saw {k} and {int(part['k'][0])} concepts per row")
+            k = int(part["k"][0])
+    ct = read_manifest(task.run_dir, "concepts", columns=["concept_id"])
+    n_concepts = int(max(ct.column("concept_id").to_numpy().max() + 1, len(counts)))
+    counts = np.pad(counts, (0, n_concepts - len(counts)))
+    with task.stats.timer("solve"):
+        with _CanonicalConcepts(task, cfg.count_top, n, k) as rows:
+            sol = solve(n, counts, cfg, rows.read, rows.sum_of, rows.min_of)
+    if sol.t is not None:
+        task.stats.info["t"] = float(sol.t)
+    nan = float("nan")
+    task.write_reduced("balance", counts=counts, n=np.array([n]), k=np.array([k]),
+                       target=np.array([sol.target], np.float64),
+                       t=np.array([nan if sol.t is None else sol.t]),
+                       total=np.array([nan if sol.total is None else sol.total]),
+                       scale=np.array([nan if sol.scale is None else sol.scale]))
+
+
+class _CanonicalConcepts:
+    """The (n, K) concept ids in canonical order, written once to a temp int32 file under
+    ``reduced/`` (streamed from ``iter_manifest``) and read back a chunk at a time — only when the
+    solution needs a sum over samples; removed when done."""
+
+    CHUNK = 1 << 18       # rows read per chunk (× K int32)
+
+    def __init__(self, task: TaskContext, count_top: int | None, n: int, k: int):
+        self.task, self.count_top, self.n, self.k = task, count_top, n, k
+        self.path = task.reduced_path(f".tmp-{os.getpid()}-concepts.i32")
+        self._written = False
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        rows = 0
+        with open(self.path, "wb") as f:
+            for batch in self.task.iter_input_canonical("assignments", ["concept_ids"]):
+                c = _concepts(batch.column(0), self.count_top)
+                f.write(np.ascontiguousarray(c, dtype=np.int32).tobytes())
+                rows += len(c)
+        if rows != self.n:
+            raise RuntimeError(f"assignments changed under the reduce: {rows} rows now, {self.n} when counted")
+        self._written = True
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        if not self._written:
+            self._write()
+        k = max(self.k, 1)
+        with open(self.path, "rb") as f:
+            f.seek(lo * k * 4)
+            a = np.fromfile(f, dtype=np.int32, count=(hi - lo) * k)
+        return a.astype(np.int64).reshape(hi - lo, k)
+
+    def sum_of(self, f: Callable[[np.ndarray], np.ndarray]) -> float:
+        from ovpipe.mapreduce import pairwise_sum
+
+        return pairwise_sum(self.n, lambda lo, hi: f(self.read(lo, hi)))
+
+    def min_of(self, f: Callable[[np.ndarray], np.ndarray]) -> float:
+        best = np.inf
+        for lo in range(0, self.n, self.CHUNK):
+            v = f(self.read(lo, min(lo + self.CHUNK, self.n)))
+            v = v[v > 0]
+            if len(v):
+                best = min(best, float(v.min()))
+        if not np.isfinite(best):
+            raise ValueError("balance: every sample has weight 0; nothing to scale to target_size")
+        return best
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+def _solution(r: dict) -> Solution:
+    def opt(x):
+        v = float(x[0])
+        return None if np.isnan(v) else v
+
+    return Solution(target=float(r["target"][0]), t=opt(r["t"]), total=opt(r["total"]), scale=opt(r["scale"]))
+
+
+def apply_weights(cfg: BalanceConfig, task: TaskContext) -> None:
+    """Apply: this rank's canonical slice → its ``balanced`` part (weight, copies) and a count_after bincount."""
+    import pyarrow as pa
+
+    from ovpipe.mapreduce import BATCH_ROWS
+
+    r = task.read_reduced("balance")
+    counts, n, sol = r["counts"], int(r["n"][0]), _solution(r)
+    after = np.zeros(len(counts), np.int64)
+    with task.stats.timer("balance"), task.part_writer("balanced", row_group_rows=BATCH_ROWS) as out:
+        for batch in task.iter_input_slice("assignments", ["sample_id", "concept_ids"]):
+            sid = batch.column(0)
+            c = _concepts(batch.column(1), cfg.count_top)
+            weight, copies = draw(c, uniform_draws(sid, cfg.seed), counts, n, cfg, sol)
+            after += np.bincount(np.repeat(c, copies, axis=0).ravel(), minlength=len(counts)).astype(np.int64)
+            out.write(pa.table({"sample_id": sid, "weight": pa.array(weight),
+                                "copies": pa.array(copies.astype(np.int32))}))
+            task.stats.inc("samples", len(c))
+            task.stats.inc("copies", int(copies.sum()))
+            task.stats.inc("dropped", int((copies == 0).sum()))
+    task.write_partial("after", after=after)
+
+
+def write_concept_counts(cfg: BalanceConfig, task: TaskContext) -> None:
+    """Finalize: ``concept_counts`` (before: the reduce's counts; after: Σ of the apply ranks' bincounts)."""
+    from manifests import read_manifest
+
+    counts = task.read_reduced("balance")["counts"]
+    after = np.zeros(len(counts), np.int64)
+    for part in task.iter_partials("after"):
+        after += part["after"]
+    n_concepts = len(counts)
     ct = read_manifest(task.run_dir, "concepts", columns=["concept_id", "text"])
-    n_concepts = int(max(ct.column("concept_id").to_numpy().max() + 1, concepts.max(initial=-1) + 1))
-    u = uniform_draws(sid, cfg.seed)
-    with task.stats.timer("balance"):
-        weight, copies, before, after, info = balance(concepts, u, n_concepts, cfg)
-    lo, hi = slice_bounds(len(sid), task.rank, task.world_size)
-    task.write_part("balanced", pa.table({"sample_id": sid.slice(lo, hi - lo),
-                                          "weight": pa.array(weight[lo:hi]),
-                                          "copies": pa.array(copies[lo:hi].astype(np.int32))}))
-    task.stats.inc("samples", hi - lo)
-    task.stats.inc("copies", int(copies[lo:hi].sum()))
-    task.stats.inc("dropped", int((copies[lo:hi] == 0).sum()))
-    if task.rank == 0:
-        task.stats.info.update({k2: float(v) for k2, v in info.items()})
-        text = dict(zip(ct.column("concept_id").to_pylist(), ct.column("text").to_pylist()))
-        task.write_part("concept_counts", {"concept_id": np.arange(n_concepts, dtype=np.int32),
-                                           "text": [text.get(c) for c in range(n_concepts)],
-                                           "count_before": before, "count_after": after})
+    text = dict(zip(ct.column("concept_id").to_pylist(), ct.column("text").to_pylist()))
+    task.write_part("concept_counts", {"concept_id": np.arange(n_concepts, dtype=np.int32),
+                                       "text": [text.get(c) for c in range(n_concepts)],
+                                       "count_before": counts, "count_after": after})
 
 
-STEP = Step("balance", BalanceConfig, run, inputs=("assignments", "concepts"),
-            outputs=("balanced", "concept_counts"),
+STEP = Step("balance", BalanceConfig, count_concepts, inputs=("assignments", "concepts"),
+            outputs=("balanced", "concept_counts"), reduce=reduce_counts, apply=apply_weights,
+            finalize=write_concept_counts,
             description="concept frequencies + inverse-frequency / MetaCLIP resampling")

@@ -351,36 +351,75 @@ def run(cfg: IngestConfig, task: TaskContext) -> None:
     task.write_part("samples", rows)
 
 
+def _duckdb(task: TaskContext):
+    """A DuckDB connection for the finalize's whole-corpus queries: a memory limit, spilling under the
+    step folder, so the reduce holds the duplicates (and small counts), never the corpus."""
+    import duckdb
+
+    tmp = task.step_dir / ".duckdb-tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return duckdb.connect(config={"memory_limit": os.environ.get("OVPIPE_REDUCE_MEMORY", "1GB"),
+                                  "temp_directory": str(tmp), "threads": 2})
+
+
+def find_duplicates(task: TaskContext, files: list[Path]) -> dict[tuple[int, int], str]:
+    """``{(part, row): "duplicate of <shard>/<key>"}`` for every later occurrence of a ``sample_id``.
+
+    The first occurrence is the first in (source, shard, key) order; the same key twice in one file
+    (both copies in one part, in file order): the earlier row — rows are told apart by (part, row), so
+    a repeated key marks only its later copies. DuckDB groups ``sample_id`` over the parts' four
+    columns under a memory limit and returns only the rows of duplicated ids."""
+    con = _duckdb(task)
+    try:
+        paths = [str(Path(f).resolve()) for f in files]
+        con.execute("CREATE TEMP TABLE _files AS SELECT path, fno - 1 AS part FROM "
+                    "unnest(?::VARCHAR[]) WITH ORDINALITY t(path, fno)", [paths])
+        scan = f"read_parquet({_sql_list(paths)}, filename = true, file_row_number = true)"
+        rows = con.execute(
+            f"SELECT p.sample_id, p.shard, p.key, f.part, p.file_row_number FROM {scan} p "
+            f"JOIN _files f ON f.path = p.filename WHERE p.sample_id IN "
+            f"(SELECT sample_id FROM {scan} GROUP BY sample_id HAVING count(*) > 1) "
+            f"ORDER BY p.sample_id, p.source, p.shard, p.key, f.part, p.file_row_number").fetchall()
+    finally:
+        con.close()
+    dups: dict[tuple[int, int], str] = {}
+    prev, first = None, None
+    for sid, shard, key, part, row in rows:
+        if sid != prev:
+            prev, first = sid, (shard, key)
+            continue
+        text = f"{Path(first[0]).name}/{first[1]}"
+        if (shard, key) == first:
+            text += " (an earlier copy with the same key)"
+        dups[(int(part), int(row))] = text
+    return dups
+
+
+def _sql_list(paths: list[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+def _counts(task: TaskContext, files: list[Path], column: str) -> list[tuple]:
+    """``[(value, rows)]`` of one ``samples`` column over every part (DuckDB ``GROUP BY``)."""
+    con = _duckdb(task)
+    try:
+        paths = [str(Path(f).resolve()) for f in files]
+        return con.execute(f'SELECT "{column}", count(*) FROM read_parquet({_sql_list(paths)}) GROUP BY 1').fetchall()
+    finally:
+        con.close()
+
+
 def finalize(cfg: IngestConfig, task: TaskContext) -> None:
     """Mark duplicate sample_ids over the whole corpus (rewriting only the parts that change),
-    count each file's samples into ``shards``, and write the report."""
+    count each file's samples into ``shards``, and write the report. The whole-corpus work is DuckDB
+    queries under a memory limit (``find_duplicates``, ``_counts``); only the parts holding a duplicate
+    are read whole."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from manifests.io import manifest_files, read_part, write_part
 
     files = manifest_files(task.run_dir, "samples", step=task.step)
-    cols = ["sample_id", "source", "shard", "key"]
-    tables = [read_part(f, "samples").select(cols) for f in files]
-    allrows = pa.concat_tables([t.append_column("_part", pa.array([i] * t.num_rows, pa.int32()))
-                                 .append_column("_row", pa.array(range(t.num_rows), pa.int64()))
-                                for i, t in enumerate(tables)])
-    # First occurrence per sample_id in (source, shard, key) order; the same key twice in one file
-    # (both copies in one part, in file order): the earlier row. Rows are identified by (part, row
-    # index), so a repeated key marks only its later copies.
-    order = allrows.sort_by([("sample_id", "ascending"), ("source", "ascending"), ("shard", "ascending"),
-                             ("key", "ascending"), ("_part", "ascending"), ("_row", "ascending")])
-    sid = order.column("sample_id").to_pylist()
-    dups: dict[tuple[int, int], str] = {}
-    j = 0
-    for i in range(1, len(sid)):
-        if sid[i] != sid[i - 1]:
-            j = i
-            continue
-        first = f"{Path(order['shard'][j].as_py()).name}/{order['key'][j].as_py()}"
-        if (order["shard"][j].as_py(), order["key"][j].as_py()) == (order["shard"][i].as_py(), order["key"][i].as_py()):
-            first += " (an earlier copy with the same key)"
-        dups[(order["_part"][i].as_py(), order["_row"][i].as_py())] = first
+    dups = find_duplicates(task, files)
     task.stats.inc("duplicates", len(dups))
     for p in sorted({p for p, _ in dups}):
         t = read_part(files[p], "samples")
@@ -393,7 +432,7 @@ def finalize(cfg: IngestConfig, task: TaskContext) -> None:
         t = t.set_column(t.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
         t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
         write_part(t, files[p], "samples", sort=True)
-    merged = pa.concat_tables([read_part(f, "samples").select(["status", "category", "shard"]) for f in files])
+    by_status = _counts(task, files, "status")
     # stats.json sums the ranks' stats and this one's: make its status/<x> equal the manifest's
     # counts (computed, not counted per change, so a finalize rerun after a kill stays exact).
     ranks: dict[str, float] = {}
@@ -402,12 +441,12 @@ def finalize(cfg: IngestConfig, task: TaskContext) -> None:
         for k, v in (json.loads(f.read_text()).get("counters", {}) if f.exists() else {}).items():
             if k.startswith("status/"):
                 ranks[k] = ranks.get(k, 0) + v
-    final = {f"status/{d['values']}": d["counts"] for d in pc.value_counts(merged.column("status")).to_pylist()}
+    final = {f"status/{v}": n for v, n in by_status}
     for k in sorted(set(ranks) | set(final)):
         if final.get(k, 0) != ranks.get(k, 0):
             task.stats.inc(k, final.get(k, 0) - ranks.get(k, 0))
     # shards: every file's sample count over all tasks (its row was written by one task)
-    counts = {d["values"]: d["counts"] for d in pc.value_counts(merged.column("shard")).to_pylist()}
+    counts = dict(_counts(task, files, "shard"))
     shard_parts = sorted((task.step_dir / "shards").glob("part-*.parquet"))
     bad: list[dict] = []
     for f in shard_parts:
@@ -416,7 +455,7 @@ def finalize(cfg: IngestConfig, task: TaskContext) -> None:
         t = t.set_column(t.schema.get_field_index("samples"), "samples", n)
         write_part(t, f, "shards", sort=True)
         bad += [r for r in t.to_pylist() if r["status"] != "ok"]
-    tables = [_count_table(merged.column(c), c) for c in ("status", "category")]
+    tables = [_count_table(by_status, "status"), _count_table(_counts(task, files, "category"), "category")]
     if bad:
         lines = ["| shard | status | samples | error |", "| --- | --- | ---: | --- |"]
         for r in sorted(bad, key=lambda r: r["shard"]):
@@ -424,18 +463,16 @@ def finalize(cfg: IngestConfig, task: TaskContext) -> None:
             lines.append(f"| {Path(r['shard']).name} | {r['status']} | {r['samples']} | {err} |")
         tables.append("\n".join(lines))
     (task.step_dir / "report.md").write_text(
-        f"{merged.num_rows} samples ingested from {len(expand_inputs(cfg.inputs))} files"
+        f"{sum(n for _, n in by_status)} samples ingested from {len(expand_inputs(cfg.inputs))} files"
         + (f" ({len(bad)} with a problem: see the `shards` manifest)" if bad else "")
         + f"; {len(dups)} duplicate(s) marked.\n\n"
         + "\n\n".join(tables) + "\n")
 
 
-def _count_table(column, name: str) -> str:
-    import pyarrow.compute as pc
-
+def _count_table(counts: list[tuple], name: str) -> str:
     lines = [f"| {name} | samples |", "| --- | ---: |"]
-    for item in sorted(pc.value_counts(column).to_pylist(), key=lambda d: (-d["counts"], str(d["values"]))):
-        lines.append(f"| {item['values']} | {item['counts']} |")
+    for value, n in sorted(counts, key=lambda d: (-d[1], str(d[0]))):
+        lines.append(f"| {value} | {n} |")
     return "\n".join(lines)
 
 

@@ -101,6 +101,24 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("weight", pa.float64()),
         ("copies", pa.int32()),
     ]),
+    # recaption — one row per (sample_id, lang): a VLM's caption of the sample's image with its
+    # quality-check status (ok | empty | refused | wrong_language | repetition | truncated |
+    # too_short | error). lengths/pack train on the ok ones (caption_source); the sample they make
+    # names this sample_id as its lengths.source_sample_id.
+    "captions": pa.schema([
+        ("sample_id", pa.string()),         # the source sample
+        ("lang", pa.string()),              # "en" | "zh" | ... (a key of the config's prompts)
+        ("caption", pa.string()),
+        ("model", pa.string()),
+        ("backend", pa.string()),
+        ("prompt_id", pa.string()),         # "<lang>:<xxh3 of the prompt text, 8 hex>"
+        ("tokens", pa.int32()),             # generated tokens (end-of-sequence included)
+        ("finish_reason", pa.string()),     # stop | length | error
+        ("script_ratio", pa.float64()),     # share of letters in the language's script; null if no letters
+        ("repeat_ratio", pa.float64()),     # 1 − distinct/total n-grams; null if shorter than n
+        ("status", STATUS),
+        ("error", pa.string()),
+    ]),
     # lengths — tokens a sample occupies in training (shared length function).
     "lengths": pa.schema([
         ("sample_id", pa.string()),
@@ -112,6 +130,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("turns_kept", pa.int32()),         # turns after `truncate` dropped whole trailing pairs
         ("status", STATUS),
         ("error", pa.string()),
+        ("source_sample_id", pa.string()),  # the ingested sample it derives from (itself, unless recaptioned)
     ]),
     # pack — one row per packed sequence.
     "packs": pa.schema([
@@ -163,11 +182,11 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("category", pa.string()),
         ("n", pa.int32()),
         ("correct", pa.int32()),
-        ("pass_at_1", pa.float64()),
+        ("pass_at_1", pa.float64()),        # NULL (not 0) when n = 0: nothing was scored
         ("pass_at_n", pa.float64()),
         ("gap", pa.float64()),
         ("mean_reward", pa.float64()),
-        ("pass_at_k", pa.string()),         # JSON {"k": value} for the configured k set
+        ("pass_at_k", pa.map_(pa.int32(), pa.float64())),   # {k: pass@k} for the configured k set; NULL when n = 0
         ("kept", pa.bool_()),
         ("reason", pa.string()),            # "kept" | "too_easy" | "too_hard" | "no_gap" | "error"
         ("split", pa.string()),             # "stage1-answer-only" | "stage2-cot" | null
@@ -197,6 +216,7 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "concept_counts": ("concept_id",),
     "balanced": ("sample_id",),
     "mixed": ("sample_id",),
+    "captions": ("sample_id", "lang"),
     "lengths": ("sample_id",),
     "packs": ("pack_id",),
     "rl_prompts": ("prompt_id",),

@@ -6,6 +6,7 @@
     ovpipe status RUN
     ovpipe demo-data --out DIR
     ovpipe pretrain --recipe tiny --stage 1 --run-dir RUN
+    ovpipe export-model --run-dir RUN --stage 2 --out DIR
 """
 from __future__ import annotations
 
@@ -124,13 +125,16 @@ def cmd_step(args) -> int:
 def cmd_task(args) -> int:
     from ovpipe.executors.task import run_task
 
-    run_task(args.step, args.run_dir, args.rank, args.world_size, name=args.name)
+    run_task(args.step, args.run_dir, args.rank, args.world_size, name=args.name, phase=args.phase)
     return 0
 
 
 def cmd_finalize(args) -> int:
-    from ovpipe.executors.task import finalize_step
+    from ovpipe.executors.task import finalize_step, reduce_step
 
+    if args.phase == "reduce":  # the reduce job of a three-phase step (map array → reduce → apply array)
+        print(reduce_step(args.step, args.run_dir, name=args.name))
+        return 0
     merged = finalize_step(args.step, args.run_dir, name=args.name)
     print(json.dumps(merged["counters"]))
     return 0
@@ -281,18 +285,25 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("rest", nargs=argparse.REMAINDER)
     sp.set_defaults(func=lambda a: __import__("pretrain.launch", fromlist=["main"]).main(a.rest))
 
+    sp = sub.add_parser("export-model", help="a trained stage as one Hugging Face LLaVA-OneVision-1.5 folder "
+                                             "(see `ovpipe export-model --help`)", add_help=False)
+    sp.add_argument("rest", nargs=argparse.REMAINDER)
+    sp.set_defaults(func=lambda a: __import__("pretrain.export", fromlist=["main"]).main(a.rest))
+
     sp = sub.add_parser("_task", help=argparse.SUPPRESS)
     sp.add_argument("step")
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--rank", type=int, required=True)
     sp.add_argument("--world-size", type=int, required=True)
     sp.add_argument("--name")
+    sp.add_argument("--phase", choices=["map", "apply"], default="map")
     sp.set_defaults(func=cmd_task)
 
     sp = sub.add_parser("_finalize", help=argparse.SUPPRESS)
     sp.add_argument("step")
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--name")
+    sp.add_argument("--phase", choices=["reduce", "finalize"], default="finalize")
     sp.set_defaults(func=cmd_finalize)
     return p
 
@@ -322,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
         from pretrain.launch import main as pretrain_main
 
         return int(pretrain_main(argv[1:]) or 0)
+    if argv[:1] == ["export-model"]:  # its own argument parser too
+        from pretrain.export import main as export_main
+
+        return int(export_main(argv[1:]) or 0)
     parser = build_parser()
     _add_debug_flag(parser)
     args = parser.parse_args(argv)

@@ -17,6 +17,7 @@ STEP_MODULES: dict[str, str] = {
     "balance": "curation.balance",
     "balance-report": "curation.report",
     "mix": "curation.mix",
+    "recaption": "curation.recaption",
     "demo-clip": "curation.demo_clip",
     # packing
     "lengths": "packing.lengths",

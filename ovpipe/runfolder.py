@@ -49,6 +49,8 @@ from ovpipe.config import config_hash, config_json
 from ovpipe.step import Stats, holds, save_json
 
 FINALIZED = "finalized"
+REDUCED = "reduced"         # completions/reduced: the reduce ran; it holds the digest of reduced/
+APPLY = "apply"             # apply-phase markers: completions/apply-{rank:05d} (content: the reduce digest applied)
 LOCK_NAME = ".lock"
 HEARTBEAT_S = 10.0          # a running task touches running/{rank} this often
 STALE_AFTER_S = 60.0        # a heartbeat older than this is a dead task
@@ -307,7 +309,7 @@ def prepare(run_dir: Path, step, cfg, tasks: int, overwrite: bool = False, name:
         inputs = upstream_hashes(run_dir, step, cfg, name)
         meta_path = sdir / "executor.json"
         want = {"step": step.name, "tasks": tasks, "config_hash": config_hash(cfg),
-                "outputs": list(step.outputs), "inputs": inputs}
+                "outputs": list(step.outputs), "inputs": inputs, "phases": list(step.phases)}
         if meta_path.exists():
             have = json.loads(meta_path.read_text())
             changed = [k for k in ("tasks", "config_hash") if have.get(k) != want[k]]
@@ -347,6 +349,8 @@ def up_to_date(run_dir: Path, step, cfg, tasks: int, name: str | None = None) ->
             return None
         if pending_ranks(sdir, tasks) or not is_finalized(sdir):
             return None
+        if step.apply is not None and (not is_reduced(sdir) or pending_ranks(sdir, tasks, "apply")):
+            return None
         if "inputs" in meta and meta["inputs"] != upstream_hashes(run_dir, step, cfg, name, allow_pending=False):
             return None
         return json.loads((sdir / "stats.json").read_text())
@@ -356,31 +360,89 @@ def up_to_date(run_dir: Path, step, cfg, tasks: int, name: str | None = None) ->
 
 # ------------------------------------------------------------------------------ ranks & status
 
-def done_ranks(sdir: Path) -> set[int]:
+def rank_name(rank: int, phase: str = "map") -> str:
+    """The name of a rank's marker files: ``00003`` (map, as every step always had), ``apply-00003``."""
+    return f"{rank:05d}" if phase == "map" else f"{phase}-{rank:05d}"
+
+
+def reduce_digest(sdir: Path) -> str | None:
+    """The digest of the reduce's artifacts recorded when it completed (None: not reduced)."""
+    try:
+        return (Path(sdir) / "completions" / REDUCED).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def is_reduced(sdir: Path) -> bool:
+    return reduce_digest(sdir) is not None
+
+
+def mark_reduced(sdir: Path) -> str:
+    """Record the reduce as done, with a digest of ``reduced/*`` (names + bytes): an apply rank done
+    under another digest (the reduce was redone and came out different) is pending again."""
+    import hashlib
+
+    h = hashlib.sha256()
+    rdir = Path(sdir) / "reduced"
+    for f in sorted(p for p in rdir.rglob("*") if p.is_file() and not p.name.startswith(".")) if rdir.is_dir() else []:
+        h.update(str(f.relative_to(rdir)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    digest = h.hexdigest()[:16]
+    fp = failure_path(sdir, 0, "reduce")
+    fp.unlink(missing_ok=True)
+    (Path(sdir) / "completions").mkdir(parents=True, exist_ok=True)
+    tmp = Path(sdir) / "completions" / f".tmp-{os.getpid()}-{REDUCED}"
+    tmp.write_text(digest + "\n")
+    os.replace(tmp, Path(sdir) / "completions" / REDUCED)
+    return digest
+
+
+def done_ranks(sdir: Path, phase: str = "map") -> set[int]:
+    """Ranks with a completion marker. Apply ranks count only if they applied the current reduce."""
     comp = sdir / "completions"
     if not comp.is_dir():
         return set()
-    return {int(p.name) for p in comp.iterdir() if p.name.isdigit()}
+    if phase == "map":
+        return {int(p.name) for p in comp.iterdir() if p.name.isdigit()}
+    digest = reduce_digest(sdir)
+    if digest is None:
+        return set()
+    prefix = f"{phase}-"
+    out = set()
+    for p in comp.iterdir():
+        if p.name.startswith(prefix) and p.name[len(prefix):].isdigit():
+            try:
+                if p.read_text().strip() == digest:
+                    out.add(int(p.name[len(prefix):]))
+            except OSError:
+                pass
+    return out
 
 
-def pending_ranks(sdir: Path, tasks: int) -> list[int]:
-    done = done_ranks(sdir)
+def pending_ranks(sdir: Path, tasks: int, phase: str = "map") -> list[int]:
+    done = done_ranks(sdir, phase)
     return [r for r in range(tasks) if r not in done]
 
 
-def failure_path(sdir: Path, rank: int) -> Path:
-    return sdir / "failures" / f"{rank:05d}"
+def failure_path(sdir: Path, rank: int, phase: str = "map") -> Path:
+    return sdir / "failures" / ("reduce" if phase == "reduce" else rank_name(rank, phase))
 
 
-def running_path(sdir: Path, rank: int) -> Path:
-    return sdir / "running" / f"{rank:05d}"
+def running_path(sdir: Path, rank: int, phase: str = "map") -> Path:
+    return sdir / "running" / ("reduce" if phase == "reduce" else rank_name(rank, phase))
 
 
-def mark_done(sdir: Path, rank: int) -> None:
-    fp = failure_path(sdir, rank)
+def mark_done(sdir: Path, rank: int, phase: str = "map") -> None:
+    fp = failure_path(sdir, rank, phase)
     if fp.exists():
         fp.unlink()
-    (sdir / "completions" / f"{rank:05d}").touch()
+    marker = sdir / "completions" / rank_name(rank, phase)
+    if phase == "map":
+        marker.touch()
+    else:
+        marker.write_text((reduce_digest(sdir) or "") + "\n")
 
 
 def is_finalized(sdir: Path) -> bool:
@@ -397,10 +459,11 @@ def merge_stats(sdir: Path, tasks: int) -> dict:
 
 
 class RunningMarker:
-    """``running/{rank}`` for the life of a task: host, pid, Slurm job; its mtime is the heartbeat."""
+    """``running/{rank}`` (``running/apply-{rank}``, ``running/reduce``) for the life of a task: host,
+    pid, Slurm job; its mtime is the heartbeat."""
 
-    def __init__(self, sdir: Path, rank: int, heartbeat_s: float | None = None):
-        self.path = running_path(sdir, rank)
+    def __init__(self, sdir: Path, rank: int, heartbeat_s: float | None = None, phase: str = "map"):
+        self.path = running_path(sdir, rank, phase)
         self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -450,16 +513,22 @@ def _rank_alive(path: Path) -> tuple[bool, dict]:
     return fresh, info
 
 
-def running_ranks(sdir: Path) -> dict[int, dict]:
-    """Ranks with a ``running/`` marker whose task is alive (local pid, or a fresh heartbeat elsewhere)."""
+def running_ranks(sdir: Path) -> dict[str, dict]:
+    """Tasks with a ``running/`` marker that are alive (local pid, or a fresh heartbeat elsewhere),
+    keyed ``"3"`` (map rank 3), ``"apply 3"``, ``"reduce"``."""
     out = {}
     rdir = Path(sdir) / "running"
     if rdir.is_dir():
         for p in rdir.iterdir():
-            if p.name.isdigit():
-                alive, info = _rank_alive(p)
-                if alive:
-                    out[int(p.name)] = info
+            if p.name.startswith(".tmp-"):
+                continue
+            phase, _, num = p.name.rpartition("-")
+            if not (p.name.isdigit() or p.name == "reduce" or (phase == APPLY and num.isdigit())):
+                continue
+            alive, info = _rank_alive(p)
+            if alive:
+                key = str(int(p.name)) if p.name.isdigit() else "reduce" if p.name == "reduce" else f"{phase} {int(num)}"
+                out[key] = info
     return out
 
 
@@ -470,40 +539,96 @@ def _describe_running(info: dict) -> str:
     return where + f", heartbeat {info.get('heartbeat_age_s')}s ago"
 
 
-def step_status(sdir: Path) -> dict:
-    """Ranks done / running / failed / stale / pending.
+def log_path(sdir: Path, rank: int, phase: str = "map") -> Path:
+    """``logs/task_00003.log`` (map), ``logs/apply_00003.log``, ``logs/reduce.log``."""
+    if phase == "reduce":
+        return sdir / "logs" / "reduce.log"
+    return sdir / "logs" / f"{'task' if phase == 'map' else phase}_{rank:05d}.log"
 
-    running: a ``running/{rank}`` marker whose task is alive (same host: its pid lives and the
-    heartbeat is fresh; another host: the heartbeat is fresh). failed: ``failures/{rank}`` (the
-    task raised). stale: started and neither done, failed nor alive (a killed task: its marker's
-    pid is dead or its heartbeat old, or no marker but a non-empty log). pending: never started."""
-    meta = json.loads((sdir / "executor.json").read_text())
-    tasks = meta["tasks"]
-    done = done_ranks(sdir)
+
+def _phase_status(sdir: Path, tasks: int, phase: str) -> dict:
+    done = done_ranks(sdir, phase)
     failed, stale, running, pending = [], [], [], []
     for r in range(tasks):
         if r in done:
             continue
-        log = sdir / "logs" / f"task_{r:05d}.log"
-        rp = running_path(sdir, r)
+        log = log_path(sdir, r, phase)
+        rp = running_path(sdir, r, phase)
         if rp.exists():
             alive, info = _rank_alive(rp)
             if alive:
                 running.append((r, _describe_running(info)))
                 continue
-        if failure_path(sdir, r).exists():
+        if failure_path(sdir, r, phase).exists():
             failed.append((r, str(log)))
-        elif rp.exists() or (log.exists() and log.stat().st_size > 0):
+        elif rp.exists() or (log.exists() and log.stat().st_size > 0 and phase == "map"):
             stale.append((r, str(log)))
         else:
             pending.append(r)
-    return {"step": sdir.name, "tasks": tasks, "done": len(done), "failed": failed, "stale": stale,
-            "running": running, "pending": pending, "finalized": is_finalized(sdir)}
+    return {"tasks": tasks, "done": len(done), "failed": failed, "stale": stale, "running": running,
+            "pending": pending}
+
+
+def _reduce_status(sdir: Path) -> str:
+    """done | running (…) | failed | stale | pending"""
+    if is_reduced(sdir):
+        return "done"
+    rp = running_path(sdir, 0, "reduce")
+    if rp.exists():
+        alive, info = _rank_alive(rp)
+        if alive:
+            return f"running ({_describe_running(info)})"
+        return "stale"
+    return "failed" if failure_path(sdir, 0, "reduce").exists() else "pending"
+
+
+def step_status(sdir: Path) -> dict:
+    """Ranks done / running / failed / stale / pending (of the map phase, the only phase of most steps).
+
+    running: a ``running/{rank}`` marker whose task is alive (same host: its pid lives and the
+    heartbeat is fresh; another host: the heartbeat is fresh). failed: ``failures/{rank}`` (the
+    task raised). stale: started and neither done, failed nor alive (a killed task: its marker's
+    pid is dead or its heartbeat old, or no marker but a non-empty log). pending: never started.
+    A three-phase step adds ``phases``: ``{"reduce": "done" | "running (…)" | "failed" | "stale" |
+    "pending", "apply": {the same counts for the apply ranks}}``."""
+    meta = json.loads((sdir / "executor.json").read_text())
+    tasks = meta["tasks"]
+    out = {"step": sdir.name, **_phase_status(sdir, tasks, "map"), "finalized": is_finalized(sdir)}
+    if "apply" in meta.get("phases", ()):
+        out["phases"] = {"reduce": _reduce_status(sdir), "apply": _phase_status(sdir, tasks, "apply")}
+    return out
+
+
+def slurm_chain(sdir: Path) -> str | None:
+    """``map 12 → reduce 13 (afterok:12) → apply 14 (afterok:13) → merge 15 (afterok:14)``: the jobs of
+    the last Slurm submit of the step, as ``slurm_jobs.json`` records them."""
+    try:
+        rec = json.loads((Path(sdir) / "slurm_jobs.json").read_text())
+    except (OSError, ValueError):
+        return None
+    parts = []
+    for j in rec.get("chain") or []:
+        parts.append(f"{j['phase']} {j['job']}" + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else ""))
+    return " → ".join(parts) or None
+
+
+def _rank_counts_line(label: str, st: dict) -> str:
+    return (f"{label:<16} {st['done']:>3}/{st['tasks']:<2} {len(st['running']):>7} {len(st['failed']):>6} "
+            f"{len(st['stale']):>5} {len(st['pending']):>7}")
+
+
+def _rank_detail_lines(st: dict, what: str) -> tuple[list[str], bool]:
+    """The running / failed / stale ranks of one phase, and whether any failed or is stale."""
+    lines = [f"    {what} {rank} running: {info}" for rank, info in st["running"]]
+    lines += [f"    {what} {rank} failed: {log}" for rank, log in st["failed"]]
+    lines += [f"    {what} {rank} stale (killed? neither done nor running): {log}" for rank, log in st["stale"]]
+    return lines, bool(st["failed"] or st["stale"])
 
 
 def print_status(run_dir: Path, out=None) -> int:
-    """``ovpipe status RUN``: one line per step, then each running / failed / stale rank.
-    Exit code 1 when a rank failed or is stale (killed), else 0 (running ranks are not errors)."""
+    """``ovpipe status RUN``: one line per step, then each running / failed / stale rank; a three-phase
+    step adds its reduce and apply lines, and a Slurm step the chain of its jobs.
+    Exit code 1 when a rank (or the reduce) failed or is stale (killed), else 0 (running is no error)."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
     steps = sorted(p.parent for p in run_dir.glob("*/executor.json"))
@@ -514,21 +639,25 @@ def print_status(run_dir: Path, out=None) -> int:
     print(f"{'step':<16} {'done':>6} {'running':>7} {'failed':>6} {'stale':>5} {'pending':>7}  final", file=out)
     for sdir in steps:
         st = step_status(sdir)
-        print(f"{st['step']:<16} {st['done']:>3}/{st['tasks']:<2} {len(st['running']):>7} {len(st['failed']):>6} "
-              f"{len(st['stale']):>5} {len(st['pending']):>7}  {'yes' if st['finalized'] else 'no'}", file=out)
-        for rank, what in st["running"]:
-            print(f"    rank {rank} running: {what}", file=out)
-        for rank, log in st["failed"]:
-            print(f"    rank {rank} failed: {log}", file=out)
-            rc = 1
-        for rank, log in st["stale"]:
-            print(f"    rank {rank} stale (killed? neither done nor running): {log}", file=out)
-            rc = 1
+        print(f"{_rank_counts_line(st['step'], st)}  {'yes' if st['finalized'] else 'no'}", file=out)
+        lines, bad = _rank_detail_lines(st, "rank")
+        if "phases" in st:   # a three-phase step: map (the line above) → reduce → apply
+            red = st["phases"]["reduce"]
+            lines.append(f"{'  ├ reduce':<16} {red:>6}")
+            apply_lines, apply_bad = _rank_detail_lines(st["phases"]["apply"], "apply rank")
+            lines += [_rank_counts_line("  └ apply", st["phases"]["apply"]), *apply_lines]
+            bad = bad or apply_bad or red in ("failed", "stale")
+        chain = slurm_chain(sdir)
+        if chain:
+            lines.append(f"    slurm: {chain}")
+        for line in lines:
+            print(line, file=out)
+        rc |= int(bad)
     return rc
 
 
-def write_failure(sdir: Path, rank: int, text: str) -> None:
-    fp = failure_path(sdir, rank)
+def write_failure(sdir: Path, rank: int, text: str, phase: str = "map") -> None:
+    fp = failure_path(sdir, rank, phase)
     fp.parent.mkdir(parents=True, exist_ok=True)
     tmp = fp.with_name(f".tmp-{os.getpid()}-{fp.name}")
     tmp.write_text(text)
@@ -550,6 +679,7 @@ def clean_temp_files(sdir: Path, rank: int | None = None) -> int:
         files = [p for p in sdir.rglob(".tmp-*") if p.is_file() or p.is_symlink()]
     else:
         files = [p for p in sdir.glob(f"*/.tmp-*-part-{rank:05d}.*")]
+        files += list((sdir / "partials").glob(f".tmp-*-{rank:05d}.npz"))
         files += list((sdir / "stats").glob(f".tmp-*-{rank:05d}.json"))
         files += list((sdir / "failures").glob(f".tmp-*-{rank:05d}"))
     n = 0

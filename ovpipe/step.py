@@ -15,7 +15,17 @@ A step module defines, with light imports at module level::
 
 ``ovpipe/registry.py`` names the module of every step, so the CLI imports only the one it
 runs. ``finalize(cfg, ctx)`` (optional) runs once after every rank completed — locally
-right after the pool, on Slurm in the follow-up job — for global reduces and reports.
+right after the pool, on Slurm in the follow-up job — for reports and small global fix-ups.
+
+A step that needs the whole corpus is three-phase (``docs/scale.md``, ``ovpipe/mapreduce.py``)::
+
+    STEP = Step("balance", BalanceConfig, run=count_concepts, reduce=reduce_counts, apply=apply_weights, ...)
+
+``run`` is then the map body (rank r streams its share, ``task.write_partial``), ``reduce(cfg, ctx)``
+runs once after every map rank (``ctx.iter_partials`` → ``ctx.write_reduced``: a small artifact),
+``apply(cfg, ctx)`` runs per rank after it (``ctx.read_reduced`` + its share → manifest parts), and
+``finalize`` last. Locally: pool → reduce → pool → finalize; on Slurm: map array → reduce job →
+apply array → merge job, each ``afterok`` on the one before.
 """
 from __future__ import annotations
 
@@ -43,6 +53,18 @@ class Step:
     # check(cfg, run_dir) -> None: raise ValueError naming what is missing (an upstream step folder,
     # a tokenizer path) — run by the CLI before any work, so it fails in a second, not at task time.
     check: Callable[[Any, Path], None] | None = None
+    # Three-phase steps: reduce(cfg, ctx) once after every map rank (``run``), apply(cfg, ctx) per rank after it.
+    reduce: Callable[[Any, "TaskContext"], Any] | None = None
+    apply: Callable[[Any, "TaskContext"], Any] | None = None
+
+    def __post_init__(self):
+        if (self.reduce is None) != (self.apply is None):
+            raise ValueError(f"step {self.name!r}: reduce and apply come together (map → reduce → apply)")
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """("map",) for a plain step; ("map", "reduce", "apply") for a three-phase one."""
+        return ("map", "reduce", "apply") if self.apply is not None else ("map",)
 
 
 def holds(step_dir: Path, kind: str) -> bool:
@@ -135,6 +157,7 @@ class TaskContext:
     run_dir: Path
     workers: int = 1
     stats: Stats = field(default_factory=Stats)
+    phase: str = "map"                   # map | reduce | apply | finalize
 
     @property
     def step_dir(self) -> Path:
@@ -197,6 +220,82 @@ class TaskContext:
         from manifests.io import read_manifest
 
         return read_manifest(self.run_dir, kind, step=self.step)
+
+    # -- three-phase steps (ovpipe/mapreduce.py) ---------------------------------------------
+
+    def input_files(self, kind: str, step: str | None = None) -> list[Path]:
+        from manifests.io import manifest_files
+
+        return manifest_files(self.run_dir, kind, step=step)
+
+    def iter_input_share(self, kind: str, columns: list[str], step: str | None = None, batch_rows: int | None = None):
+        """This rank's share of ``kind`` as record batches (a row range of the parts in file order,
+        streamed by row group): memory one batch, whatever the corpus size."""
+        from ovpipe.mapreduce import BATCH_ROWS, iter_share
+
+        return iter_share(self.input_files(kind, step), kind, columns, self.rank, self.world_size,
+                          batch_rows or BATCH_ROWS)
+
+    def iter_input_canonical(self, kind: str, columns: list[str], step: str | None = None):
+        """The whole of ``kind``'s ``columns`` in canonical order, streamed as record batches — for a
+        reduce that truly needs every row in order (``mapreduce.iter_canonical_share``: parts already
+        in canonical order as they lie, else a DuckDB sort under a memory limit)."""
+        from ovpipe.mapreduce import iter_canonical_share
+
+        return iter_canonical_share(self.run_dir, kind, columns, 0, 1, step)
+
+    def iter_input_slice(self, kind: str, columns: list[str], step: str | None = None):
+        """This rank's canonical slice of ``kind`` (what ``read_input_slice`` returns), streamed: for an
+        apply phase whose part must come out sorted, in bounded memory."""
+        from ovpipe.mapreduce import iter_canonical_share
+
+        return iter_canonical_share(self.run_dir, kind, columns, self.rank, self.world_size, step)
+
+    def part_writer(self, kind: str, row_group_rows: int | None = None):
+        """A streaming writer of this rank's part of ``kind`` (``with task.part_writer(k) as w: w.write(t)``);
+        rows must come in canonical order. Default: ``manifests.io.PartWriter`` (``write_part``'s bytes,
+        1M-row row groups); with ``row_group_rows``, ``mapreduce.PartWriter`` (smaller row groups, so the
+        task holds that many rows at most — an apply phase whose memory must stay flat)."""
+        if row_group_rows is None:
+            from manifests.io import PartWriter
+
+            return PartWriter(self.part_path(kind), kind)
+        from ovpipe.mapreduce import PartWriter
+
+        return PartWriter(self.part_path(kind), kind, row_group_rows)
+
+    def partial_path(self, name: str, rank: int | None = None) -> Path:
+        return self.step_dir / "partials" / f"{name}-{self.rank if rank is None else rank:05d}.npz"
+
+    def write_partial(self, name: str, **arrays) -> Path:
+        """A map rank's partial result (arrays), reduced once by the step's ``reduce``."""
+        from ovpipe.mapreduce import save_arrays
+
+        return save_arrays(self.partial_path(name), **arrays)
+
+    def iter_partials(self, name: str):
+        """Every map rank's partial ``name``, in rank order (for ``reduce``)."""
+        from ovpipe.mapreduce import load_arrays
+
+        for r in range(self.world_size):
+            path = self.partial_path(name, r)
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: map rank {r} left no partial {name!r} — rerun the step")
+            yield load_arrays(path)
+
+    def reduced_path(self, name: str) -> Path:
+        return self.step_dir / "reduced" / name
+
+    def write_reduced(self, name: str, **arrays) -> Path:
+        """The reduce's global artifact ``RUN/<step>/reduced/<name>.npz`` (small: no per-sample rows)."""
+        from ovpipe.mapreduce import save_arrays
+
+        return save_arrays(self.reduced_path(f"{name}.npz"), **arrays)
+
+    def read_reduced(self, name: str) -> dict:
+        from ovpipe.mapreduce import load_arrays
+
+        return load_arrays(self.reduced_path(f"{name}.npz"))
 
 
 class Progress:

@@ -8,10 +8,13 @@ Items: every ``lengths`` row with status ``ok`` or ``truncated``, one per distin
 (``copies_from: none``), ``balanced.copies`` (curation's concept balancing) or the sum of
 ``mixed.copies`` of the ``mix_step`` folder (the instruction mix); a sample missing there gets 0.
 
-Every rank solves the same global packing (deterministic, seconds for millions of samples) and
-writes the packs of its contiguous ``pack_id`` range — manifest part and tar shards — so the
-expensive part (reading images, tokenising into shards) is parallel over ranks and the result
-is identical for any task count. Shards are named by ``pack_id`` range, never by rank: shard ``j``
+Three phases (``docs/scale.md``): the reduce solves the global packing once (deterministic, seconds
+for millions of samples; it used to run in every rank) and writes the solution — per bin its slot
+range and load, per slot its sample id and length — under ``reduced/``; each apply rank reads only
+its contiguous ``pack_id`` range of it and writes those packs — manifest part and tar shards — so the
+expensive part (reading images, tokenising into shards) is parallel over ranks and the result is
+identical for any task count. (The map phase is empty: the item → slot assignment is a global sort
+by key within each length, so the solve is not a sum of per-slice partials.) Shards are named by ``pack_id`` range, never by rank: shard ``j``
 is ``pack-{j:06d}.tar`` and holds pack_ids ``[j·packs_per_shard, (j+1)·packs_per_shard)``, and the
 rank split is over whole shards (``shard_bounds``), so every shard is written by exactly one rank
 and the tars, their names and the ``packs.shard`` column are byte-identical for any task count.
@@ -26,6 +29,7 @@ every sample to ``seq_len`` and against an online rolling-buffer packer (B = 64,
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -87,7 +91,7 @@ def packing_items(task: TaskContext, cfg: PackConfig):
     from packing.binpack import GOLDEN, hex_ids_to_u64, splitmix64
 
     lengths = task.read_input("lengths", step=cfg.lengths_step,
-                              columns=["sample_id", "total_tokens", "status"])
+                              columns=["sample_id", "source_sample_id", "total_tokens", "status"])
     mask = pc.is_in(lengths.column("status"), value_set=pa.array(PACKABLE))
     lengths = lengths.filter(mask)
     sid = lengths.column("sample_id").combine_chunks()
@@ -105,7 +109,9 @@ def packing_items(task: TaskContext, cfg: PackConfig):
         kind, step = ("balanced", None) if cfg.copies_from == "balanced" else ("mixed", cfg.mix_step)
         t = task.read_input(kind, step=step, columns=["sample_id", "copies"])
         t = t.group_by("sample_id").aggregate([("copies", "sum")])  # mixed: one row per (sample, source)
-        pos = pc.index_in(sid, value_set=t.column("sample_id").combine_chunks())
+        # by source_sample_id: a recaptioned sample (packing.caption_source) gets its source's copies
+        src = lengths.column("source_sample_id").combine_chunks()
+        pos = pc.index_in(src, value_set=t.column("sample_id").combine_chunks())
         got = pc.take(t.column("copies_sum").combine_chunks(), pos)
         copies = pc.fill_null(got, 0).to_numpy(zero_copy_only=False).astype(np.int64)
     idx = np.repeat(np.arange(len(L)), copies)
@@ -116,19 +122,66 @@ def packing_items(task: TaskContext, cfg: PackConfig):
     return sid, L, idx, keys
 
 
-def run(cfg: PackConfig, task: TaskContext) -> None:
+def map_nothing(cfg: PackConfig, task: TaskContext) -> None:
+    """Map phase: nothing yet. The solve needs every item at once (the item → slot assignment is a
+    global sort by key within each length; docs/scale.md), so it runs once, in the reduce."""
+
+
+def solve_once(cfg: PackConfig, task: TaskContext) -> None:
+    """Reduce: the whole packing, once (it used to run in every rank): every item, BFD on the length
+    histogram, the slot fill by key, the seeded bin order. Writes ``reduced/bin_start.npy`` and
+    ``bin_load.npy`` (per bin, pack_id order) and ``reduced/slots.parquet`` (sample_id, length of every
+    slot, bin after bin), so an apply rank reads only its pack range."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     from packing.binpack import lower_bound, pack
 
     with task.stats.timer("solve"):
         sid, L, idx, keys = packing_items(task, cfg)
         P = pack(L[idx], cfg.seq_len, keys=keys, seed=cfg.seed, refine_passes=cfg.refine_passes)
-    lo, hi = shard_bounds(P.n_bins, cfg.packs_per_shard if cfg.write_shards else None, task.rank, task.world_size)
-    if task.rank == 0:  # global figures once (merged stats add ranks up)
-        task.stats.inc("items", len(idx))
-        task.stats.inc("bins", P.n_bins)
-        task.stats.inc("lower_bound", lower_bound(L[idx], cfg.seq_len))
-        task.stats.inc("tokens", int(L[idx].sum()))
-    table = packs_table(sid, L, idx, P, lo, hi, cfg.packs_per_shard if cfg.write_shards else None)
+    task.stats.inc("items", len(idx))
+    task.stats.inc("bins", P.n_bins)
+    task.stats.inc("lower_bound", lower_bound(L[idx], cfg.seq_len))
+    task.stats.inc("tokens", int(L[idx].sum()))
+    rdir = task.reduced_path("")
+    rdir.mkdir(parents=True, exist_ok=True)
+    for name, arr in (("bin_start.npy", P.start), ("bin_load.npy", P.load)):
+        tmp = rdir / f".tmp-{os.getpid()}-{name}"
+        np.save(tmp, np.asarray(arr, np.int64))
+        os.replace(tmp, rdir / name)
+    items = idx[P.item]
+    slots = pa.table({"sample_id": pc.take(sid, pa.array(items)), "length": pa.array(L[items].astype(np.int32))})
+    tmp = rdir / f".tmp-{os.getpid()}-slots.parquet"
+    pq.write_table(slots, tmp, row_group_size=1 << 16, compression="zstd")
+    os.replace(tmp, rdir / "slots.parquet")
+
+
+def write_packs(cfg: PackConfig, task: TaskContext) -> None:
+    """Apply: this rank's whole shards of pack_ids → its ``packs`` part and tars, reading only its
+    bins' rows of the solution."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pps = cfg.packs_per_shard if cfg.write_shards else None
+    start = np.load(task.reduced_path("bin_start.npy"), mmap_mode="r")
+    lo, hi = shard_bounds(len(start) - 1, pps, task.rank, task.world_size)
+    a, b = int(start[lo]), int(start[hi])
+    offs = np.asarray(start[lo:hi + 1]) - a
+    load = np.asarray(np.load(task.reduced_path("bin_load.npy"), mmap_mode="r")[lo:hi])
+    pf = pq.ParquetFile(task.reduced_path("slots.parquet"))
+    parts, row = [], 0
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if row < b and row + n > a:
+            t = pf.read_row_group(g)
+            parts.append(t.slice(max(a - row, 0), min(b, row + n) - max(a, row)))
+        row += n
+    slots = pa.concat_tables(parts) if parts else pa.table({"sample_id": pa.array([], pa.string()),
+                                                            "length": pa.array([], pa.int32())})
+    table = packs_rows(slots.column("sample_id").combine_chunks(), slots.column("length").to_numpy(), offs, load,
+                       lo, hi, pps)
     task.stats.inc("packs_written", hi - lo)
     if cfg.write_shards and hi > lo:
         with task.stats.timer("write_shards"):
@@ -154,14 +207,23 @@ def shard_bounds(n_packs: int, packs_per_shard: int | None, rank: int, world_siz
 
 
 def packs_table(sid, L, idx, P, lo: int, hi: int, packs_per_shard: int | None):
-    """The ``packs`` rows of bins [lo, hi) — built with Arrow list arrays, no loop per bin."""
+    """The ``packs`` rows of bins [lo, hi) of a whole ``Packing`` (bench, tests)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     a, b = int(P.start[lo]), int(P.start[hi])
     items = idx[P.item[a:b]]
-    offs = (P.start[lo:hi + 1] - a).astype(np.int32)
-    lens = L[items].astype(np.int32)
+    return packs_rows(pc.take(sid, pa.array(items)), L[items], P.start[lo:hi + 1] - a, P.load[lo:hi], lo, hi,
+                      packs_per_shard)
+
+
+def packs_rows(slot_sids, slot_lens, offs, load, lo: int, hi: int, packs_per_shard: int | None):
+    """The ``packs`` rows of bins [lo, hi) from their slots (sample ids and lengths, bin after bin), the
+    bins' slot offsets (``offs[0] = 0``) and loads — built with Arrow list arrays, no loop per bin."""
+    import pyarrow as pa
+
+    offs = np.asarray(offs).astype(np.int32)
+    lens = np.asarray(slot_lens).astype(np.int32)
     n_in_bin = np.diff(offs)
     bin_start_tok = np.zeros(len(lens), np.int64)
     if len(lens):
@@ -180,10 +242,10 @@ def packs_table(sid, L, idx, P, lo: int, hi: int, packs_per_shard: int | None):
         shard = pa.nulls(hi - lo, pa.string())
     return pa.table({
         "pack_id": pa.array(np.arange(lo, hi, dtype=np.int64)),
-        "sample_ids": pa.ListArray.from_arrays(off_arr, pc.take(sid, pa.array(items))),
+        "sample_ids": pa.ListArray.from_arrays(off_arr, slot_sids),
         "lengths": pa.ListArray.from_arrays(off_arr, pa.array(lens)),
         "offsets": pa.ListArray.from_arrays(off_arr, pa.array(bin_start_tok.astype(np.int32))),
-        "total_tokens": pa.array(P.load[lo:hi].astype(np.int32)),
+        "total_tokens": pa.array(np.asarray(load).astype(np.int32)),
         "shard": shard,
     })
 
@@ -194,7 +256,7 @@ def write_pack_shards(task: TaskContext, cfg: PackConfig, packs) -> None:
 
     from manifests.conversation import read_image
     from ovpipe.config import load_config
-    from packing.lengths import LengthsConfig, read_samples
+    from packing.lengths import LengthsConfig, training_samples
     from packing.shards import write_shard
     from packing.tokens import encode_conversation, image_grid, load_tokenizer
 
@@ -208,7 +270,7 @@ def write_pack_shards(task: TaskContext, cfg: PackConfig, packs) -> None:
     for s, k, st in zip(*(lengths.column(c).to_pylist() for c in ("sample_id", "turns_kept", "status"))):
         if st in PACKABLE:
             kept_turns.setdefault(s, k)
-    samples = read_samples(task, lcfg.samples_steps, ["sample_id", "status", "conversation", "images"], whole=True)
+    samples = training_samples(task, lcfg, ["sample_id", "status", "conversation", "images"], whole=True)
     samples = samples.filter(pc.and_(pc.is_in(samples.column("sample_id"), value_set=need),
                                      pc.equal(samples.column("status"), "ok")))
     rows = {}
@@ -258,5 +320,6 @@ def finalize(cfg: PackConfig, task: TaskContext) -> None:
     packing_report(cfg, task)
 
 
-STEP = Step("pack", PackConfig, run, inputs=("lengths",), outputs=("packs",), finalize=finalize, check=PackConfig.check,
+STEP = Step("pack", PackConfig, map_nothing, inputs=("lengths",), outputs=("packs",), reduce=solve_once,
+            apply=write_packs, finalize=finalize, check=PackConfig.check,
             description="offline hash-bucket BFD packing into fixed-length sequences")

@@ -1,6 +1,7 @@
 """Local executor: the incomplete ranks in a process pool on this machine, with a tqdm bar.
 
-The whole run — every rank and the finalize — holds the step lock (``runfolder.step_lock``):
+The whole run — every rank, the reduce and apply ranks of a three-phase step, and the finalize —
+holds the step lock (``runfolder.step_lock``):
 a second command on the same step folder refuses, naming the holder, or waits with
 ``wait_lock``. At the start, under the lock and with no rank running, leftover ``.tmp-*``
 files of killed runs are removed. Pool workers die with the parent: a parent-death signal
@@ -17,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from ovpipe import runfolder
-from ovpipe.executors.task import TaskFailed, finalize_step, run_task
+from ovpipe.executors.task import TaskFailed, finalize_step, reduce_step, run_task
 
 PR_SET_PDEATHSIG = 1
 
@@ -62,17 +63,24 @@ class LocalExecutor:
             return self._run(step, Path(run_dir), tasks, name, sdir)
 
     def _run(self, step, run_dir: Path, tasks: int, name: str, sdir: Path) -> dict:
-        pending = runfolder.pending_ranks(sdir, tasks)
+        """map ranks → (three-phase steps: reduce → apply ranks) → finalize, all under the step lock."""
+        self._run_phase(step, run_dir, tasks, name, runfolder.pending_ranks(sdir, tasks), "map")
+        if step.apply is not None:
+            reduce_step(step.name, run_dir, name)
+            self._run_phase(step, run_dir, tasks, name, runfolder.pending_ranks(sdir, tasks, "apply"), "apply")
+        return finalize_step(step.name, run_dir, name)
+
+    def _run_phase(self, step, run_dir: Path, tasks: int, name: str, pending: list[int], phase: str) -> None:
         failures: list[str] = []
         from tqdm import tqdm
 
-        bar = tqdm(total=tasks, initial=tasks - len(pending), desc=name, unit="task",
-                   disable=not self.progress, leave=False)
+        bar = tqdm(total=tasks, initial=tasks - len(pending), desc=name if phase == "map" else f"{name} ({phase})",
+                   unit="task", disable=not self.progress, leave=False)
         if self.workers == 1 or len(pending) <= 1:
             # In-process: cheaper than a pool for one worker, same task body.
             for rank in pending:
                 try:
-                    run_task(step.name, run_dir, rank, tasks, self.workers, name)
+                    run_task(step.name, run_dir, rank, tasks, self.workers, name, phase)
                 except TaskFailed as e:
                     failures.append(str(e))
                 bar.update(1)
@@ -81,17 +89,17 @@ class LocalExecutor:
             ctx = mp.get_context("spawn")
             with ProcessPoolExecutor(max_workers=min(self.workers, len(pending)), mp_context=ctx,
                                      initializer=_die_with_parent, initargs=(os.getpid(),)) as pool:
-                futs = {pool.submit(run_task, step.name, str(run_dir), r, tasks, 1, name): r for r in pending}
+                futs = {pool.submit(run_task, step.name, str(run_dir), r, tasks, 1, name, phase): r for r in pending}
                 for fut in as_completed(futs):
                     try:
                         fut.result()
                     except TaskFailed as e:
                         failures.append(str(e))
                     except Exception as e:  # a worker that died (OOM-kill, segfault)
-                        failures.append(f"{name} rank {futs[fut]} died: {e!r}")
+                        failures.append(f"{name} {'' if phase == 'map' else phase + ' '}rank {futs[fut]} died: {e!r}")
                     bar.update(1)
         bar.close()
         if failures:
-            raise TaskFailed(f"{len(failures)} of {tasks} tasks failed; rerun the same command to retry them:\n  "
+            what = "tasks" if phase == "map" else f"{phase} tasks"
+            raise TaskFailed(f"{len(failures)} of {tasks} {what} failed; rerun the same command to retry them:\n  "
                              + "\n  ".join(sorted(failures)))
-        return finalize_step(step.name, run_dir, name)

@@ -1,12 +1,20 @@
-"""Slurm executor: one ``sbatch --array`` over the incomplete ranks, a follow-up merge job.
+"""Slurm executor: one ``sbatch --array`` over the incomplete ranks, a follow-up merge job — and for
+a three-phase step (``Step.reduce``/``Step.apply``) a reduce job and an apply array between them.
 
 What it does, in order:
 1. writes ``RUN/<step>/launch_script.slurm`` (kept: it is what was submitted), whose
    ``--array`` lists only the ranks without a completion marker, throttled with ``%workers``;
-2. ``sbatch --parsable`` it, with ``--dependency=afterok:<merge job>`` on any step of the same
-   run folder that produces one of this step's inputs and is still queued or running;
-3. submits the merge job (``afterok`` on the array): the step's ``finalize`` and merged stats;
-4. records both job ids in ``RUN/<step>/slurm_jobs.json`` so later steps can chain on them.
+2. ``sbatch --parsable`` it, with ``#SBATCH --dependency=afterok:<merge job>`` on any step of the
+   same run folder that produces one of this step's inputs and is still queued or running;
+3. three-phase steps: ``launch_reduce.slurm`` (one job, ``afterok`` on the map array: partials →
+   ``reduced/``), then ``launch_apply.slurm`` (an array, ``afterok`` on the reduce job);
+4. submits the merge job ``launch_merge.slurm`` (``afterok`` on the array before it): the step's
+   ``finalize`` and merged stats;
+5. records the job ids and their chain in ``RUN/<step>/slurm_jobs.json`` (``merge`` is what later
+   steps chain on; ``ovpipe status`` prints the chain).
+
+Every script carries its ``#SBATCH --dependency=afterok:…`` line, so the launch scripts themselves
+show the chain ``map → reduce → apply → merge``.
 
 Each array task runs the same task body as the local executor. ``--signal=B:USR1@grace`` asks
 Slurm to warn the batch shell before the time limit; the trap stops the task and requeues
@@ -51,31 +59,42 @@ def compress_ranks(ranks: list[int]) -> str:
     return ",".join(out)
 
 
+def _dependency_lines(after: list[str] | None) -> list[str]:
+    return [f"#SBATCH --dependency=afterok:{':'.join(after)}", "#SBATCH --kill-on-invalid-dep=yes"] if after else []
+
+
 def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[int], workers: int,
-                         opts: SlurmOptions, python: str | None = None, name: str | None = None) -> str:
+                         opts: SlurmOptions, python: str | None = None, name: str | None = None,
+                         after: list[str] | None = None, phase: str = "map") -> str:
+    """The array script of the ``map`` phase (every step) or the ``apply`` phase (three-phase steps),
+    ``afterok`` on the jobs in ``after``."""
     python = python or sys.executable
     name = name or step_name
     sdir = (run_dir / name).resolve()
     run_dir = run_dir.resolve()
+    job = name if phase == "map" else f"{name}-{phase}"
+    out = "slurm-%A_%a.out" if phase == "map" else f"slurm-{phase}-%A_%a.out"
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=ovpipe-{name}",
+        f"#SBATCH --job-name=ovpipe-{job}",
         f"#SBATCH --array={compress_ranks(ranks)}%{max(1, workers)}",
-        f"#SBATCH --output={sdir}/logs/slurm-%A_%a.out",
+        f"#SBATCH --output={sdir}/logs/{out}",
         "#SBATCH --open-mode=append",
         f"#SBATCH --time={opts.time}",
         f"#SBATCH --cpus-per-task={opts.cpus_per_task}",
         f"#SBATCH --signal=B:USR1@{opts.requeue_grace_s}",
         "#SBATCH --requeue",
+        *_dependency_lines(after),
     ]
     if opts.partition:
         lines.append(f"#SBATCH --partition={opts.partition}")
     if opts.mem:
         lines.append(f"#SBATCH --mem={opts.mem}")
     lines += [f"#SBATCH {x}" for x in opts.extra]
+    what = "" if phase == "map" else f" ({phase} phase: after the reduce, per rank)"
     lines += [
         "",
-        f"# ovpipe step {step_name!r}: {tasks} tasks in all; this array holds the {len(ranks)} incomplete ones.",
+        f"# ovpipe step {step_name!r}{what}: {tasks} tasks in all; this array holds the {len(ranks)} incomplete ones.",
         "set -uo pipefail",
         "export PYTHONUNBUFFERED=1",
     ]
@@ -92,13 +111,49 @@ def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[
         "trap requeue USR1",
         "",
         f"{shlex.quote(python)} -m ovpipe.cli _task {shlex.quote(step_name)} --run-dir {shlex.quote(str(run_dir))} "
-        f'--rank "$SLURM_ARRAY_TASK_ID" --world-size {tasks} --name {shlex.quote(name)} &',
+        f'--rank "$SLURM_ARRAY_TASK_ID" --world-size {tasks} --name {shlex.quote(name)}'
+        + ("" if phase == "map" else f" --phase {phase}") + " &",
         "child=$!",
         'wait "$child"',
         "rc=$?",
         'exit "$rc"',
         "",
     ]
+    return "\n".join(lines)
+
+
+def render_single_job(step_name: str, run_dir: Path, phase: str, opts: SlurmOptions, python: str | None = None,
+                      name: str | None = None, after: list[str] | None = None) -> str:
+    """The one-job script of the ``reduce`` phase (three-phase steps) or the ``merge`` (finalize + stats)."""
+    python = python or sys.executable
+    name = name or step_name
+    sdir = (run_dir / name).resolve()
+    run_dir = run_dir.resolve()
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=ovpipe-{name}-{phase}",
+        f"#SBATCH --output={sdir}/logs/slurm-{phase}-%j.out",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --time={opts.time if phase == 'reduce' else '01:00:00'}",
+        f"#SBATCH --cpus-per-task={opts.cpus_per_task}",
+        *_dependency_lines(after),
+    ]
+    if opts.partition:
+        lines.append(f"#SBATCH --partition={opts.partition}")
+    if opts.mem and phase == "reduce":
+        lines.append(f"#SBATCH --mem={opts.mem}")
+    lines += [f"#SBATCH {x}" for x in opts.extra]
+    flag = " --phase reduce" if phase == "reduce" else ""
+    lines += [
+        "",
+        f"# ovpipe step {step_name!r}: the {phase} job "
+        + ("(partials of every map rank → reduced/, once)" if phase == "reduce" else "(finalize, merged stats)"),
+        "set -uo pipefail",
+        "export PYTHONUNBUFFERED=1",
+    ]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(opts.env.items())]
+    lines += [f"exec {shlex.quote(python)} -m ovpipe.cli _finalize {shlex.quote(step_name)} "
+              f"--run-dir {shlex.quote(str(run_dir))} --name {shlex.quote(name)}{flag}", ""]
     return "\n".join(lines)
 
 
@@ -149,7 +204,8 @@ class SlurmExecutor:
             prev = sdir / "slurm_jobs.json"
             if prev.exists():
                 rec = json.loads(prev.read_text())
-                live = [j for j in (rec.get("array"), rec.get("merge")) if j and job_active(j)]
+                live = [j for j in (rec.get("array"), rec.get("reduce"), rec.get("apply"), rec.get("merge"))
+                        if j and job_active(j)]
                 if live:
                     raise runfolder.RunFolderError(
                         f"{sdir}: slurm jobs {live} of an earlier submit are still queued or running; "
@@ -161,25 +217,44 @@ class SlurmExecutor:
         deps = self.upstream_jobs(step, run_dir)
         if self.dependency:
             deps.append(self.dependency)
-        dep_args = [f"--dependency=afterok:{':'.join(deps)}"] if deps else []
         python = sys.executable
         record = {"outputs": list(step.outputs), "ranks": pending, "array": None, "merge": None,
-                  "submitted_at": time.time()}
+                  "submitted_at": time.time(), "chain": []}
+        after = deps or None
+
+        def submit(phase: str, script: str, path: Path) -> str:
+            nonlocal after
+            path.write_text(script)
+            job = _sbatch([str(path)])
+            record["chain"].append({"phase": phase, "job": job, "after": list(after or [])})
+            after = [job]
+            return job
+
         if pending:
-            script = render_launch_script(step.name, run_dir, tasks, pending, self.workers, self.options, python, name)
-            script_path = sdir / "launch_script.slurm"
-            script_path.write_text(script)
-            record["array"] = _sbatch([*dep_args, str(script_path)])
-            merge_dep = [f"--dependency=afterok:{record['array']}"]
-        elif runfolder.is_finalized(sdir):
+            record["array"] = submit("map", render_launch_script(step.name, run_dir, tasks, pending, self.workers,
+                                                                 self.options, python, name, after),
+                                     sdir / "launch_script.slurm")
+        if step.apply is not None:
+            # The reduce (unless done and no map rank reruns), then the apply ranks: all of them after a new
+            # reduce (a rank whose marker holds the same digest returns at once), else the pending ones.
+            if pending or not runfolder.is_reduced(sdir):
+                record["reduce"] = submit("reduce", render_single_job(step.name, run_dir, "reduce", self.options,
+                                                                      python, name, after),
+                                          sdir / "launch_reduce.slurm")
+                apply_ranks = list(range(tasks))
+            else:
+                apply_ranks = runfolder.pending_ranks(sdir, tasks, "apply")
+            record["apply_ranks"] = apply_ranks
+            if apply_ranks:
+                record["apply"] = submit("apply", render_launch_script(step.name, run_dir, tasks, apply_ranks,
+                                                                       self.workers, self.options, python, name,
+                                                                       after, phase="apply"),
+                                         sdir / "launch_apply.slurm")
+        if not record["chain"] and runfolder.is_finalized(sdir):
             return {"slurm": record, "nothing_to_do": True}
-        else:
-            merge_dep = dep_args
-        merge_cmd = (f"{shlex.quote(python)} -m ovpipe.cli _finalize {shlex.quote(step.name)} "
-                     f"--run-dir {shlex.quote(str(run_dir))} --name {shlex.quote(name)}")
-        record["merge"] = _sbatch([*merge_dep, f"--job-name=ovpipe-{name}-merge",
-                                   f"--output={sdir}/logs/slurm-merge-%j.out", "--time=01:00:00",
-                                   "--wrap", merge_cmd])
+        record["merge"] = submit("merge", render_single_job(step.name, run_dir, "merge", self.options, python,
+                                                            name, after),
+                                 sdir / "launch_merge.slurm")
         save_json(sdir / "slurm_jobs.json", record)
         if self.wait:
             self.wait_for(record, sdir)
@@ -187,7 +262,7 @@ class SlurmExecutor:
 
     def wait_for(self, record: dict, sdir: Path, timeout_s: float = 3600) -> None:
         t0 = time.time()
-        jobs = [j for j in (record["array"], record["merge"]) if j]
+        jobs = [j["job"] for j in record.get("chain", [])] or [j for j in (record["array"], record["merge"]) if j]
         while any(job_active(j) for j in jobs):
             if time.time() - t0 > timeout_s:
                 raise TimeoutError(f"slurm jobs {jobs} still running after {timeout_s}s")

@@ -1,5 +1,12 @@
 """The task body both executors run: load the saved config, run one rank, write its
-parts, then its stats, then — last — its completion marker."""
+parts, then its stats, then — last — its completion marker.
+
+Three-phase steps (``Step.reduce``/``Step.apply``) run three bodies: ``run_task(phase="map")`` per
+rank (marker ``completions/{rank}``), ``reduce_step`` once (marker ``completions/reduced``, holding
+a digest of ``reduced/``), ``run_task(phase="apply")`` per rank (marker ``completions/apply-{rank}``,
+holding the digest it applied), then ``finalize_step``. A (re)run map rank invalidates the reduce
+and the finalize; a redone reduce whose artifact comes out different makes every apply rank
+pending again (their markers hold the old digest); a (re)run apply rank invalidates the finalize."""
 from __future__ import annotations
 
 import json
@@ -44,47 +51,113 @@ def load_step_config(step, sdir: Path):
 
 
 def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, workers: int = 1,
-             name: str | None = None) -> dict:
-    """Run rank ``rank`` of ``step_name`` in ``run_dir``; returns its stats dict.
+             name: str | None = None, phase: str = "map") -> dict:
+    """Run rank ``rank`` of ``step_name`` in ``run_dir`` (``phase``: ``map``, the step's ``run``, or
+    ``apply``, its ``apply`` after the reduce); returns its stats dict.
 
     Raises ``TaskFailed`` (after writing ``failures/{rank}`` and the traceback to the log)
     if the step raises; the completion marker is then absent and a rerun redoes the rank.
     """
+    if phase not in ("map", "apply"):
+        raise ValueError(f"phase must be map or apply, got {phase!r}")
     run_dir = Path(run_dir)
     step = get_step(step_name)
     name = name or step_name  # the step folder: a step can run twice in one run under two names
     sdir = run_dir / name
-    handler = _file_logger(sdir / "logs" / f"task_{rank:05d}.log")
+    who = f"{name} rank {rank}" if phase == "map" else f"{name} apply rank {rank}"
+    log_file = runfolder.log_path(sdir, rank, phase)
+    handler = _file_logger(log_file)
     log = logging.getLogger("ovpipe")
-    marker = runfolder.RunningMarker(sdir, rank)
+    marker = runfolder.RunningMarker(sdir, rank, phase=phase)
     try:
         marker.__enter__()   # running/{rank}: pid/host/Slurm job + heartbeat, removed at the end
         # Its input steps must still be finalized with the config this step was prepared on.
         runfolder.check_inputs_current(run_dir, sdir)
+        if phase == "apply":
+            if step.apply is None:
+                raise ValueError(f"step {step_name!r} has no apply phase")
+            if not runfolder.is_reduced(sdir):
+                raise TaskFailed(f"{who}: the reduce has not run (no {sdir / 'completions' / runfolder.REDUCED}); "
+                                 f"rerun the step")
+            if rank in runfolder.done_ranks(sdir, "apply"):   # a Slurm array over every rank, resumed
+                log.info("%s: already applied the current reduce", who)
+                return json.loads((sdir / "stats" / f"{runfolder.rank_name(rank, phase)}.json").read_text())
         # A restarted rank: drop the temp files a killed (or ENOSPC'd) earlier try left behind.
         runfolder.clean_temp_files(sdir, rank)
         cfg = load_step_config(step, sdir)
-        # A (re)run rank invalidates an earlier finalize: it must see this rank's new part.
+        # A (re)run rank invalidates an earlier finalize (it must see this rank's new part) and, for a
+        # map rank of a three-phase step, the reduce (it must see this rank's new partial).
         (sdir / "completions" / runfolder.FINALIZED).unlink(missing_ok=True)
-        task = TaskContext(step=name, rank=rank, world_size=world_size, run_dir=run_dir, workers=workers)
-        log.info("start %s rank %d/%d", step_name, rank, world_size)
+        if phase == "map":
+            (sdir / "completions" / runfolder.REDUCED).unlink(missing_ok=True)
+        task = TaskContext(step=name, rank=rank, world_size=world_size, run_dir=run_dir, workers=workers,
+                           phase=phase)
+        log.info("start %s %s rank %d/%d", step_name, phase, rank, world_size)
         t0 = time.perf_counter()
-        step.run(cfg, task)
-        task.stats.timings["total"] += time.perf_counter() - t0
-        if _should_fail(name, rank):
-            raise RuntimeError(f"injected failure ({FAIL_ENV}) in {name} rank {rank}")
+        (step.run if phase == "map" else step.apply)(cfg, task)
+        task.stats.timings["total" if phase == "map" else "apply"] += time.perf_counter() - t0
+        if _should_fail(name if phase == "map" else f"{name}/apply", rank):
+            raise RuntimeError(f"injected failure ({FAIL_ENV}) in {who}")
         stats = task.stats.to_dict()
-        save_json(sdir / "stats" / f"{rank:05d}.json", stats)
-        runfolder.mark_done(sdir, rank)
-        log.info("done %s rank %d: %s", step_name, rank, json.dumps(stats["counters"]))
+        save_json(sdir / "stats" / f"{runfolder.rank_name(rank, phase)}.json", stats)
+        runfolder.mark_done(sdir, rank, phase)
+        log.info("done %s %s rank %d: %s", step_name, phase, rank, json.dumps(stats["counters"]))
         return stats
     except BaseException as e:
         tb = traceback.format_exc()
-        log.error("rank %d failed:\n%s", rank, tb)
-        runfolder.write_failure(sdir, rank, tb)
+        log.error("%s failed:\n%s", who, tb)
+        runfolder.write_failure(sdir, rank, tb, phase)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        raise TaskFailed(f"{name} rank {rank} failed: {e!r} (log: {sdir/'logs'/f'task_{rank:05d}.log'})") from e
+        if isinstance(e, TaskFailed):
+            raise
+        raise TaskFailed(f"{who} failed: {e!r} (log: {log_file})") from e
+    finally:
+        marker.__exit__(None, None, None)
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) -> str:
+    """Once, after every map rank: the step's ``reduce`` (partials → ``reduced/``), then the
+    ``completions/reduced`` marker with the artifact's digest. A no-op when already reduced.
+    Returns the digest."""
+    run_dir = Path(run_dir)
+    step = get_step(step_name)
+    name = name or step_name
+    sdir = run_dir / name
+    meta = json.loads((sdir / "executor.json").read_text())
+    pending = runfolder.pending_ranks(sdir, meta["tasks"])
+    if pending:
+        raise TaskFailed(f"{name}: map ranks {pending} are not complete; rerun the step to finish them")
+    digest = runfolder.reduce_digest(sdir)
+    if digest is not None:
+        return digest
+    handler = _file_logger(runfolder.log_path(sdir, 0, "reduce"))
+    marker = runfolder.RunningMarker(sdir, 0, phase="reduce")
+    try:
+        marker.__enter__()
+        runfolder.check_inputs_current(run_dir, sdir)
+        # A restarted reduce (a requeued Slurm job): drop what a killed earlier try left in reduced/.
+        for leftover in (sdir / "reduced").glob(".tmp-*") if (sdir / "reduced").is_dir() else []:
+            leftover.unlink(missing_ok=True)
+        cfg = load_step_config(step, sdir)
+        (sdir / "completions" / runfolder.FINALIZED).unlink(missing_ok=True)
+        task = TaskContext(step=name, rank=0, world_size=meta["tasks"], run_dir=run_dir, phase="reduce")
+        t0 = time.perf_counter()
+        step.reduce(cfg, task)
+        task.stats.timings["reduce"] += time.perf_counter() - t0
+        save_json(sdir / "stats" / "reduce.json", task.stats.to_dict())
+        digest = runfolder.mark_reduced(sdir)
+        logging.getLogger("ovpipe").info("reduce %s done: digest %s", name, digest)
+        return digest
+    except BaseException as e:
+        tb = traceback.format_exc()
+        logging.getLogger("ovpipe").error("reduce of %s failed:\n%s", name, tb)
+        runfolder.write_failure(sdir, 0, tb, "reduce")
+        if isinstance(e, (KeyboardInterrupt, SystemExit, TaskFailed)):
+            raise
+        raise TaskFailed(f"{name} reduce failed: {e!r} (log: {runfolder.log_path(sdir, 0, 'reduce')})") from e
     finally:
         marker.__exit__(None, None, None)
         logging.getLogger().removeHandler(handler)
@@ -101,11 +174,17 @@ def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) 
     pending = runfolder.pending_ranks(sdir, meta["tasks"])
     if pending:
         raise TaskFailed(f"{name}: ranks {pending} are not complete; rerun the step to finish them")
+    if step.apply is not None:
+        if not runfolder.is_reduced(sdir):
+            raise TaskFailed(f"{name}: the reduce has not run; rerun the step")
+        pending = runfolder.pending_ranks(sdir, meta["tasks"], "apply")
+        if pending:
+            raise TaskFailed(f"{name}: apply ranks {pending} are not complete; rerun the step to finish them")
     if step.finalize is not None and not runfolder.is_finalized(sdir):
         handler = _file_logger(sdir / "logs" / "finalize.log")
         try:
             cfg = load_step_config(step, sdir)
-            task = TaskContext(step=name, rank=0, world_size=meta["tasks"], run_dir=run_dir)
+            task = TaskContext(step=name, rank=0, world_size=meta["tasks"], run_dir=run_dir, phase="finalize")
             t0 = time.perf_counter()
             step.finalize(cfg, task)
             task.stats.timings["finalize"] += time.perf_counter() - t0

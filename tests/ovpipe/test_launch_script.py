@@ -51,3 +51,23 @@ def test_usr1_trap_requeues_the_array_task(tmp_path):
     assert p.returncode == 0
     assert "SIGUSR1: requeueing 77_3" in out
     assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "77_3"]
+
+
+def test_three_phase_scripts_carry_their_afterok_dependency(tmp_path):
+    from ovpipe.executors.slurm import render_single_job
+
+    apply = render_launch_script("balance", tmp_path, tasks=4, ranks=[1, 3], workers=2, opts=SlurmOptions(),
+                                 python="/opt/py", after=["42"], phase="apply")
+    lines = apply.splitlines()
+    assert "#SBATCH --dependency=afterok:42" in lines and "#SBATCH --kill-on-invalid-dep=yes" in lines
+    assert "#SBATCH --array=1,3%2" in lines and "#SBATCH --job-name=ovpipe-balance-apply" in lines
+    assert any(l.startswith("/opt/py -m ovpipe.cli _task balance") and "--phase apply" in l for l in lines)
+    reduce = render_single_job("balance", tmp_path, "reduce", SlurmOptions(mem="8G"), python="/opt/py", after=["41"])
+    assert "#SBATCH --dependency=afterok:41" in reduce.splitlines() and "#SBATCH --mem=8G" in reduce.splitlines()
+    assert reduce.rstrip().endswith("--name balance --phase reduce")
+    merge = render_single_job("balance", tmp_path, "merge", SlurmOptions(), python="/opt/py", after=["43"])
+    assert "#SBATCH --dependency=afterok:43" in merge.splitlines() and "--phase" not in merge
+    no_deps = render_launch_script("balance", tmp_path, 4, [0, 1, 2, 3], 2, SlurmOptions(), python="/opt/py")
+    assert "--dependency" not in no_deps and "--phase" not in no_deps     # a map array with nothing upstream
+    for s in (apply, reduce, merge, no_deps):
+        subprocess.run(["bash", "-n", "-c", s], check=True)

@@ -1,5 +1,6 @@
 """The Slurm executor against a real slurmctld/slurmd on 127.0.0.1 (tests/slurm_cluster.py)."""
 import os
+import re
 import subprocess
 import sys
 import time
@@ -124,3 +125,42 @@ def test_sigusr1_requeues_a_running_task(slurm_env, tmp_path):
     out = "".join(p.read_text() for p in (run / "sleepy" / "logs").glob("slurm-*_0.out"))
     assert "SIGUSR1: requeueing" in out
     assert json.loads((run / "sleepy" / "stats.json").read_text())["counters"]["second_run"] == 1
+
+
+def test_three_phase_step_chains_map_reduce_apply_with_afterok(slurm_env, tmp_path, capsys):
+    """`balance` (map → reduce → apply): a map array, a reduce job afterok on it, an apply array afterok
+    on the reduce, the merge job afterok on the apply array — in the launch scripts, slurm_jobs.json and
+    `ovpipe status` — and the same bytes as a local run."""
+    import json
+
+    from test_map_reduce import merged_bytes, write_corpus
+
+    run, ref = tmp_path / "run", tmp_path / "ref"
+    write_corpus(run)
+    write_corpus(ref)
+    assert main(["balance", "--run-dir", str(ref), "--tasks", "3", "--quiet"]) == 0
+    assert main(["balance", "--run-dir", str(run), "--tasks", "3", "--workers", "2", "--executor", "slurm",
+                 "--wait", "--quiet"]) == 0
+    sdir = run / "balance"
+    rec = json.loads((sdir / "slurm_jobs.json").read_text())
+    chain = [(j["phase"], j["after"]) for j in rec["chain"]]
+    assert chain == [("map", []), ("reduce", [rec["array"]]), ("apply", [rec["reduce"]]), ("merge", [rec["apply"]])]
+    assert "#SBATCH --array=0-2%2" in (sdir / "launch_script.slurm").read_text()
+    assert f"#SBATCH --dependency=afterok:{rec['array']}" in (sdir / "launch_reduce.slurm").read_text()
+    apply_script = (sdir / "launch_apply.slurm").read_text()
+    assert f"#SBATCH --dependency=afterok:{rec['reduce']}" in apply_script and "--phase apply" in apply_script
+    assert f"#SBATCH --dependency=afterok:{rec['apply']}" in (sdir / "launch_merge.slurm").read_text()
+    assert merged_bytes(run, tmp_path) == merged_bytes(ref, tmp_path)
+    assert main(["status", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert (f"slurm: map {rec['array']} → reduce {rec['reduce']} (afterok:{rec['array']}) → apply {rec['apply']} "
+            f"(afterok:{rec['reduce']}) → merge {rec['merge']} (afterok:{rec['apply']})") in out
+    assert re.search(r"├ reduce +done\n +└ apply +3/3 ", out)
+
+    # one apply rank lost: the rerun submits only an apply array over it and the merge job
+    (sdir / "completions" / "apply-00001").unlink()
+    assert main(["balance", "--run-dir", str(run), "--tasks", "3", "--executor", "slurm", "--wait", "--quiet"]) == 0
+    rec = json.loads((sdir / "slurm_jobs.json").read_text())
+    assert [j["phase"] for j in rec["chain"]] == ["apply", "merge"] and rec["apply_ranks"] == [1]
+    assert "#SBATCH --array=1%1" in (sdir / "launch_apply.slurm").read_text()
+    assert merged_bytes(run, tmp_path) == merged_bytes(ref, tmp_path)

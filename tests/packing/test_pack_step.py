@@ -113,6 +113,12 @@ def test_task_count_does_not_change_packs(packed_run, tmp_path, tasks):
     assert [p["shard"] for p in packs] == [f"pack-{i // 8:06d}.tar" for i in range(len(packs))]
     assert list(tars) == sorted(tars) == [f"pack-{j:06d}.tar" for j in range(-(-len(packs) // 8))]
     assert len(tars) == 3  # 2 ranks at --tasks 2 (the fixture), 1 each at 3, one idle rank at 4
+    # issue 13: the packing is solved once (the reduce), each apply rank writes its pack range from it
+    assert json.loads((run / "pack" / "executor.json").read_text())["phases"] == ["map", "reduce", "apply"]
+    assert sorted(p.name for p in (run / "pack" / "reduced").iterdir()) == ["bin_load.npy", "bin_start.npy",
+                                                                            "slots.parquet"]
+    assert sorted(p.name for p in (run / "pack" / "completions").iterdir() if p.name.startswith("apply-")) == \
+        [f"apply-{r:05d}" for r in range(tasks)]
 
 
 def test_shard_bounds_split_over_whole_shards():

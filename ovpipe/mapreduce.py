@@ -1,0 +1,268 @@
+"""Map → reduce → apply: the pieces a three-phase step is built from (``Step(reduce=..., apply=...)``).
+
+A global step (concept counts, the packing solution, duplicates) must not hold the corpus in every
+task. Its shape::
+
+    map     rank r of N: streams its share of the input (``iter_share``: a contiguous row range of
+            the parts in file order, read row group by row group — partials are sums, so the order
+            does not matter) and writes a small partial (``TaskContext.write_partial``: a bincount,
+            a histogram) — memory O(batch + partial)
+    reduce  once: sums the partials into a small global artifact (``TaskContext.write_reduced``);
+            where it truly needs per-sample values (a normaliser summed over samples in canonical
+            order) it streams only the columns it needs in canonical order
+            (``manifests.io.iter_manifest``: the parts as they lie when their footers show canonical
+            order, else a DuckDB ``ORDER BY`` under a memory limit) — memory O(batch + artifact)
+    apply   rank r of N: streams its canonical slice (``iter_canonical_share``), applies the artifact
+            row by row and writes its manifest part batch by batch (``PartWriter``) — memory
+            O(batch + artifact)
+    finalize once: reports and merged stats, as for any step
+
+An applied row depends only on the row and the artifact, so the result is the same for any task count.
+
+``pairwise_sum`` reproduces numpy's summation order (``np.sum`` of a float64 vector is a pairwise
+sum whose split points depend only on the length), streamed: a global float sum over the canonical
+order comes out bit-identical to ``np.sum`` over the whole vector, without holding the vector.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+BATCH_ROWS = 65_536          # rows per streamed batch and per row group of a streamed part
+PAIRWISE_LEAF = 1 << 16      # largest run summed in one np.add.reduce (a node of numpy's own tree)
+
+
+# ------------------------------------------------------------------------------------ shares
+
+def share_ranges(files: list[Path], rank: int, world_size: int) -> list[tuple[Path, int, int]]:
+    """``[(file, lo, hi)]``: rank ``rank``'s contiguous, balanced row range of the concatenation of
+    ``files`` (in the given order), from the Parquet footers alone."""
+    import pyarrow.parquet as pq
+
+    from ovpipe.step import slice_bounds
+
+    counts = [pq.ParquetFile(f).metadata.num_rows for f in files]
+    lo, hi = slice_bounds(sum(counts), rank, world_size)
+    out, base = [], 0
+    for f, n in zip(files, counts):
+        a, b = max(lo - base, 0), min(hi - base, n)
+        if a < b:
+            out.append((Path(f), a, b))
+        base += n
+    return out
+
+
+def iter_share(files: list[Path], kind: str, columns: list[str], rank: int, world_size: int,
+               batch_rows: int = BATCH_ROWS) -> Iterator:
+    """This rank's share of manifest ``kind`` (``share_ranges``), as record batches of ``columns``,
+    read one row group at a time (pyarrow decodes every row group it is handed before the first
+    batch comes out: handing it all of them would hold the whole share). Checks the columns' types."""
+    import pyarrow.parquet as pq
+
+    from manifests.schemas import ManifestSchemaError, schema_for
+
+    expected = schema_for(kind)
+    for path, lo, hi in share_ranges(files, rank, world_size):
+        pf = pq.ParquetFile(path, pre_buffer=False)
+        for name in columns:
+            got = pf.schema_arrow.field(name).type if name in pf.schema_arrow.names else None
+            if got != expected.field(name).type:
+                raise ManifestSchemaError(f"{path}: column {name!r} has type {got}, manifest {kind!r} expects "
+                                          f"{expected.field(name).type}")
+        md = pf.metadata
+        starts = np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)])
+        for g in range(md.num_row_groups):
+            if not (starts[g] < hi and starts[g + 1] > lo):
+                continue
+            pos = int(starts[g])
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=columns, use_threads=False):
+                a, b = max(lo - pos, 0), min(hi - pos, batch.num_rows)
+                if a < b:
+                    yield batch.slice(a, b - a)
+                pos += batch.num_rows
+
+
+def parts_in_canonical_order(files: list[Path], key: str) -> bool:
+    """Whether the parts, read one after another, are already in canonical order — judged from the
+    footers: ``key``'s min/max per row group strictly increase from one row group (and part) to the
+    next (a step that slices a canonical input and sorts its part, like ``assign``, writes them so)."""
+    import pyarrow.parquet as pq
+
+    last = None
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        col = md.schema.to_arrow_schema().get_field_index(key)
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            if rg.num_rows == 0:
+                continue
+            st = rg.column(col).statistics
+            if st is None or not st.has_min_max or (last is not None and not last < st.min):
+                return False
+            last = st.max
+    return True
+
+
+def iter_canonical_share(run_dir: Path, kind: str, columns: list[str], rank: int, world_size: int,
+                         step: str | None = None, batch_rows: int = BATCH_ROWS) -> Iterator:
+    """Rank ``rank``'s contiguous slice of ``kind`` in canonical order (``read_manifest(...).slice``),
+    streamed. Parts already in canonical order are read as they lie, a row group at a time (each batch
+    checked to be sorted); otherwise ``manifests.io.iter_manifest`` sorts them with DuckDB."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from manifests.io import iter_manifest, manifest_files
+    from manifests.schemas import SORT_KEYS, ManifestSchemaError
+
+    files = manifest_files(run_dir, kind, step)
+    key = SORT_KEYS[kind][0]
+    if not parts_in_canonical_order(files, key):
+        from ovpipe.step import slice_bounds
+
+        n = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        lo, hi = slice_bounds(n, rank, world_size)
+        yield from iter_manifest(run_dir, kind, step=step, columns=columns, lo=lo, hi=hi, batch_rows=batch_rows)
+        return
+    read = columns if key in columns else [*columns, key]
+    last = None
+    for batch in iter_share(files, kind, read, rank, world_size, batch_rows):
+        k = batch.column(key)
+        if len(k) and ((last is not None and pc.less(k[0], last).as_py())
+                       or (len(k) > 1 and pc.any(pc.less(k.slice(1), k.slice(0, len(k) - 1))).as_py())):
+            raise ManifestSchemaError(f"{kind}: a part's rows are not in {key} order — parts must be written sorted "
+                                      f"(manifests.io.write_part(sort=True))")
+        if len(k):
+            last = k[-1]
+        yield batch.select(columns)
+
+
+# ------------------------------------------------------------------------------------- parts
+
+class PartWriter:
+    """One manifest part written batch by batch (temp name, renamed when whole; an exception removes
+    it), in row groups of ``row_group_rows``. ``manifests.io.PartWriter`` writes ``write_part``'s exact
+    bytes but buffers 1M-row row groups (and Parquet's dictionary encoder holds a row group's strings):
+    an apply task's memory would grow with its share up to 1M rows. Small row groups keep it one
+    batch; the merged manifest is the same either way. Rows must come in canonical order."""
+
+    def __init__(self, path: Path, kind: str, row_group_rows: int = BATCH_ROWS):
+        from manifests.schemas import schema_for
+
+        self.path, self.kind, self.row_group_rows = Path(path), kind, row_group_rows
+        self.schema = schema_for(kind)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".tmp-{os.getpid()}-{self.path.name}")
+        self._writer = None
+        self._pending: list = []
+        self._n = 0
+        self.rows = 0
+
+    def write(self, data) -> None:
+        import pyarrow as pa
+
+        from manifests.schemas import ManifestSchemaError
+
+        t = data if isinstance(data, pa.Table) else pa.table(data)
+        missing = [f.name for f in self.schema if f.name not in t.column_names]
+        if missing:
+            raise ManifestSchemaError(f"manifest {self.kind!r}: missing columns {missing}")
+        try:
+            t = t.select(self.schema.names).cast(self.schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise ManifestSchemaError(f"manifest {self.kind!r}: {e}") from e
+        self._pending.append(t)
+        self._n += t.num_rows
+        self.rows += t.num_rows
+        while self._n >= self.row_group_rows:
+            whole = pa.concat_tables(self._pending)
+            self._write_group(whole.slice(0, self.row_group_rows))
+            rest = whole.slice(self.row_group_rows)
+            self._pending, self._n = [rest], rest.num_rows
+
+    def _write_group(self, t) -> None:
+        import pyarrow.parquet as pq
+
+        from manifests.io import PARQUET_OPTS
+
+        if self._writer is None:
+            opts = {k: v for k, v in PARQUET_OPTS.items() if k != "row_group_size"}
+            self._writer = pq.ParquetWriter(self.tmp, self.schema, **opts)
+        self._writer.write_table(t.combine_chunks(), row_group_size=self.row_group_rows)
+
+    def close(self) -> Path:
+        import pyarrow as pa
+
+        if self._n or self._writer is None:      # the tail, or an empty part (schema only)
+            self._write_group(pa.concat_tables(self._pending) if self._pending else self.schema.empty_table())
+            self._pending, self._n = [], 0
+        self._writer.close()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+        else:
+            if self._writer is not None:
+                self._writer.close()
+            self.tmp.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------- small artifacts
+
+def save_arrays(path: Path, **arrays) -> Path:
+    """A partial or reduced artifact: ``.npz`` written to a temp name and renamed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+    return path
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+# ------------------------------------------------------------------------------ exact sums
+
+def pairwise_sum(n: int, values: Callable[[int, int], np.ndarray], leaf: int | None = None) -> float:
+    """``np.sum`` of a float64 vector of length ``n`` whose rows ``[lo, hi)`` are ``values(lo, hi)``,
+    bit for bit, holding at most ``leaf`` values at once. numpy sums a contiguous float64 vector
+    pairwise: a run of ≤ 128 in eight interleaved accumulators, a longer one split at
+    ``n2 = n//2 − (n//2) % 8`` and the halves' sums added — split points that depend only on the
+    length. So any node of that tree that fits in ``leaf`` is summed by ``np.add.reduce`` itself, and
+    the nodes above it are added here in the same order (``tests/ovpipe/test_map_reduce.py``)."""
+    leaf = max(leaf or PAIRWISE_LEAF, 128)   # numpy splits only runs longer than its block of 128
+    if n <= 0:
+        return 0.0
+    if n <= leaf:
+        return float(np.add.reduce(np.ascontiguousarray(values(0, n), dtype=np.float64)))
+
+    def node(lo: int, m: int) -> float:
+        if m <= leaf:
+            return float(np.add.reduce(np.ascontiguousarray(values(lo, lo + m), dtype=np.float64)))
+        m2 = m // 2
+        m2 -= m2 % 8
+        return node(lo, m2) + node(lo + m2, m - m2)
+
+    return node(0, n)
+
+
+def vmhwm_bytes() -> int | None:
+    """Peak resident memory of this process (``VmHWM``), or None off Linux."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,173 @@
+"""Three-phase steps (map → reduce → apply, issue 13) on `balance`: byte-identical to the whole-corpus
+computation for 1, 3 and 8 tasks, resume per phase, `ovpipe status` per phase, numpy's summation order."""
+import json
+import re
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from curation.balance import BalanceConfig, balance, uniform_draws
+from manifests import read_manifest
+from manifests.io import write_part, write_table
+from ovpipe import mapreduce, runfolder
+from ovpipe.cli import main
+
+
+def test_pairwise_sum_is_numpy_sum_bit_for_bit():
+    rng = np.random.default_rng(0)
+    for n in [1, 7, 8, 9, 127, 128, 129, 1000, 4099, 70_001]:
+        x = rng.random(n) * rng.choice([1.0, 1e-9, 1e9], n)    # magnitudes that expose any other order
+        for leaf in (128, 136, 1000, None):
+            got = mapreduce.pairwise_sum(n, lambda lo, hi: x[lo:hi], leaf=leaf)
+            assert got == np.sum(x), (n, leaf)
+    assert mapreduce.pairwise_sum(0, lambda lo, hi: np.zeros(0)) == 0.0
+
+
+def test_share_ranges_split_rows_of_the_parts_in_file_order(tmp_path):
+    files = []
+    for k, n in enumerate([5, 0, 7, 3]):
+        f = tmp_path / f"part-{k:05d}.parquet"
+        write_part({"sample_id": [f"{k:08x}{i:08x}" for i in range(n)], "concept_ids": [[1]] * n,
+                    "scores": [[0.5]] * n}, f, "assignments")
+        files.append(f)
+    for world in (1, 2, 3, 8, 20):
+        got = [[(p.name, a, b) for p, a, b in mapreduce.share_ranges(files, r, world)] for r in range(world)]
+        rows = [(name, i) for share in got for name, a, b in share for i in range(a, b)]
+        assert rows == [(f.name, i) for f, n in zip(files, [5, 0, 7, 3]) for i in range(n)]  # each row once, in order
+        sizes = [sum(b - a for _, a, b in share) for share in got]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def write_corpus(run, n=3000, V=120, K=6, parts=3, canonical=True, seed=0):
+    """`assignments` + `concepts` parts. canonical: the parts are contiguous ranges of the sorted ids
+    (what `assign` writes); otherwise every part spans the whole id range (DuckDB sorts them)."""
+    rng = np.random.default_rng(seed)
+    p = 1 / np.arange(1, V + 1) ** 1.2
+    c = rng.choice(V, size=(n, K), p=p / p.sum()).astype(np.int32)
+    ids = np.array([f"{x:016x}" for x in rng.integers(0, 2 ** 63, n)])
+    if canonical:
+        order = np.argsort(ids, kind="stable")
+        ids, c = ids[order], c[order]
+    for k, part in enumerate(np.array_split(np.arange(n), parts)):
+        write_part({"sample_id": ids[part].tolist(), "concept_ids": [list(r) for r in c[part]],
+                    "scores": [[0.5] * K] * len(part)},
+                   run / "assign" / "assignments" / f"part-{k:05d}.parquet", "assignments", sort=True)
+    write_part({"concept_id": np.arange(V, dtype=np.int32), "text": [f"c{i}" for i in range(V)],
+                "file": ["x"] * V, "row": np.arange(V, dtype=np.int32)},
+               run / "embed-concepts" / "concepts" / "part-00000.parquet", "concepts")
+    return ids, c, V
+
+
+def reference_bytes(ids, c, V, cfg: BalanceConfig, tmp):
+    """The whole-corpus computation (what every rank used to do): `balance()` on the canonical arrays."""
+    order = np.argsort(ids, kind="stable")
+    ids, c = ids[order], c[order].astype(np.int64)
+    if cfg.count_top:
+        c = c[:, :cfg.count_top]
+    w, copies, before, after, _ = balance(c, uniform_draws(pa.array(ids), cfg.seed), V, cfg)
+    bal = tmp / "ref-balanced.parquet"
+    write_table(pa.table({"sample_id": pa.array(ids), "weight": pa.array(w),
+                          "copies": pa.array(copies.astype(np.int32))}), bal)
+    cc = tmp / "ref-cc.parquet"
+    write_table(pa.table({"concept_id": pa.array(np.arange(V, dtype=np.int32)),
+                          "text": pa.array([f"c{i}" for i in range(V)]),
+                          "count_before": pa.array(before), "count_after": pa.array(after)}), cc)
+    return bal.read_bytes(), cc.read_bytes()
+
+
+def merged_bytes(run, tmp):
+    out = []
+    for kind in ("balanced", "concept_counts"):
+        f = tmp / f"got-{kind}.parquet"
+        write_table(read_manifest(run, kind), f)
+        out.append(f.read_bytes())
+    return tuple(out)
+
+
+CONFIGS = {
+    "inverse_frequency": [],
+    "metaclip_without_replacement": ["--set", "method=metaclip", "--set", "replacement=false",
+                                     "--set", "target_size=1200", "--set", "count_top=4"],
+    "inverse_frequency_without_replacement": ["--set", "replacement=false", "--set", "target_size=1000",
+                                              "--set", "alpha=0.5", "--set", "seed=5"],
+}
+
+
+@pytest.mark.parametrize("canonical", [True, False], ids=["canonical-parts", "shuffled-parts"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_balance_is_byte_identical_to_the_whole_corpus_computation_for_1_3_8_tasks(tmp_path, monkeypatch, name,
+                                                                                     canonical):
+    # a small pairwise leaf: the reduce's streamed sum crosses many chunk boundaries (in-process reduce)
+    monkeypatch.setattr(mapreduce, "PAIRWISE_LEAF", 256)
+    from ovpipe.config import load_config
+
+    for tasks in (1, 3, 8):
+        run = tmp_path / f"t{tasks}"
+        ids, c, V = write_corpus(run, canonical=canonical)
+        assert main(["balance", "--run-dir", str(run), "--tasks", str(tasks), "--quiet", *CONFIGS[name]]) == 0
+        cfg = load_config(BalanceConfig, json.loads((run / "balance" / "config.json").read_text()))
+        assert merged_bytes(run, tmp_path) == reference_bytes(ids, c, V, cfg, tmp_path), (name, tasks)
+        st = json.loads((run / "balance" / "stats.json").read_text())["counters"]
+        assert st["samples"] == len(ids)
+        # no task held the corpus: the map ranks left bincounts, the reduce one small artifact
+        assert sorted(p.name for p in (run / "balance" / "partials").iterdir()) == sorted(
+            [f"counts-{r:05d}.npz" for r in range(tasks)] + [f"after-{r:05d}.npz" for r in range(tasks)])
+        assert [p.name for p in (run / "balance" / "reduced").iterdir() if not p.name.startswith(".")] == \
+            ["balance.npz"]
+
+
+def _mtimes(sdir, names):
+    return {n: (sdir / "logs" / n).stat().st_mtime_ns for n in names}
+
+
+def test_resume_redoes_only_the_failed_phase_rank_and_status_shows_phases(tmp_path, monkeypatch, capsys):
+    run, ref = tmp_path / "run", tmp_path / "ref"
+    write_corpus(run)
+    write_corpus(ref)
+    assert main(["balance", "--run-dir", str(ref), "--tasks", "3", "--quiet"]) == 0
+    sdir = run / "balance"
+    monkeypatch.setenv("OVPIPE_FAIL_RANKS", "balance/apply:1")
+    assert main(["balance", "--run-dir", str(run), "--tasks", "3", "--quiet"]) == 1
+    assert "apply rank 1" in capsys.readouterr().err
+    st = runfolder.step_status(sdir)
+    assert st["done"] == 3 and st["phases"]["reduce"] == "done"
+    assert st["phases"]["apply"]["done"] == 2 and [r for r, _ in st["phases"]["apply"]["failed"]] == [1]
+    assert main(["status", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"├ reduce +done\n +└ apply +2/3 ", out) and "apply rank 1 failed" in out
+
+    logs = ["task_00000.log", "task_00001.log", "task_00002.log", "reduce.log", "apply_00000.log", "apply_00002.log"]
+    before = _mtimes(sdir, logs)
+    monkeypatch.delenv("OVPIPE_FAIL_RANKS")
+    assert main(["balance", "--run-dir", str(run), "--tasks", "3", "--quiet"]) == 0
+    assert _mtimes(sdir, logs) == before          # map ranks, the reduce and the other apply ranks not redone
+    assert runfolder.is_finalized(sdir) and not (sdir / "failures" / "apply-00001").exists()
+    assert merged_bytes(run, tmp_path) == merged_bytes(ref, tmp_path)
+    assert main(["status", str(run)]) == 0
+
+    # a map rank redone (its marker lost) redoes the reduce; the reduce comes out the same, so the
+    # apply ranks (whose markers hold the artifact's digest) stay done
+    (sdir / "completions" / "00002").unlink()
+    apply_logs = ["apply_00000.log", "apply_00001.log", "apply_00002.log"]
+    before = _mtimes(sdir, apply_logs + ["task_00000.log", "reduce.log"])
+    assert main(["balance", "--run-dir", str(run), "--tasks", "3", "--quiet"]) == 0
+    after = _mtimes(sdir, apply_logs + ["task_00000.log", "reduce.log"])
+    assert after["reduce.log"] != before["reduce.log"] and after["task_00000.log"] == before["task_00000.log"]
+    assert all(after[n] == before[n] for n in apply_logs)
+    assert merged_bytes(run, tmp_path) == merged_bytes(ref, tmp_path)
+
+    # a reduce whose artifact changed: every apply rank is pending again
+    (sdir / "completions" / "reduced").write_text("another-digest\n")
+    assert runfolder.pending_ranks(sdir, 3, "apply") == [0, 1, 2]
+
+
+def test_apply_rank_refuses_without_the_reduce(tmp_path):
+    from ovpipe.executors.task import TaskFailed, run_task
+
+    run = tmp_path / "run"
+    write_corpus(run)
+    assert main(["balance", "--run-dir", str(run), "--tasks", "2", "--quiet"]) == 0
+    (run / "balance" / "completions" / "reduced").unlink()
+    with pytest.raises(TaskFailed, match="reduce has not run"):
+        run_task("balance", run, 0, 2, phase="apply")
