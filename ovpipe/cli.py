@@ -7,6 +7,7 @@
     ovpipe demo-data --out DIR
     ovpipe pretrain --recipe tiny --stage 1 --run-dir RUN
     ovpipe export-model --run-dir RUN --stage 2 --out DIR
+    ovpipe import-model --run-dir RUN --recipe R --llava-ov DIR --stage 1.5
 """
 from __future__ import annotations
 
@@ -290,6 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("rest", nargs=argparse.REMAINDER)
     sp.set_defaults(func=lambda a: __import__("pretrain.export", fromlist=["main"]).main(a.rest))
 
+    sp = sub.add_parser("import-model", help="a released / exported LLaVA-OneVision-1.5 folder (or Qwen3 + MLCD parts) "
+                                             "into a stage's dist checkpoint (see `ovpipe import-model --help`)",
+                        add_help=False)
+    sp.add_argument("rest", nargs=argparse.REMAINDER)
+    sp.set_defaults(func=lambda a: __import__("pretrain.hf_import", fromlist=["main"]).main(a.rest))
+
     sp = sub.add_parser("_task", help=argparse.SUPPRESS)
     sp.add_argument("step")
     sp.add_argument("--run-dir", required=True)
@@ -337,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         from pretrain.export import main as export_main
 
         return int(export_main(argv[1:]) or 0)
+    if argv[:1] == ["import-model"]:
+        from pretrain.hf_import import main as import_main
+
+        return int(import_main(argv[1:]) or 0)
     parser = build_parser()
     _add_debug_flag(parser)
     args = parser.parse_args(argv)

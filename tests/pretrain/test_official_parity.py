@@ -19,6 +19,7 @@ Two notes the tests encode (docs/hf_format.md):
   that way, and with both images in one official call only up to the second image.
 """
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 
@@ -220,7 +221,7 @@ def test_official_checkpoint_imports_and_forwards_agree(megatron_single, officia
     _compare_packs(ours, theirs, run, tok)
 
 
-def test_config_that_does_not_match_the_recipe_names_the_field(megatron_single, exported, tmp_path):
+def test_config_that_does_not_match_the_recipe_names_the_field(megatron_single, exported, tmp_path, capsys):
     import json
 
     from pretrain.hf_import import import_llava_ov
@@ -235,6 +236,11 @@ def test_config_that_does_not_match_the_recipe_names_the_field(megatron_single, 
     want = r"vision_config.depth=3 \(recipe: 2\).*text_config.hidden_size=32 \(recipe: 64\)"
     with pytest.raises(ValueError, match=want):
         import_llava_ov(tmp_path / "run", "tiny", str(bad), stage="2")
+    assert not (tmp_path / "run").exists()
+    from ovpipe.cli import main                     # the CLI: one line naming the fields, exit 2, nothing written
+
+    assert main(["import-model", "--run-dir", str(tmp_path / "run"), "--llava-ov", str(bad), "--stage", "2"]) == 2
+    assert re.search(want, capsys.readouterr().err)
     assert not (tmp_path / "run").exists()
 
 
