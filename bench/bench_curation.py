@@ -3,9 +3,15 @@
     python -m bench.bench_curation            # assign 100K × 50K, d=512, K=10; balance 10M × K=10 over 500K
     python -m bench.bench_curation --quick    # 20K × 10K; 1M samples
 
-``assign``: queries/s of the tiled torch path vs faiss-cpu ``IndexFlatIP`` on the same inputs,
-and the *matmul floor* = 2·n·V·d FLOPs / the GEMM GFLOP/s measured here on one
-(4096 × d) @ (d × 8192) fp32 product — how close each path gets to pure BLAS throughput.
+``assign``: queries/s of the tiled torch path vs faiss-cpu ``IndexFlatIP`` on the same inputs, and
+each against the *matmul floor* = 2·n·V·d FLOPs / the best GEMM throughput measured in this process,
+right before (and again right after) the timed runs, on products shaped like the real tiles: the
+torch path's (image_tile × d) @ (d × concept_tile) and faiss's blocked sgemm (4096 queries × 1024
+database vectors, ``distance_compute_blas_{query,database}_bs``), each through torch's BLAS and
+numpy's, several repetitions each. The best of all probes is the floor (a path at ≥ 1.0× is no faster
+than pure BLAS); the table prints the probes' spread (min / median / max GFLOP/s), which on a shared
+machine says how much to trust a ratio. (One probe of one shape swung 147 → 58 GFLOP/s between two
+runs and made faiss look faster than the floor.)
 ``balance``: wall time and peak memory (VmHWM) of the whole balance computation (counts,
 weights, draws, after-counts) on Zipf(1.1)-distributed concepts.
 """
@@ -25,39 +31,66 @@ def _unit(rng, n, d):
     return x
 
 
-def gemm_gflops(d: int) -> float:
+TORCH_TILE = (4096, 16384)      # (image_tile, concept_tile) of the timed torch run
+FAISS_TILE = (4096, 1024)       # faiss IndexFlatIP: distance_compute_blas_query_bs × _database_bs
+
+
+def gemm_probes(d: int, reps: int = 5) -> list[tuple[str, float]]:
+    """GFLOP/s of (m × d) @ (d × n) products shaped like the real tiles, through torch's and numpy's
+    BLAS, ``reps`` timed repetitions each after one warm-up: ``[(label, GFLOP/s), ...]``."""
     import torch
 
-    a = torch.randn(4096, d)
-    b = torch.randn(d, 8192)
-    a @ b
-    t0 = time.perf_counter()
-    reps = 5
-    for _ in range(reps):
-        a @ b
-    dt = (time.perf_counter() - t0) / reps
-    return 2 * 4096 * d * 8192 / dt / 1e9
+    out = []
+    rng = np.random.default_rng(1)
+    for name, (m, n) in (("torch tile", TORCH_TILE), ("faiss block", FAISS_TILE)):
+        a = rng.standard_normal((m, d), dtype=np.float32)
+        b = rng.standard_normal((d, n), dtype=np.float32)
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        for lib, mm in (("torch", lambda: ta @ tb), ("numpy", lambda: a @ b)):
+            mm()
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                mm()
+                out.append((f"{name} {m}×{d}×{n} ({lib})", 2 * m * d * n / (time.perf_counter() - t0) / 1e9))
+    return out
+
+
+def _spread(probes: list[tuple[str, float]]) -> str:
+    rows = []
+    for label in dict.fromkeys(lbl for lbl, _ in probes):
+        g = sorted(v for lbl, v in probes if lbl == label)
+        rows.append(f"| {label} | {len(g)} | {g[0]:.1f} | {g[len(g) // 2]:.1f} | {g[-1]:.1f} |")
+    return "\n".join(rows)
 
 
 def bench_assign(n: int, V: int, d: int, k: int) -> None:
+    import torch
+
     from curation.assign import topk_faiss, topk_torch
 
     rng = np.random.default_rng(0)
     X, C = _unit(rng, n, d), _unit(rng, V, d)
-    gf = gemm_gflops(d)
-    floor = 2 * n * V * d / (gf * 1e9)
-    print(f"\n### assign: {n:,} images × {V:,} concepts, d={d}, K={k}")
-    print(f"measured GEMM: {gf:.1f} GFLOP/s → matmul floor {floor:.2f} s ({n / floor:,.0f} queries/s)\n")
-    print("| backend | seconds | queries/s | × floor |\n| --- | ---: | ---: | ---: |")
+    print(f"\n### assign: {n:,} images × {V:,} concepts, d={d}, K={k} (torch threads {torch.get_num_threads()})")
+    before = gemm_probes(d)
+    runs = []
     t0 = time.perf_counter()
-    s1, i1 = topk_torch(X, C, k, image_tile=4096, concept_tile=16384)
-    dt = time.perf_counter() - t0
-    print(f"| torch matmul+topk (tiled 4096 × 16384) | {dt:.2f} | {n / dt:,.0f} | {dt / floor:.2f} |", flush=True)
+    s1, i1 = topk_torch(X, C, k, image_tile=TORCH_TILE[0], concept_tile=TORCH_TILE[1])
+    runs.append((f"torch matmul+topk (tiled {TORCH_TILE[0]} × {TORCH_TILE[1]})", time.perf_counter() - t0))
     t0 = time.perf_counter()
     s2, i2 = topk_faiss(X, C, k)
-    dt = time.perf_counter() - t0
-    print(f"| faiss-cpu IndexFlatIP | {dt:.2f} | {n / dt:,.0f} | {dt / floor:.2f} |")
+    runs.append(("faiss-cpu IndexFlatIP", time.perf_counter() - t0))
+    after = gemm_probes(d)
+    best = max(v for _, v in before + after)
+    floor = 2 * n * V * d / (best * 1e9)
+    print(f"matmul floor: best GEMM probe {best:.1f} GFLOP/s → {floor:.2f} s ({n / floor:,.0f} queries/s)\n")
+    print("| backend | seconds | queries/s | × floor |\n| --- | ---: | ---: | ---: |")
+    for name, dt in runs:
+        print(f"| {name} | {dt:.2f} | {n / dt:,.0f} | {dt / floor:.2f} |")
     print(f"\nsame ids: {(i1 == i2).mean():.5f} of entries (the rest are float ties)")
+    print("\nGEMM probes, GFLOP/s (before the timed runs):\n\n| probe | reps | min | median | max |\n"
+          "| --- | ---: | ---: | ---: | ---: |\n" + _spread(before))
+    print("\n(after the timed runs):\n\n| probe | reps | min | median | max |\n| --- | ---: | ---: | ---: | ---: |\n"
+          + _spread(after), flush=True)
 
 
 def _balance_child(n, V, k, q):

@@ -1,15 +1,23 @@
 """``assign``: exact top-K inner-product retrieval of concepts for every image.
 
 Vectors are L2-normalised, so inner product = cosine similarity. Backends (same ids on the
-same inputs, ties aside — ``tests/curation/test_assign.py``):
+same inputs, ties aside — ``tests/curation/test_clip_assign.py``):
 
-* ``faiss`` — brute force: ``faiss.knn_gpu`` on a GPU, ``IndexFlatIP`` (BLAS sgemm + heap) on CPU;
+* ``faiss`` — brute force: a flat inner-product index (BLAS sgemm + heap) on CPU, moved to the GPU
+  with ``faiss.index_cpu_to_gpu`` when there is one;
 * ``torch`` — ``matmul`` + ``topk`` tiled over images *and* concepts, merging each concept tile's
   top-K into a running top-K, so memory is O(image_tile × concept_tile), never the
   85M × 500K score matrix (which would be 170 TB in fp32).
 
-Each rank handles a contiguous slice of ``image_embeddings`` (status ok); the concept matrix is
-loaded whole (500K × 1024 fp32 ≈ 2 GB, fp16 on GPU).
+Each rank streams its canonical slice of ``image_embeddings`` in batches of ``image_tile`` rows
+(``manifests.io.iter_manifest``). The vectors of a batch are gathered from the memory-mapped fp16
+``.npy`` shards (``NpyShards``), whose mapped pages are dropped again after the batch
+(``madvise(MADV_DONTNEED)``: touched file pages count in the resident set until then), and the
+``assignments`` part is written batch by batch (``TaskContext.part_writer``, which holds at most one
+1M-row row group, ~110 MB at K=10). So a task holds the concept matrix, one batch and that buffer,
+whatever the size of its slice (``tests/curation/test_assign_streaming.py``). The concept matrix is
+gathered from its mapped shards block by block into the index (500K × 1024 fp32 ≈ 2 GB; fp16 on GPU),
+built once per task. Rows whose status is not ``ok`` get no assignment and are counted as ``skipped/<status>``.
 """
 from __future__ import annotations
 
@@ -18,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from ovpipe.step import Step, TaskContext
+from ovpipe.step import Step, TaskContext, slice_bounds
 
 
 @dataclass
@@ -36,14 +44,90 @@ class AssignConfig:
             raise ValueError("image_tile and concept_tile must be >= 1")
 
 
-def topk_torch(queries: np.ndarray, keys: np.ndarray, k: int, image_tile: int = 16384,
-               concept_tile: int = 65536, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k of ``queries @ keys.T`` with bounded memory; (scores [n,k] desc, ids [n,k])."""
+class NpyShards:
+    """Row gathers from ``.npy`` shards (paths relative to the run folder), memory-mapped, not loaded.
+
+    ``gather(files, rows)`` reads only the rows asked for; ``release()`` drops the pages mapped so
+    far (they stay in the page cache, but leave this process's resident set), so a task walking a
+    20 GB shard holds one batch of it, not the pages it has touched."""
+
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
+        self._open: dict[str, tuple] = {}
+
+    def _array(self, rel: str) -> np.ndarray:
+        if rel not in self._open:
+            import mmap
+
+            with open(f"{self.run_dir}/{rel}", "rb") as f:
+                major, _ = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(f)
+                offset = f.tell()
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if fortran or len(shape) != 2:
+                mm.close()
+                raise ValueError(f"{rel}: expected a C-order 2-D .npy array, got shape {shape}")
+            self._open[rel] = (mm, np.ndarray(shape, dtype, buffer=mm, offset=offset))
+        return self._open[rel][1]
+
+    def gather(self, files, rows) -> np.ndarray:
+        """float32 [n, d]: row ``rows[j]`` of shard ``files[j]``."""
+        files = np.asarray(files, dtype=object)
+        rows = np.asarray(rows, dtype=np.int64)
+        out = None
+        for rel in dict.fromkeys(files.tolist()):
+            a = self._array(rel)
+            if out is None:
+                out = np.empty((len(rows), a.shape[1]), np.float32)
+            j = np.flatnonzero(files == rel)
+            r = rows[j]
+            if len(r) and (r.min() < 0 or r.max() >= len(a)):
+                raise IndexError(f"{rel}: rows up to {r.max()} asked, the shard has {len(a)}")
+            out[j] = a[r]
+        return out if out is not None else np.zeros((0, 0), np.float32)
+
+    def release(self, keep=()) -> None:
+        """Drop the mapped pages of every open shard; close the shards not in ``keep``."""
+        import mmap
+
+        for rel in list(self._open):
+            if rel in keep:
+                self._open[rel][0].madvise(mmap.MADV_DONTNEED)
+            else:
+                mm, array = self._open.pop(rel)
+                del array                     # the only view of the mapping: now it can close
+                mm.close()
+
+    def close(self) -> None:
+        self.release(keep=())
+
+
+def concept_blocks(run_dir, block_rows: int = 65536):
+    """(concept_ids int64[V] in concept_id order, an iterator of their vectors as float32 blocks of at
+    most ``block_rows`` rows, in the same order), gathered from the mapped shards: the index or tensor
+    is filled block by block, never beside a second whole copy of the matrix."""
+    from manifests.io import read_manifest
+
+    t = read_manifest(run_dir, "concepts", columns=["concept_id", "file", "row"])
+    files, rows = t.column("file").to_numpy(zero_copy_only=False), t.column("row").to_numpy()
+
+    def blocks():
+        shards = NpyShards(run_dir)
+        try:
+            for a in range(0, len(rows), block_rows):
+                yield shards.gather(files[a:a + block_rows], rows[a:a + block_rows])
+                shards.release(keep=set(files[a:a + block_rows].tolist()))
+        finally:
+            shards.close()
+
+    return t.column("concept_id").to_numpy().astype(np.int64), blocks()
+
+
+def _topk_tiles(queries: np.ndarray, K, k: int, image_tile: int, concept_tile: int, device: str):
     import torch
 
-    k = min(k, len(keys))
-    dtype = torch.float16 if device.startswith("cuda") else torch.float32
-    K = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.float32)).to(device, dtype)
+    dtype = K.dtype
     out_s = np.empty((len(queries), k), np.float32)
     out_i = np.empty((len(queries), k), np.int64)
     with torch.inference_mode():
@@ -65,60 +149,131 @@ def topk_torch(queries: np.ndarray, keys: np.ndarray, k: int, image_tile: int = 
     return out_s, out_i
 
 
-def topk_faiss(queries: np.ndarray, keys: np.ndarray, k: int, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+def _torch_keys(keys: np.ndarray, device: str):
+    import torch
+
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    return torch.from_numpy(np.ascontiguousarray(keys, dtype=np.float32)).to(device, dtype)
+
+
+def topk_torch(queries: np.ndarray, keys: np.ndarray, k: int, image_tile: int = 16384,
+               concept_tile: int = 65536, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k of ``queries @ keys.T`` with bounded memory; (scores [n,k] desc, ids [n,k])."""
+    return _topk_tiles(queries, _torch_keys(keys, device), min(k, len(keys)), image_tile, concept_tile, device)
+
+
+def _faiss_index(keys, device: str):
+    """A flat inner-product index over ``keys`` (an array, or an iterable of row blocks in order)."""
     import faiss
 
-    q = np.ascontiguousarray(queries, dtype=np.float32)
-    x = np.ascontiguousarray(keys, dtype=np.float32)
-    k = min(k, len(x))
+    index = None
+    for block in ([keys] if isinstance(keys, np.ndarray) else keys):
+        if index is None:
+            index = faiss.IndexFlatIP(block.shape[1])
+        index.add(np.ascontiguousarray(block, dtype=np.float32))
+    if index is None:
+        return None
     if device.startswith("cuda") and hasattr(faiss, "StandardGpuResources"):
         res = faiss.StandardGpuResources()
-        s, i = faiss.knn_gpu(res, q, x, k, metric=faiss.METRIC_INNER_PRODUCT)
-        return s, i
-    index = faiss.IndexFlatIP(x.shape[1])
-    index.add(x)
-    return index.search(q, k)
+        gpu = faiss.index_cpu_to_gpu(res, int(device.partition(":")[2] or 0), index)
+        gpu.referenced_resources = res      # keep the resources alive as long as the index
+        return gpu
+    return index
+
+
+def topk_faiss(queries: np.ndarray, keys: np.ndarray, k: int, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    return _faiss_index(keys, device).search(np.ascontiguousarray(queries, dtype=np.float32), min(k, len(keys)))
+
+
+def resolve_backend(backend: str) -> str:
+    if backend != "auto":
+        return backend
+    try:
+        import faiss  # noqa: F401
+
+        return "faiss"
+    except ImportError:
+        return "torch"
+
+
+class Searcher:
+    """Exact top-K over a fixed concept matrix, its index (faiss) or tensor (torch) built once and
+    queried batch after batch."""
+
+    def __init__(self, keys, cfg: AssignConfig, device: str, n_keys: int | None = None):
+        """``keys``: float32 [V, d], or an iterable of its row blocks in order (``concept_blocks``; then
+        ``n_keys`` = V)."""
+        self.backend = resolve_backend(cfg.backend)
+        self.cfg, self.device = cfg, device
+        if self.backend == "faiss":
+            self.index = _faiss_index(keys, device)
+            n = 0 if self.index is None else self.index.ntotal
+        else:
+            if not isinstance(keys, np.ndarray):       # fill one array block by block (no second copy)
+                whole, at = None, 0
+                for block in keys:
+                    if whole is None:
+                        whole = np.empty((n_keys, block.shape[1]), np.float32)
+                    whole[at:at + len(block)] = block
+                    at += len(block)
+                keys = whole if whole is not None else np.zeros((0, 0), np.float32)
+            self.keys = _torch_keys(keys, device)
+            n = len(keys)
+        if n == 0:
+            raise ValueError("assign: the concepts manifest has no rows — run embed-concepts on a vocabulary first")
+        self.k = min(cfg.k, n)
+
+    def __call__(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if len(queries) == 0:
+            return np.zeros((0, self.k), np.float32), np.zeros((0, self.k), np.int64)
+        if self.backend == "faiss":
+            return self.index.search(np.ascontiguousarray(queries, dtype=np.float32), self.k)
+        return _topk_tiles(queries, self.keys, self.k, self.cfg.image_tile, self.cfg.concept_tile, self.device)
 
 
 def topk(queries, keys, cfg: AssignConfig, device: str) -> tuple[np.ndarray, np.ndarray, str]:
-    backend = cfg.backend
-    if backend == "auto":
-        try:
-            import faiss  # noqa: F401
-
-            backend = "faiss"
-        except ImportError:
-            backend = "torch"
-    if backend == "faiss":
-        s, i = topk_faiss(queries, keys, cfg.k, device)
-    else:
-        s, i = topk_torch(queries, keys, cfg.k, cfg.image_tile, cfg.concept_tile, device)
-    return s, i, backend
+    search = Searcher(keys, cfg, device)
+    s, i = search(queries)
+    return s, i, search.backend
 
 
 def run(cfg: AssignConfig, task: TaskContext) -> None:
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from curation.clip import pick_device
-    from curation.concepts import load_concept_matrix
-    from curation.embed import load_embeddings
+    from manifests.io import iter_manifest, manifest_num_rows
 
     device = pick_device(cfg.device)
-    cids, C, _ = load_concept_matrix(task.run_dir)
-    rows = [r for r in task.read_input_slice("image_embeddings").to_pylist() if r["status"] == "ok"]
-    task.stats.inc("images", len(rows))
-    X = load_embeddings(task.run_dir, rows) if rows else np.zeros((0, C.shape[1]), np.float32)
-    with task.stats.timer("topk"):
-        s, i, backend = topk(X, C, cfg, device)
-    task.stats.info["backend"] = backend
-    k = s.shape[1] if len(s) else min(cfg.k, len(C))
-    ids = cids[i] if len(i) else np.zeros((0, k), np.int64)
-    offsets = pa.array(np.arange(0, (len(rows) + 1) * k, k, dtype=np.int32))
-    task.write_part("assignments", pa.table({
-        "sample_id": pa.array([r["sample_id"] for r in rows], pa.string()),
-        "concept_ids": pa.ListArray.from_arrays(offsets, pa.array(ids.astype(np.int32).ravel())),
-        "scores": pa.ListArray.from_arrays(offsets, pa.array(s.astype(np.float32).ravel())),
-    }))
+    cids, blocks = concept_blocks(task.run_dir)
+    search = Searcher(blocks, cfg, device, n_keys=len(cids))
+    task.stats.info["backend"] = search.backend
+    k = search.k
+    lo, hi = slice_bounds(manifest_num_rows(task.run_dir, "image_embeddings"), task.rank, task.world_size)
+    shards = NpyShards(task.run_dir)
+    try:
+        with task.part_writer("assignments") as out:
+            for batch in iter_manifest(task.run_dir, "image_embeddings", columns=["sample_id", "file", "row", "status"],
+                                       lo=lo, hi=hi, batch_rows=cfg.image_tile):
+                status = batch.column("status")
+                for s, n in zip(*np.unique(status.to_numpy(zero_copy_only=False).astype(str), return_counts=True)):
+                    if s != "ok":
+                        task.stats.inc(f"skipped/{s}", int(n))
+                ok = batch.filter(pc.equal(status, "ok"))
+                task.stats.inc("images", ok.num_rows)
+                files = ok.column("file").to_numpy(zero_copy_only=False)
+                X = shards.gather(files, ok.column("row").to_numpy())
+                with task.stats.timer("topk"):
+                    s, i = search(X)
+                shards.release(keep=set(files.tolist()))
+                offsets = pa.array(np.arange(0, (ok.num_rows + 1) * k, k, dtype=np.int32))
+                out.write(pa.table({
+                    "sample_id": ok.column("sample_id"),
+                    "concept_ids": pa.ListArray.from_arrays(offsets, pa.array(cids[i].astype(np.int32).ravel())),
+                    "scores": pa.ListArray.from_arrays(offsets, pa.array(s.astype(np.float32).ravel())),
+                }))
+    finally:
+        shards.close()
 
 
 STEP = Step("assign", AssignConfig, run, inputs=("image_embeddings", "concepts"), outputs=("assignments",),

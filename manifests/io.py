@@ -111,3 +111,185 @@ def read_manifest(run_dir: str | os.PathLike, kind: str, step: str | None = None
     if columns is not None:
         table = table.select(columns)
     return table
+
+
+# ------------------------------------------------------------------------------------- streaming
+# A map task reads its slice and writes its part in bounded Arrow record batches, so its memory does
+# not grow with the corpus (issue 13): ``iter_manifest`` is ``read_manifest(...).slice(lo, hi - lo)``
+# as a stream of batches, ``PartWriter`` is ``write_part`` fed batch by batch (same bytes).
+
+def _check_part_schema(path: Path, schema: pa.Schema, kind: str) -> None:
+    for field in schema_for(kind):
+        if field.name not in schema.names:
+            raise ManifestSchemaError(f"{path}: column {field.name!r} missing (manifest {kind!r})")
+        got = schema.field(field.name).type
+        if got != field.type:
+            raise ManifestSchemaError(
+                f"{path}: column {field.name!r} has type {got}, manifest {kind!r} expects {field.type}")
+
+
+def manifest_num_rows(run_dir: str | os.PathLike, kind: str, step: str | None = None) -> int:
+    """Rows of a manifest, from the Parquet footers only."""
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in manifest_files(run_dir, kind, step))
+
+
+def _parts_in_canonical_order(files: list[Path], kind: str) -> bool:
+    """Whether reading the parts one after another already gives canonical order, judged from the
+    footers: the first sort key's min/max per row group must strictly increase from one row group
+    (and part) to the next. Within a row group the writer's contract holds (``write_part`` sorts;
+    ``embed-images`` keeps its canonical input order); ``iter_manifest`` re-checks it as it reads."""
+    key = SORT_KEYS[kind][0]
+    last = None
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        col = md.schema.to_arrow_schema().get_field_index(key)
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            if rg.num_rows == 0:
+                continue
+            st = rg.column(col).statistics
+            if st is None or not st.has_min_max:
+                return False
+            if last is not None and not last < st.min:
+                return False
+            last = st.max
+    return True
+
+
+def iter_manifest(run_dir: str | os.PathLike, kind: str, step: str | None = None,
+                  columns: list[str] | None = None, lo: int = 0, hi: int | None = None,
+                  batch_rows: int = 65536):
+    """Rows ``[lo, hi)`` of ``read_manifest(run_dir, kind, step, columns)`` (canonical order) as
+    ``pyarrow.RecordBatch``es of at most ``batch_rows`` rows, reading only those rows' row groups.
+
+    When the parts' footers show they are already in canonical order (every part of a step that
+    sliced a canonical input), the parts are streamed as they lie; otherwise DuckDB sorts them
+    (spilling to disk past its memory limit) with the same order ``read_manifest`` gives, ties
+    broken by file and row as a stable sort of the concatenated parts would."""
+    files = manifest_files(run_dir, kind, step)
+    schema = schema_for(kind)
+    columns = list(columns) if columns is not None else schema.names
+    out_schema = pa.schema([schema.field(c) for c in columns])
+    for f in files:
+        _check_part_schema(f, pq.read_schema(f), kind)
+    counts = [pq.ParquetFile(f).metadata.num_rows for f in files]
+    total = sum(counts)
+    hi = total if hi is None else min(hi, total)
+    if hi <= lo:
+        return
+    if _parts_in_canonical_order(files, kind):
+        yield from _iter_ordered_parts(files, counts, kind, columns, out_schema, lo, hi, batch_rows)
+    else:
+        yield from _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows)
+
+
+def _iter_ordered_parts(files, counts, kind, columns, out_schema, lo, hi, batch_rows):
+    import pyarrow.compute as pc
+
+    key = SORT_KEYS[kind][0]
+    read_cols = columns if key in columns else columns + [key]
+    start = 0
+    last = None
+    for f, n in zip(files, counts):
+        a, b = max(lo, start), min(hi, start + n)     # this part's share of [lo, hi), part-relative below
+        start += n
+        if a >= b:
+            continue
+        a, b = a - (start - n), b - (start - n)
+        pf = pq.ParquetFile(f)
+        groups, g0, row = [], None, 0
+        for g in range(pf.metadata.num_row_groups):
+            m = pf.metadata.row_group(g).num_rows
+            if row + m > a and row < b:
+                groups.append(g)
+                g0 = row if g0 is None else g0
+            row += m
+        pos = g0                                         # file row of the next batch's first row
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=read_cols):
+            s, e = max(a - pos, 0), min(b - pos, batch.num_rows)
+            pos += batch.num_rows
+            if e <= s:
+                continue
+            batch = batch.slice(s, e - s)
+            k = batch.column(key)
+            if (last is not None and pc.less(k[0], last).as_py()) or (
+                    len(k) > 1 and pc.any(pc.less(k.slice(1), k.slice(0, len(k) - 1))).as_py()):
+                raise ManifestSchemaError(f"{f}: rows are not in {key} order — a manifest part must be written "
+                                          f"sorted (manifests.io.write_part) or in its canonical input order")
+            last = k[-1]
+            yield pa.RecordBatch.from_arrays([batch.column(c) for c in columns], schema=out_schema)
+
+
+def _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows):
+    import duckdb
+
+    import tempfile
+
+    con = duckdb.connect(config={"memory_limit": "1GB", "temp_directory": tempfile.gettempdir()})  # spills
+    keys = ", ".join(f'"{k}"' for k in SORT_KEYS[kind])
+    cols = ", ".join(f'"{c}"' for c in columns)
+    paths = [str(f) for f in files]
+    order = ", ".join(f"({k}, '{p.replace(chr(39), chr(39) * 2)}')" for k, p in enumerate(paths))
+    rel = con.sql(
+        f"SELECT {cols} FROM read_parquet($files, filename = true, file_row_number = true) "
+        f"JOIN (VALUES {order}) AS o(file_no, path) ON filename = o.path "
+        f"ORDER BY {keys}, file_no, file_row_number LIMIT {hi - lo} OFFSET {lo}", params={"files": paths})
+    for batch in rel.to_arrow_reader(batch_rows):
+        yield pa.Table.from_batches([batch]).cast(out_schema).to_batches()[0] if batch.num_rows else batch
+
+
+class PartWriter:
+    """``write_part`` for a part produced batch by batch: each ``write(data)`` is validated against
+    ``kind``'s schema and buffered to whole row groups (``PARQUET_OPTS``), so the file holds the same
+    bytes ``write_part`` gives for the concatenated rows. Rows must arrive in canonical order (no sort
+    here). Written to a temp name, renamed on a clean ``close``; an exception inside ``with`` removes it.
+    """
+
+    def __init__(self, path: str | os.PathLike, kind: str):
+        self.path = Path(path)
+        self.kind = kind
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".tmp-{os.getpid()}-{self.path.name}")
+        self._writer: pq.ParquetWriter | None = None
+        self._buffer: list[pa.Table] = []
+        self._buffered = 0
+        self.rows = 0
+
+    def write(self, data) -> None:
+        table = _as_table(data, self.kind).replace_schema_metadata(None)
+        self._buffer.append(table)
+        self._buffered += table.num_rows
+        self.rows += table.num_rows
+        group = PARQUET_OPTS["row_group_size"]
+        while self._buffered >= group:
+            whole = pa.concat_tables(self._buffer)
+            self._flush(whole.slice(0, group))
+            rest = whole.slice(group)
+            self._buffer, self._buffered = [rest], rest.num_rows
+
+    def _flush(self, table: pa.Table) -> None:
+        if self._writer is None:
+            opts = {k: v for k, v in PARQUET_OPTS.items() if k != "row_group_size"}
+            self._writer = pq.ParquetWriter(self.tmp, table.schema, **opts)
+        self._writer.write_table(table.combine_chunks(), row_group_size=PARQUET_OPTS["row_group_size"])
+
+    def close(self) -> Path:
+        if self._buffered or self._writer is None:   # the tail, or an empty part (schema only)
+            tail = pa.concat_tables(self._buffer) if self._buffer else _as_table(
+                {f.name: [] for f in schema_for(self.kind)}, self.kind).replace_schema_metadata(None)
+            self._flush(tail)
+            self._buffer, self._buffered = [], 0
+        self._writer.close()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def __enter__(self) -> "PartWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            if self._writer is not None:
+                self._writer.close()
+            self.tmp.unlink(missing_ok=True)

@@ -1,0 +1,74 @@
+"""Streaming reads and writes of manifest parts: ``iter_manifest`` is ``read_manifest(...).slice`` in
+bounded batches (parts already in canonical order streamed as they lie, others sorted by DuckDB), and
+``PartWriter`` fed batch by batch writes the bytes ``write_part`` writes."""
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from manifests import ManifestSchemaError, schema_for
+from manifests.io import PartWriter, iter_manifest, manifest_num_rows, read_manifest, write_part, write_table
+
+
+def _rows(ids):
+    return {"sample_id": ids, "file": ["f"] * len(ids), "row": list(range(len(ids))), "status": ["ok"] * len(ids),
+            "error": [None] * len(ids)}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    rng = np.random.default_rng(0)
+    ids = sorted(f"{x:016x}" for x in rng.integers(0, 2**63, 5000))
+    for r, (a, b) in enumerate([(0, 1000), (1000, 3500), (3500, 5000)]):   # contiguous slices: canonical as is
+        write_part(_rows(ids[a:b]), d / "ordered" / "image_embeddings" / f"part-{r:05d}.parquet", "image_embeddings")
+    perm = rng.permutation(5000)                                             # interleaved: needs a sort
+    for r in range(3):
+        write_part(_rows([ids[i] for i in perm[r::3]]), d / "mixed" / "image_embeddings" / f"part-{r:05d}.parquet",
+                   "image_embeddings")
+    return d
+
+
+@pytest.mark.parametrize("step", ["ordered", "mixed"])
+@pytest.mark.parametrize("lo,hi,batch", [(0, 5000, 333), (17, 4000, 1000), (999, 1001, 7), (4999, 5000, 10),
+                                         (10, 10, 5), (4000, 9000, 4096)])
+def test_iter_manifest_is_the_canonical_slice_in_bounded_batches(run, step, lo, hi, batch):
+    ref = read_manifest(run, "image_embeddings", step=step)
+    assert manifest_num_rows(run, "image_embeddings", step=step) == ref.num_rows
+    batches = list(iter_manifest(run, "image_embeddings", step=step, lo=lo, hi=hi, batch_rows=batch))
+    assert all(0 < b.num_rows <= batch for b in batches)
+    got = pa.Table.from_batches(batches, schema=ref.schema)
+    assert got.equals(ref.slice(lo, min(hi, 5000) - lo))
+    sub = ref.select(["row", "sample_id"])
+    cols = list(iter_manifest(run, "image_embeddings", step=step, columns=["row", "sample_id"], lo=lo, hi=hi))
+    assert pa.Table.from_batches(cols, schema=sub.schema).equals(sub.slice(lo, min(hi, 5000) - lo))
+
+
+def test_iter_manifest_refuses_an_unsorted_part(tmp_path):
+    ids = [f"{x:016x}" for x in (5, 3, 9)]
+    write_table(pa.table(_rows(ids)).cast(schema_for("image_embeddings")),
+                tmp_path / "s" / "image_embeddings" / "part-00000.parquet")
+    with pytest.raises(ManifestSchemaError, match="not in sample_id order"):
+        list(iter_manifest(tmp_path, "image_embeddings"))
+
+
+@pytest.mark.parametrize("n", [0, 10, 1000, 2500])
+def test_part_writer_writes_the_bytes_of_write_part(run, tmp_path, monkeypatch, n):
+    import manifests.io as io
+
+    monkeypatch.setitem(io.PARQUET_OPTS, "row_group_size", 1000)   # several row groups at test size
+    t = read_manifest(run, "image_embeddings", step="ordered").slice(0, n)
+    write_part(t, tmp_path / "a.parquet", "image_embeddings")
+    with PartWriter(tmp_path / "b.parquet", "image_embeddings") as w:
+        for s in range(0, n, 333):
+            w.write(t.slice(s, min(333, n - s)))
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+
+
+def test_part_writer_leaves_nothing_when_the_task_fails(tmp_path):
+    with pytest.raises(RuntimeError):
+        with PartWriter(tmp_path / "p.parquet", "image_embeddings") as w:
+            w.write(_rows(["00"]))
+            raise RuntimeError("task died")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ManifestSchemaError):
+        PartWriter(tmp_path / "p.parquet", "image_embeddings").write(pa.table({"sample_id": ["a"]}))
