@@ -104,11 +104,50 @@ class LengthsConfig:
         return ImageTokenConfig(self.patch_size, self.merge_size, self.min_pixels, self.max_pixels)
 
 
+def slice_range(task: TaskContext, steps: list[str]) -> tuple[list[int], int, int]:
+    """Rows per ``samples`` manifest of ``steps`` (from the footers) and this rank's [lo, hi) of their
+    concatenation."""
+    from manifests.io import manifest_num_rows
+
+    sizes = []
+    for step in steps:
+        try:
+            sizes.append(manifest_num_rows(task.run_dir, "samples", step))
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{e} (lengths.samples_steps names {step!r})") from None
+    lo, hi = slice_bounds(sum(sizes), task.rank, task.world_size)
+    return sizes, lo, hi
+
+
+def iter_slice_batches(task: TaskContext, steps: list[str], columns: list[str] | None = None,
+                       batch_rows: int = 65536):
+    """This rank's contiguous slice of the ``samples`` manifests of ``steps`` concatenated in that
+    order (each in canonical order), streamed as record batches: the row counts come from the Parquet
+    footers and only the slice's row groups are read (``manifests.io.iter_manifest``), so a task never
+    holds the corpus — it used to read every manifest whole and then slice it (4.8 GiB per task at 1M
+    samples, bench/results/bench_scale.txt)."""
+    from manifests.io import iter_manifest
+
+    sizes, lo, hi = slice_range(task, steps)
+    base = 0
+    for step, n in zip(steps, sizes):
+        a, b = max(lo - base, 0), min(hi - base, n)
+        if a < b:
+            yield from iter_manifest(task.run_dir, "samples", step, columns, a, b, batch_rows)
+        base += n
+
+
 def read_samples(task: TaskContext, steps: list[str], columns: list[str] | None = None, whole: bool = False):
     """The ``samples`` manifests of ``steps`` concatenated in that order (each in canonical order):
-    this rank's contiguous slice, or all of it (``whole``)."""
+    this rank's contiguous slice (streamed, ``iter_slice_batches``), or all of it (``whole``)."""
     import pyarrow as pa
 
+    from manifests.schemas import schema_for
+
+    if not whole:
+        schema = schema_for("samples")
+        out = pa.schema([schema.field(c) for c in (columns or schema.names)])
+        return pa.Table.from_batches(list(iter_slice_batches(task, steps, columns)), schema=out)
     tables = []
     for step in steps:
         try:
@@ -214,12 +253,34 @@ def _store(cols: dict, rows: np.ndarray, c) -> None:
 def run(cfg: LengthsConfig, task: TaskContext) -> None:
     from packing.tokens import load_tokenizer
 
-    samples = training_samples(task, cfg, SAMPLE_COLUMNS)
+    import pyarrow as pa
+
+    from packing import caption_source
+
     tok = load_tokenizer(cfg.tokenizer)
-    with task.stats.timer("lengths"), task.progress(samples.num_rows, unit="samples") as bar:
-        cols = compute_lengths(samples, cfg, tok, task.stats, progress=bar.update)
-    task.stats.inc("samples", samples.num_rows)
+    _, lo, hi = slice_range(task, cfg.samples_steps)
+    if caption_source.parse(cfg.caption_source)[0] != "raw":     # recaptions are joined over the slice
+        batches = [training_samples(task, cfg, SAMPLE_COLUMNS)]
+    else:                                                      # raw: one batch of samples at a time
+        batches = (caption_source.apply(task, pa.Table.from_batches([b]), cfg)
+                   for b in iter_slice_batches(task, cfg.samples_steps, SAMPLE_COLUMNS))
+    cols, n = None, 0
+    with task.stats.timer("lengths"), task.progress(hi - lo, unit="samples") as bar:
+        for samples in batches:
+            got = compute_lengths(samples, cfg, tok, task.stats, progress=bar.update)
+            cols = got if cols is None else {k: _concat(cols[k], got[k]) for k in cols}
+            n += samples.num_rows
+    if cols is None:                                           # an empty slice still writes its (empty) part
+        cols = compute_lengths(caption_source.apply(task, read_samples(task, cfg.samples_steps, SAMPLE_COLUMNS),
+                                                    cfg), cfg, tok, task.stats)
+    task.stats.inc("samples", n)
     task.write_part("lengths", cols)
+
+
+def _concat(a, b):
+    import numpy as np
+
+    return a + b if isinstance(a, list) else np.concatenate([a, b])
 
 
 STEP = Step("lengths", LengthsConfig, run, inputs=("samples",), outputs=("lengths",), check=LengthsConfig.check,
