@@ -133,7 +133,7 @@ def manifest_num_rows(run_dir: str | os.PathLike, kind: str, step: str | None = 
     return sum(pq.ParquetFile(f).metadata.num_rows for f in manifest_files(run_dir, kind, step))
 
 
-def _parts_in_canonical_order(files: list[Path], kind: str) -> bool:
+def parts_in_canonical_order(files: list[Path], kind: str) -> bool:
     """Whether reading the parts one after another already gives canonical order, judged from the
     footers: the first sort key's min/max per row group must strictly increase from one row group
     (and part) to the next. Within a row group the writer's contract holds (``write_part`` sorts;
@@ -177,7 +177,7 @@ def iter_manifest(run_dir: str | os.PathLike, kind: str, step: str | None = None
     hi = total if hi is None else min(hi, total)
     if hi <= lo:
         return
-    if _parts_in_canonical_order(files, kind):
+    if parts_in_canonical_order(files, kind):
         yield from _iter_ordered_parts(files, counts, kind, columns, out_schema, lo, hi, batch_rows)
     else:
         yield from _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows)

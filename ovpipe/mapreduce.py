@@ -85,27 +85,6 @@ def iter_share(files: list[Path], kind: str, columns: list[str], rank: int, worl
                 pos += batch.num_rows
 
 
-def parts_in_canonical_order(files: list[Path], key: str) -> bool:
-    """Whether the parts, read one after another, are already in canonical order — judged from the
-    footers: ``key``'s min/max per row group strictly increase from one row group (and part) to the
-    next (a step that slices a canonical input and sorts its part, like ``assign``, writes them so)."""
-    import pyarrow.parquet as pq
-
-    last = None
-    for f in files:
-        md = pq.ParquetFile(f).metadata
-        col = md.schema.to_arrow_schema().get_field_index(key)
-        for g in range(md.num_row_groups):
-            rg = md.row_group(g)
-            if rg.num_rows == 0:
-                continue
-            st = rg.column(col).statistics
-            if st is None or not st.has_min_max or (last is not None and not last < st.min):
-                return False
-            last = st.max
-    return True
-
-
 def iter_canonical_share(run_dir: Path, kind: str, columns: list[str], rank: int, world_size: int,
                          step: str | None = None, batch_rows: int = BATCH_ROWS) -> Iterator:
     """Rank ``rank``'s contiguous slice of ``kind`` in canonical order (``read_manifest(...).slice``),
@@ -114,12 +93,12 @@ def iter_canonical_share(run_dir: Path, kind: str, columns: list[str], rank: int
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from manifests.io import iter_manifest, manifest_files
+    from manifests.io import iter_manifest, manifest_files, parts_in_canonical_order
     from manifests.schemas import SORT_KEYS, ManifestSchemaError
 
     files = manifest_files(run_dir, kind, step)
     key = SORT_KEYS[kind][0]
-    if not parts_in_canonical_order(files, key):
+    if not parts_in_canonical_order(files, kind):
         from ovpipe.step import slice_bounds
 
         n = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
