@@ -9,6 +9,7 @@ and the finalize; a redone reduce whose artifact comes out different makes every
 pending again (their markers hold the old digest); a (re)run apply rank invalidates the finalize."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -71,6 +72,7 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
     marker = runfolder.RunningMarker(sdir, rank, phase=phase)
     try:
         marker.__enter__()   # running/{rank}: pid/host/Slurm job + heartbeat, removed at the end
+        _reset_peak_rss()    # a pool worker runs several tasks: each records its own peak
         # Its input steps must still be finalized with the config this step was prepared on.
         runfolder.check_inputs_current(run_dir, sdir)
         if phase == "apply":
@@ -96,6 +98,7 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         t0 = time.perf_counter()
         (step.run if phase == "map" else step.apply)(cfg, task)
         task.stats.timings["total" if phase == "map" else "apply"] += time.perf_counter() - t0
+        _record_peak_rss(task, runfolder.rank_name(rank, phase))
         if _should_fail(name if phase == "map" else f"{name}/apply", rank):
             raise RuntimeError(f"injected failure ({FAIL_ENV}) in {who}")
         stats = task.stats.to_dict()
@@ -118,6 +121,23 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         handler.close()
 
 
+def _reset_peak_rss() -> None:
+    """Reset this process's VmHWM to its current RSS (Linux ``clear_refs`` 5), so the peak a task
+    records is its own and not an earlier task's in the same pool worker."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _record_peak_rss(task: TaskContext, who: str) -> None:
+    """``info["peak_rss_bytes/<rank or reduce>"]`` in the task's stats (merged into ``stats.json``):
+    what each task of a step needed, for sizing the cluster's memory per task."""
+    from ovpipe.mapreduce import vmhwm_bytes
+
+    peak = vmhwm_bytes()
+    if peak is not None:
+        task.stats.info[f"peak_rss_bytes/{who}"] = peak
+
+
 def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) -> str:
     """Once, after every map rank: the step's ``reduce`` (partials → ``reduced/``), then the
     ``completions/reduced`` marker with the artifact's digest. A no-op when already reduced.
@@ -137,6 +157,7 @@ def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) ->
     marker = runfolder.RunningMarker(sdir, 0, phase="reduce")
     try:
         marker.__enter__()
+        _reset_peak_rss()
         runfolder.check_inputs_current(run_dir, sdir)
         # A restarted reduce (a requeued Slurm job): drop what a killed earlier try left in reduced/.
         for leftover in (sdir / "reduced").glob(".tmp-*") if (sdir / "reduced").is_dir() else []:
@@ -147,6 +168,7 @@ def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) ->
         t0 = time.perf_counter()
         step.reduce(cfg, task)
         task.stats.timings["reduce"] += time.perf_counter() - t0
+        _record_peak_rss(task, "reduce")
         save_json(sdir / "stats" / "reduce.json", task.stats.to_dict())
         digest = runfolder.mark_reduced(sdir)
         logging.getLogger("ovpipe").info("reduce %s done: digest %s", name, digest)

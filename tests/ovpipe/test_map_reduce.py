@@ -171,3 +171,22 @@ def test_apply_rank_refuses_without_the_reduce(tmp_path):
     (run / "balance" / "completions" / "reduced").unlink()
     with pytest.raises(TaskFailed, match="reduce has not run"):
         run_task("balance", run, 0, 2, phase="apply")
+
+
+def test_every_task_records_its_peak_memory(tmp_path):
+    """stats.json says what each map rank, the reduce and each apply rank needed (VmHWM, reset at the
+    start of each task so a pool worker's earlier tasks do not count) — the figure to size a
+    cluster's memory per task."""
+    import json
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("VmHWM is Linux's")
+    run = tmp_path / "run"
+    write_corpus(run)
+    assert main(["balance", "--run-dir", str(run), "--tasks", "2", "--workers", "2", "--quiet"]) == 0
+    info = json.loads((run / "balance" / "stats.json").read_text())["info"]
+    keys = {"peak_rss_bytes/00000", "peak_rss_bytes/00001", "peak_rss_bytes/reduce",
+            "peak_rss_bytes/apply-00000", "peak_rss_bytes/apply-00001"}
+    assert keys <= set(info)
+    assert all(10 * 2**20 < info[k] < 4 * 2**30 for k in keys)
