@@ -243,11 +243,16 @@ class PartWriter:
     ``kind``'s schema and buffered to whole row groups (``PARQUET_OPTS``), so the file holds the same
     bytes ``write_part`` gives for the concatenated rows. Rows must arrive in canonical order (no sort
     here). Written to a temp name, renamed on a clean ``close``; an exception inside ``with`` removes it.
+
+    ``row_group_rows``: smaller row groups than ``write_part``'s 1M, for an apply phase whose memory
+    must stay one batch (the writer, and Parquet's dictionary encoder, hold a row group); the rows, and
+    so the merged manifest, are the same, only the file's row-group layout differs.
     """
 
-    def __init__(self, path: str | os.PathLike, kind: str):
+    def __init__(self, path: str | os.PathLike, kind: str, row_group_rows: int | None = None):
         self.path = Path(path)
         self.kind = kind
+        self.group = row_group_rows or PARQUET_OPTS["row_group_size"]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".tmp-{os.getpid()}-{self.path.name}")
         self._writer: pq.ParquetWriter | None = None
@@ -260,7 +265,7 @@ class PartWriter:
         self._buffer.append(table)
         self._buffered += table.num_rows
         self.rows += table.num_rows
-        group = PARQUET_OPTS["row_group_size"]
+        group = self.group
         while self._buffered >= group:
             whole = pa.concat_tables(self._buffer)
             self._flush(whole.slice(0, group))
@@ -271,7 +276,7 @@ class PartWriter:
         if self._writer is None:
             opts = {k: v for k, v in PARQUET_OPTS.items() if k != "row_group_size"}
             self._writer = pq.ParquetWriter(self.tmp, table.schema, **opts)
-        self._writer.write_table(table.combine_chunks(), row_group_size=PARQUET_OPTS["row_group_size"])
+        self._writer.write_table(table.combine_chunks(), row_group_size=self.group)
 
     def close(self) -> Path:
         if self._buffered or self._writer is None:   # the tail, or an empty part (schema only)

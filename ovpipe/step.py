@@ -253,14 +253,9 @@ class TaskContext:
 
     def part_writer(self, kind: str, row_group_rows: int | None = None):
         """A streaming writer of this rank's part of ``kind`` (``with task.part_writer(k) as w: w.write(t)``);
-        rows must come in canonical order. Default: ``manifests.io.PartWriter`` (``write_part``'s bytes,
-        1M-row row groups); with ``row_group_rows``, ``mapreduce.PartWriter`` (smaller row groups, so the
-        task holds that many rows at most — an apply phase whose memory must stay flat)."""
-        if row_group_rows is None:
-            from manifests.io import PartWriter
-
-            return PartWriter(self.part_path(kind), kind)
-        from ovpipe.mapreduce import PartWriter
+        rows must come in canonical order. ``manifests.io.PartWriter``: ``write_part``'s bytes with its
+        1M-row row groups, or ``row_group_rows`` (an apply phase whose memory must stay flat)."""
+        from manifests.io import PartWriter
 
         return PartWriter(self.part_path(kind), kind, row_group_rows)
 

@@ -72,3 +72,21 @@ def test_part_writer_leaves_nothing_when_the_task_fails(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ManifestSchemaError):
         PartWriter(tmp_path / "p.parquet", "image_embeddings").write(pa.table({"sample_id": ["a"]}))
+
+
+def test_part_writer_with_small_row_groups_keeps_the_rows(tmp_path):
+    """``row_group_rows`` (an apply phase's flat memory): same rows as ``write_part``, smaller groups."""
+    import pyarrow.parquet as pq
+
+    from manifests.io import PartWriter, read_part, write_part
+
+    n = 1000
+    data = {"sample_id": [f"{i:016x}" for i in range(n)], "concept_ids": [[i % 7, i % 11] for i in range(n)],
+            "scores": [[0.5, 0.25] for _ in range(n)]}
+    ref = write_part(data, tmp_path / "ref.parquet", "assignments")
+    with PartWriter(tmp_path / "small.parquet", "assignments", row_group_rows=128) as w:
+        for lo in range(0, n, 300):
+            w.write({k: v[lo:lo + 300] for k, v in data.items()})
+    md = pq.ParquetFile(tmp_path / "small.parquet").metadata
+    assert md.num_row_groups == 8 and max(md.row_group(g).num_rows for g in range(8)) == 128
+    assert read_part(tmp_path / "small.parquet", "assignments").equals(read_part(ref, "assignments"))
