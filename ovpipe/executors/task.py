@@ -138,10 +138,8 @@ def _record_peak_rss(task: TaskContext, who: str) -> None:
         task.stats.info[f"peak_rss_bytes/{who}"] = peak
 
 
-def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) -> str:
-    """Once, after every map rank: the step's ``reduce`` (partials → ``reduced/``), then the
-    ``completions/reduced`` marker with the artifact's digest. A no-op when already reduced.
-    Returns the digest."""
+def _after_map_ranks(step_name: str, run_dir, name: str | None):
+    """The step, its folder and ``executor.json`` — refused while a map rank is not complete."""
     run_dir = Path(run_dir)
     step = get_step(step_name)
     name = name or step_name
@@ -150,6 +148,14 @@ def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) ->
     pending = runfolder.pending_ranks(sdir, meta["tasks"])
     if pending:
         raise TaskFailed(f"{name}: map ranks {pending} are not complete; rerun the step to finish them")
+    return run_dir, step, name, sdir, meta
+
+
+def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) -> str:
+    """Once, after every map rank: the step's ``reduce`` (partials → ``reduced/``), then the
+    ``completions/reduced`` marker with the artifact's digest. A no-op when already reduced.
+    Returns the digest."""
+    run_dir, step, name, sdir, meta = _after_map_ranks(step_name, run_dir, name)
     digest = runfolder.reduce_digest(sdir)
     if digest is not None:
         return digest
@@ -188,14 +194,7 @@ def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) ->
 
 def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) -> dict:
     """After every rank is done: the step's global ``finalize`` (once), then merged stats."""
-    run_dir = Path(run_dir)
-    step = get_step(step_name)
-    name = name or step_name
-    sdir = run_dir / name
-    meta = json.loads((sdir / "executor.json").read_text())
-    pending = runfolder.pending_ranks(sdir, meta["tasks"])
-    if pending:
-        raise TaskFailed(f"{name}: ranks {pending} are not complete; rerun the step to finish them")
+    run_dir, step, name, sdir, meta = _after_map_ranks(step_name, run_dir, name)
     if step.apply is not None:
         if not runfolder.is_reduced(sdir):
             raise TaskFailed(f"{name}: the reduce has not run; rerun the step")
