@@ -36,20 +36,28 @@ _VIT_LAYER = {"layer_norm1": "norm1", "layer_norm2": "norm2", "self_attn.out_pro
               "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
 
 
+def _vision_names(recipe: Recipe):
+    """(our name, published name) of every tower and merger tensor that maps one to one (the fused
+    ``attn.qkv`` is the one that does not): one table for both directions."""
+    yield "vision.embeddings.patch_embedding.weight", "visual.patch_embed.proj.weight"
+    yield "vision.embeddings.class_embedding", "visual.class_embedding"
+    yield "vision.class_pos_emb", "visual.class_pos_emb"
+    for p in ("weight", "bias"):
+        yield f"vision.pre_layrnorm.{p}", f"visual.pre_layernorm.{p}"
+        for i in range(recipe.vit.num_layers):
+            for a, b in _VIT_LAYER.items():
+                yield f"vision.encoder.layers.{i}.{a}.{p}", f"visual.blocks.{i}.{b}.{p}"
+        for m in ("ln_q", "mlp.0", "mlp.2"):
+            yield f"projector.{m}.{p}", f"visual.merger.{m}.{p}"
+
+
 def published_state_dict(ours: dict[str, torch.Tensor], recipe: Recipe) -> dict[str, torch.Tensor]:
     """Our full (TP=1) VLM state dict → the published on-disk names (every tensor contiguous)."""
-    out = {"visual.patch_embed.proj.weight": ours["vision.embeddings.patch_embedding.weight"],
-           "visual.class_embedding": ours["vision.embeddings.class_embedding"],
-           "visual.class_pos_emb": ours["vision.class_pos_emb"]}
+    out = {pub: ours[mine] for mine, pub in _vision_names(recipe)}
     for p in ("weight", "bias"):
-        out[f"visual.pre_layernorm.{p}"] = ours[f"vision.pre_layrnorm.{p}"]
         for i in range(recipe.vit.num_layers):
-            src, dst = f"vision.encoder.layers.{i}.", f"visual.blocks.{i}."
-            for a, b in _VIT_LAYER.items():
-                out[f"{dst}{b}.{p}"] = ours[f"{src}{a}.{p}"]
-            out[f"{dst}attn.qkv.{p}"] = torch.cat([ours[f"{src}self_attn.{x}_proj.{p}"] for x in "qkv"])
-        for m in ("ln_q", "mlp.0", "mlp.2"):
-            out[f"visual.merger.{m}.{p}"] = ours[f"projector.{m}.{p}"]
+            out[f"visual.blocks.{i}.attn.qkv.{p}"] = torch.cat(
+                [ours[f"vision.encoder.layers.{i}.self_attn.{x}_proj.{p}"] for x in "qkv"])
     llm = {k.removeprefix("llm."): v for k, v in ours.items()
            if k.startswith("llm.") and not k.endswith("_extra_state")}
     out.update(megatron_to_qwen3(llm, recipe.llm))
@@ -70,19 +78,11 @@ def to_ours(hf: dict[str, torch.Tensor], recipe: Recipe) -> dict[str, torch.Tens
     missing = [k for k in ("visual.patch_embed.proj.weight", "model.embed_tokens.weight") if k not in hf]
     if missing:
         raise KeyError(f"not a LLaVA-OneVision-1.5 checkpoint: no {missing}")
-    out = {"vision.embeddings.patch_embedding.weight": hf["visual.patch_embed.proj.weight"],
-           "vision.embeddings.class_embedding": hf["visual.class_embedding"],
-           "vision.class_pos_emb": hf["visual.class_pos_emb"]}
+    out = {mine: hf[pub] for mine, pub in _vision_names(recipe)}
     for p in ("weight", "bias"):
-        out[f"vision.pre_layrnorm.{p}"] = hf[f"visual.pre_layernorm.{p}"]
         for i in range(recipe.vit.num_layers):
-            src, dst = f"visual.blocks.{i}.", f"vision.encoder.layers.{i}."
-            for a, b in _VIT_LAYER.items():
-                out[f"{dst}{a}.{p}"] = hf[f"{src}{b}.{p}"]
-            for x, t in zip("qkv", hf[f"{src}attn.qkv.{p}"].chunk(3)):
-                out[f"{dst}self_attn.{x}_proj.{p}"] = t
-        for m in ("ln_q", "mlp.0", "mlp.2"):
-            out[f"projector.{m}.{p}"] = hf[f"visual.merger.{m}.{p}"]
+            for x, t in zip("qkv", hf[f"visual.blocks.{i}.attn.qkv.{p}"].chunk(3)):
+                out[f"vision.encoder.layers.{i}.self_attn.{x}_proj.{p}"] = t
     text = {k: v for k, v in hf.items() if k.startswith("model.") or k == "lm_head.weight"}
     if recipe.llm.tie_embeddings and "lm_head.weight" in text and \
             not torch.equal(text["lm_head.weight"], text["model.embed_tokens.weight"]):
