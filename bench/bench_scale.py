@@ -158,22 +158,32 @@ def _write_lengths(run: Path, u_sorted: np.ndarray, text, target, image, parts: 
     """The ``lengths`` manifest an ``parts``-task lengths step writes (canonical order), from counts."""
     import pyarrow as pa
 
+    def rows(a: int, b: int):
+        m = b - a
+        ids = _hex_ids(u_sorted[a:b])
+        const = lambda v, t: pa.array([v], t).take(pa.array(np.zeros(m, np.int64)))  # noqa: E731
+        return pa.table({"sample_id": ids, "source": const("web", pa.string()),
+                         "text_tokens": text[a:b], "image_tokens": image[a:b],
+                         "total_tokens": text[a:b] + image[a:b], "target_tokens": target[a:b],
+                         "turns_kept": np.full(m, 2, np.int32), "status": const("ok", pa.string()),
+                         "error": pa.nulls(m, pa.string()), "source_sample_id": ids})
+
+    _write_parts(run / "lengths" / "lengths", "lengths", len(u_sorted), parts, chunk, rows)
+
+
+def _write_parts(folder: Path, kind: str, n: int, parts: int, chunk: int, rows, done=None) -> None:
+    """``n`` rows in ``parts`` canonical parts (as a ``parts``-task step writes them), each streamed
+    ``chunk`` rows at a time: ``rows(a, b)`` gives rows [a, b), called in order; ``done(r, end)``
+    after part ``r``."""
     from manifests.io import PartWriter
 
-    n = len(u_sorted)
     bounds = np.linspace(0, n, parts + 1).astype(np.int64)
     for r in range(parts):
-        with PartWriter(run / "lengths" / "lengths" / f"part-{r:05d}.parquet", "lengths") as w:
+        with PartWriter(folder / f"part-{r:05d}.parquet", kind) as w:
             for a in range(bounds[r], bounds[r + 1], chunk):
-                b = min(a + chunk, bounds[r + 1])
-                m = b - a
-                ids = _hex_ids(u_sorted[a:b])
-                const = lambda v, t: pa.array([v], t).take(pa.array(np.zeros(m, np.int64)))  # noqa: E731
-                w.write(pa.table({"sample_id": ids, "source": const("web", pa.string()),
-                                  "text_tokens": text[a:b], "image_tokens": image[a:b],
-                                  "total_tokens": text[a:b] + image[a:b], "target_tokens": target[a:b],
-                                  "turns_kept": np.full(m, 2, np.int32), "status": const("ok", pa.string()),
-                                  "error": pa.nulls(m, pa.string()), "source_sample_id": ids}))
+                w.write(rows(a, min(a + chunk, bounds[r + 1])))
+        if done is not None:
+            done(r, int(bounds[r + 1]))
 
 
 def synthesise(run: Path, n: int, vocab: int, k: int, seed: int = 0, chunk: int = 1 << 20,
@@ -184,7 +194,7 @@ def synthesise(run: Path, n: int, vocab: int, k: int, seed: int = 0, chunk: int 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from manifests.io import PARQUET_OPTS, PartWriter, write_part
+    from manifests.io import PARQUET_OPTS, write_part
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -223,21 +233,20 @@ def synthesise(run: Path, n: int, vocab: int, k: int, seed: int = 0, chunk: int 
     # assignments: canonical order over all parts (an 8-task assign over canonical slices)
     order = np.sort(u)
     del u
-    bounds = np.linspace(0, n, assign_parts + 1).astype(np.int64)
-    for r in range(assign_parts):
-        with PartWriter(run / "assign" / "assignments" / f"part-{r:05d}.parquet", "assignments") as w:
-            for a in range(bounds[r], bounds[r + 1], chunk):
-                b = min(a + chunk, bounds[r + 1])
-                m = b - a
-                # Zipf(1.1) truncated to the vocabulary, by the inverse CDF of its continuous (Pareto) form
-                x = (1.0 - rng.random((m, k)) * (1.0 - (vocab + 1.0) ** -0.1)) ** -10.0
-                c = np.minimum(x.astype(np.int64) - 1, vocab - 1).astype(np.int32)
-                s = (rng.uniform(0.2, 0.4, (m, 1)) - 0.01 * np.arange(k)).astype(np.float32)   # descending
-                off = pa.array(np.arange(0, (m + 1) * k, k, dtype=np.int32))
-                w.write(pa.table({"sample_id": _hex_ids(order[a:b]),
-                                  "concept_ids": pa.ListArray.from_arrays(off, pa.array(c.ravel())),
-                                  "scores": pa.ListArray.from_arrays(off, pa.array(s.ravel()))}))
-        print(f"  assignments part {r}: {bounds[r + 1]:,}/{n:,} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    def assignments(a: int, b: int):
+        m = b - a
+        # Zipf(1.1) truncated to the vocabulary, by the inverse CDF of its continuous (Pareto) form
+        x = (1.0 - rng.random((m, k)) * (1.0 - (vocab + 1.0) ** -0.1)) ** -10.0
+        c = np.minimum(x.astype(np.int64) - 1, vocab - 1).astype(np.int32)
+        s = (rng.uniform(0.2, 0.4, (m, 1)) - 0.01 * np.arange(k)).astype(np.float32)   # descending
+        off = pa.array(np.arange(0, (m + 1) * k, k, dtype=np.int32))
+        return pa.table({"sample_id": _hex_ids(order[a:b]),
+                         "concept_ids": pa.ListArray.from_arrays(off, pa.array(c.ravel())),
+                         "scores": pa.ListArray.from_arrays(off, pa.array(s.ravel()))})
+
+    _write_parts(run / "assign" / "assignments", "assignments", n, assign_parts, chunk, assignments,
+                 done=lambda r, end: print(f"  assignments part {r}: {end:,}/{n:,} "
+                                           f"({time.perf_counter() - t0:.0f} s)", flush=True))
     del order
     sizes = {d: sum(f.stat().st_size for f in (run / d).rglob("*.parquet"))
              for d in ("ingest", "assign", "embed-concepts", "lengths") if (run / d).exists()}
