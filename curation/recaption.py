@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ovpipe.config import check_local_path, check_range, check_step_folder, looks_like_local_path
+from ovpipe.vlm_generate import check_backend_fields
 from ovpipe.step import Step, TaskContext, require_manifest, slice_bounds
 
 DEFAULT_PROMPTS = {
@@ -103,12 +104,7 @@ class RecaptionConfig:
                                  f"(got {self.scripts.get(lang)!r})")
             if lang not in self.min_length:
                 raise ValueError(f"min_length.{lang}: the shortest acceptable caption for {lang!r}")
-        if self.backend == "file" and not self.file:
-            raise ValueError("file: the JSONL of captions (backend=file)")
-        if self.backend != "file" and not self.model:
-            raise ValueError(f"model: a VLM folder or id (backend={self.backend})")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype: one of auto, float32, bfloat16, float16, got {self.dtype!r}")
+        check_backend_fields(self, "captions")
         if not self.samples_steps:
             raise ValueError("samples_steps must name at least one ingest step folder")
         for s in self.samples_steps:

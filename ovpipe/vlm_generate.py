@@ -36,6 +36,19 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal
 
 BACKENDS = ("vllm", "transformers", "file")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def check_backend_fields(cfg, file_is: str) -> None:
+    """The config fields every step on this backend shares (``rollout``, ``recaption``): ``file``
+    given for the file backend, ``model`` for the others, a known ``dtype`` — failing before any
+    work, naming the field. ``file_is``: what the file holds, for the message."""
+    if cfg.backend == "file" and not cfg.file:
+        raise ValueError(f"file: the JSONL of {file_is} (backend=file)")
+    if cfg.backend != "file" and not cfg.model:
+        raise ValueError(f"model: a VLM folder or model id (backend={cfg.backend})")
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype: one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
 
 
 @dataclass

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ovpipe.config import check_range
+from ovpipe.vlm_generate import check_backend_fields
 from ovpipe.step import Step, TaskContext
 
 TEMPLATES = {
@@ -59,12 +60,7 @@ class RolloutConfig:
         bad = [t for t in self.prompt_types if t not in TEMPLATES]
         if bad or not self.prompt_types:
             raise ValueError(f"prompt_types: unknown {bad}; choose from {sorted(TEMPLATES)}")
-        if self.backend == "file" and not self.file:
-            raise ValueError("file: the JSONL of rollouts (backend=file)")
-        if self.backend != "file" and not self.model:
-            raise ValueError(f"model: a model path or id (backend={self.backend})")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype: one of auto, float32, bfloat16, float16, got {self.dtype!r}")
+        check_backend_fields(self, "rollouts")
         check_range(self, "temperature", 0)
         check_range(self, "top_p", 0, 1, lo_open=True)
         check_range(self, "max_new_tokens", 1)
