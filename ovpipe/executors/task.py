@@ -66,13 +66,8 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
     name = name or step_name  # the step folder: a step can run twice in one run under two names
     sdir = run_dir / name
     who = f"{name} rank {rank}" if phase == "map" else f"{name} apply rank {rank}"
-    log_file = runfolder.log_path(sdir, rank, phase)
-    handler = _file_logger(log_file)
     log = logging.getLogger("ovpipe")
-    marker = runfolder.RunningMarker(sdir, rank, phase=phase)
-    try:
-        marker.__enter__()   # running/{rank}: pid/host/Slurm job + heartbeat, removed at the end
-        _reset_peak_rss()    # a pool worker runs several tasks: each records its own peak
+    with _task_scope(sdir, rank, phase, who):
         # Its input steps must still be finalized with the config this step was prepared on.
         runfolder.check_inputs_current(run_dir, sdir)
         if phase == "apply":
@@ -106,13 +101,26 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         runfolder.mark_done(sdir, rank, phase)
         log.info("done %s %s rank %d: %s", step_name, phase, rank, json.dumps(stats["counters"]))
         return stats
+
+
+@contextlib.contextmanager
+def _task_scope(sdir: Path, rank: int, phase: str, who: str):
+    """What every task of a step (a map or apply rank, the reduce) runs inside: its log file, its
+    ``running/`` marker (pid/host/Slurm job + heartbeat, removed at the end) and a fresh peak-memory
+    count; on an exception, the traceback in the log and ``failures/``, re-raised as ``TaskFailed``
+    (interrupts as they are) — the completion marker is then absent and a rerun redoes the task."""
+    log_file = runfolder.log_path(sdir, rank, phase)
+    handler = _file_logger(log_file)
+    marker = runfolder.RunningMarker(sdir, rank, phase=phase)
+    try:
+        marker.__enter__()
+        _reset_peak_rss()    # a pool worker runs several tasks: each records its own peak
+        yield
     except BaseException as e:
         tb = traceback.format_exc()
-        log.error("%s failed:\n%s", who, tb)
+        logging.getLogger("ovpipe").error("%s failed:\n%s", who, tb)
         runfolder.write_failure(sdir, rank, tb, phase)
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        if isinstance(e, TaskFailed):
+        if isinstance(e, (KeyboardInterrupt, SystemExit, TaskFailed)):
             raise
         raise TaskFailed(f"{who} failed: {e!r} (log: {log_file})") from e
     finally:
@@ -159,11 +167,7 @@ def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) ->
     digest = runfolder.reduce_digest(sdir)
     if digest is not None:
         return digest
-    handler = _file_logger(runfolder.log_path(sdir, 0, "reduce"))
-    marker = runfolder.RunningMarker(sdir, 0, phase="reduce")
-    try:
-        marker.__enter__()
-        _reset_peak_rss()
+    with _task_scope(sdir, 0, "reduce", f"{name} reduce"):
         runfolder.check_inputs_current(run_dir, sdir)
         # A restarted reduce (a requeued Slurm job): drop what a killed earlier try left in reduced/.
         for leftover in (sdir / "reduced").glob(".tmp-*") if (sdir / "reduced").is_dir() else []:
@@ -179,17 +183,6 @@ def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) ->
         digest = runfolder.mark_reduced(sdir)
         logging.getLogger("ovpipe").info("reduce %s done: digest %s", name, digest)
         return digest
-    except BaseException as e:
-        tb = traceback.format_exc()
-        logging.getLogger("ovpipe").error("reduce of %s failed:\n%s", name, tb)
-        runfolder.write_failure(sdir, 0, tb, "reduce")
-        if isinstance(e, (KeyboardInterrupt, SystemExit, TaskFailed)):
-            raise
-        raise TaskFailed(f"{name} reduce failed: {e!r} (log: {runfolder.log_path(sdir, 0, 'reduce')})") from e
-    finally:
-        marker.__exit__(None, None, None)
-        logging.getLogger().removeHandler(handler)
-        handler.close()
 
 
 def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) -> dict:
