@@ -67,6 +67,54 @@ def hex_ids_to_u64(ids) -> np.ndarray:
     return np.frombuffer(raw, dtype=">u8").astype(np.uint64)
 
 
+HEX_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def u64_to_hex(u: np.ndarray):
+    """uint64 → 16 lowercase hex characters each (the inverse of ``hex_ids_to_u64`` on canonical ids),
+    as one Arrow string array built from its buffers."""
+    import pyarrow as pa
+
+    u = np.ascontiguousarray(u, dtype=np.uint64)
+    b = u.astype(">u8").view(np.uint8).reshape(-1, 8)
+    out = np.empty((len(u), 16), np.uint8)
+    out[:, 0::2] = HEX_DIGITS[b >> 4]
+    out[:, 1::2] = HEX_DIGITS[b & 15]
+    offsets = np.arange(0, 16 * (len(u) + 1), 16, dtype=np.int32)
+    return pa.StringArray.from_buffers(len(u), pa.py_buffer(offsets), pa.py_buffer(out.tobytes()))
+
+
+def canonical_ids_to_u64(ids, what: str = "sample_id") -> np.ndarray:
+    """``hex_ids_to_u64`` for ids that must round-trip through ``u64_to_hex``: 16 *lowercase* hex
+    characters (xxh3-64 ``hexdigest``), so their uint64 order is their string (canonical) order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    if len(arr) and pc.any(pc.match_substring_regex(arr, "[A-F]")).as_py():
+        bad = arr.filter(pc.match_substring_regex(arr, "[A-F]"))[0].as_py()
+        raise ValueError(f"{what} {bad!r} is not lowercase hex (ids are xxh3-64 hexdigests)")
+    return hex_ids_to_u64(arr)
+
+
+def isin_sorted_ids(ids, sorted_u64: np.ndarray, values=None) -> np.ndarray:
+    """Which of ``ids`` (16-hex sample ids) are among ``sorted_u64`` (ascending): a binary search per
+    id, so a membership test of one batch against millions of ids builds no hash table. An id that
+    is not 16 hex characters is looked up in ``values`` (the same ids as strings) instead."""
+    import pyarrow.compute as pc
+
+    try:
+        u = hex_ids_to_u64(ids)
+    except ValueError:
+        if values is None:
+            return np.zeros(len(ids), bool)
+        return pc.is_in(ids, value_set=values).to_numpy(zero_copy_only=False)
+    if not len(sorted_u64):
+        return np.zeros(len(u), bool)
+    pos = np.minimum(np.searchsorted(sorted_u64, u), len(sorted_u64) - 1)
+    return sorted_u64[pos] == u
+
+
 @dataclass
 class Packing:
     """Bins as flat arrays: bin ``b`` holds items ``item[start[b]:start[b+1]]``."""
@@ -139,23 +187,13 @@ def bfd_histogram(counts: np.ndarray, capacity: int):
             np.array(glen, dtype=np.int64), np.array(gmult, dtype=np.int64))
 
 
-def pack(lengths: np.ndarray, capacity: int, keys: np.ndarray | None = None,
-         seed: int = 0, shuffle_bins: bool = True, refine_passes: int = 0) -> Packing:
-    """Pack items of ``lengths`` (1 ≤ L ≤ capacity) into bins of ``capacity``.
-
-    ``keys`` (uint64 per item) order items inside each length bucket (the mixing key);
-    default: item index. Bins are returned in a seeded random order (``shuffle_bins``).
-    ``refine_passes`` > 0 runs ``packing.refine.eject`` on BFD's bins (never adds a bin).
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    n = len(lengths)
-    if n == 0:
-        return Packing(capacity, np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    if lengths.min() < 1 or lengths.max() > capacity:
-        raise ValueError(f"lengths must be in [1, {capacity}], got [{lengths.min()}, {lengths.max()}]")
-    counts = np.bincount(lengths, minlength=capacity + 1)
+def bin_layout(counts: np.ndarray, capacity: int, refine_passes: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The bins of a length histogram ``count[L]``, before any item is placed: ``(bin_size, slot_len)``
+    — per bin its number of slots, and every slot's length, bin after bin (root first = longest first
+    unless refined). Depends only on the histogram: the part of the packing a map of per-slice
+    histograms would give (``packing.solve``)."""
+    counts = np.asarray(counts, dtype=np.int64)
     gk, gparent, glen, gmult = bfd_histogram(counts, capacity)
-
     # Expand final groups (k > 0) into per-bin slot patterns (root first = longest first).
     final = np.flatnonzero(gk > 0)
     patterns: list[np.ndarray] = []
@@ -171,38 +209,73 @@ def pack(lengths: np.ndarray, capacity: int, keys: np.ndarray | None = None,
         reps.append(int(gk[g]))
     sizes = np.array([len(p) for p in patterns], dtype=np.int64)
     reps_a = np.array(reps, dtype=np.int64)
-    n_bins = int(reps_a.sum())
     bin_size = np.repeat(sizes, reps_a)
-    slot_len = np.concatenate([np.tile(p, r) for p, r in zip(patterns, reps)])
+    slot_len = (np.concatenate([np.tile(p, r) for p, r in zip(patterns, reps)]) if patterns
+                else np.zeros(0, np.int64))
     if refine_passes:
         from packing.refine import eject
 
-        lb = lower_bound(lengths, capacity)
+        lb = -(-int(np.dot(np.arange(len(counts), dtype=np.int64), counts)) // capacity)
         for _ in range(refine_passes):
             before = len(bin_size)
             bin_size, slot_len = eject(bin_size, slot_len, capacity, lb)
             if len(bin_size) == before:
                 break
-        n_bins = len(bin_size)
-    assert len(slot_len) == n, (len(slot_len), n)
+    assert len(slot_len) == int(counts.sum()), (len(slot_len), int(counts.sum()))
+    return bin_size, slot_len
+
+
+def slot_fill_order(slot_len: np.ndarray, capacity: int) -> np.ndarray:
+    """Slots in the order items fill them: by length, then bin order (a stable sort). The j-th slot
+    of length L gets the j-th item of length L in key order. Lengths ≤ 65535 sort as uint16: numpy's
+    stable sort is then a radix sort (~5× faster)."""
+    return np.argsort(np.asarray(slot_len).astype(length_sort_type(capacity)), kind="stable")
+
+
+def length_sort_type(capacity: int):
+    return np.uint16 if capacity < 1 << 16 else np.int64
+
+
+def bin_permutation(n_bins: int, seed: int, shuffle_bins: bool = True) -> np.ndarray | None:
+    """The seeded bin order (``pack_id`` → bin), or None when bins keep their order."""
+    if shuffle_bins and n_bins > 1:
+        return np.random.default_rng(seed).permutation(n_bins)
+    return None
+
+
+def pack(lengths: np.ndarray, capacity: int, keys: np.ndarray | None = None,
+         seed: int = 0, shuffle_bins: bool = True, refine_passes: int = 0) -> Packing:
+    """Pack items of ``lengths`` (1 ≤ L ≤ capacity) into bins of ``capacity``.
+
+    ``keys`` (uint64 per item) order items inside each length bucket (the mixing key);
+    default: item index. Bins are returned in a seeded random order (``shuffle_bins``).
+    ``refine_passes`` > 0 runs ``packing.refine.eject`` on BFD's bins (never adds a bin).
+    ``packing.solve`` computes the same packing out of core, a partition of items at a time.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if n == 0:
+        return Packing(capacity, np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if lengths.min() < 1 or lengths.max() > capacity:
+        raise ValueError(f"lengths must be in [1, {capacity}], got [{lengths.min()}, {lengths.max()}]")
+    bin_size, slot_len = bin_layout(np.bincount(lengths, minlength=capacity + 1), capacity, refine_passes)
+    n_bins = len(bin_size)
 
     # Fill slots: the j-th slot of length L (in bin order) gets the j-th item of length L in key order.
-    # Lengths ≤ 65535 sort as uint16: numpy's stable sort is then a radix sort (~5× faster).
-    ltype = np.uint16 if capacity < 1 << 16 else np.int64
+    ltype = length_sort_type(capacity)
     if keys is None:
         by_key = np.arange(n, dtype=np.int64)
     else:
         by_key = np.argsort(np.asarray(keys, dtype=np.uint64), kind="stable")
     items_sorted = by_key[np.argsort(lengths[by_key].astype(ltype), kind="stable")]
-    slot_order = np.argsort(slot_len.astype(ltype), kind="stable")
     item = np.empty(n, dtype=np.int64)
-    item[slot_order] = items_sorted
+    item[slot_fill_order(slot_len, capacity)] = items_sorted
 
     start = np.zeros(n_bins + 1, dtype=np.int64)
     np.cumsum(bin_size, out=start[1:])
     load = np.add.reduceat(slot_len, start[:-1]) if n_bins else np.zeros(0, np.int64)
-    if shuffle_bins and n_bins > 1:
-        perm = np.random.default_rng(seed).permutation(n_bins)
+    perm = bin_permutation(n_bins, seed, shuffle_bins)
+    if perm is not None:
         sizes_p = bin_size[perm]
         new_start = np.zeros(n_bins + 1, dtype=np.int64)
         np.cumsum(sizes_p, out=new_start[1:])

@@ -83,79 +83,35 @@ class PackConfig:
             require_manifest(run_dir, "balanced", None, "copies_from: balanced")
 
 
-def packing_items(task: TaskContext, cfg: PackConfig):
-    """(sample_ids, lengths, copy_index, keys) of every item to pack (copies expanded)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from packing.binpack import GOLDEN, hex_ids_to_u64, splitmix64
-
-    lengths = task.read_input("lengths", step=cfg.lengths_step,
-                              columns=["sample_id", "source_sample_id", "total_tokens", "status"])
-    mask = pc.is_in(lengths.column("status"), value_set=pa.array(PACKABLE))
-    lengths = lengths.filter(mask)
-    sid = lengths.column("sample_id").combine_chunks()
-    if len(sid) > 1:  # canonical order puts equal ids side by side: keep the first of each
-        first = np.ones(len(sid), bool)
-        first[1:] = pc.not_equal(sid.slice(1), sid.slice(0, len(sid) - 1)).to_numpy(zero_copy_only=False)
-        if not first.all():
-            if task.rank == 0:
-                task.stats.inc("items/duplicate_sample_ids", int((~first).sum()))
-            lengths = lengths.filter(pa.array(first))
-            sid = lengths.column("sample_id").combine_chunks()
-    L = lengths.column("total_tokens").to_numpy().astype(np.int64)
-    copies = np.ones(len(L), np.int64)
-    if cfg.copies_from != "none":
-        kind, step = ("balanced", None) if cfg.copies_from == "balanced" else ("mixed", cfg.mix_step)
-        t = task.read_input(kind, step=step, columns=["sample_id", "copies"])
-        t = t.group_by("sample_id").aggregate([("copies", "sum")])  # mixed: one row per (sample, source)
-        # by source_sample_id: a recaptioned sample (packing.caption_source) gets its source's copies
-        src = lengths.column("source_sample_id").combine_chunks()
-        pos = pc.index_in(src, value_set=t.column("sample_id").combine_chunks())
-        got = pc.take(t.column("copies_sum").combine_chunks(), pos)
-        copies = pc.fill_null(got, 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    idx = np.repeat(np.arange(len(L)), copies)
-    copy_no = np.arange(len(idx)) - np.repeat(np.cumsum(copies) - copies, copies)
-    u = hex_ids_to_u64(sid)[idx]
-    with np.errstate(over="ignore"):
-        keys = splitmix64(u ^ splitmix64(np.uint64(cfg.seed) + copy_no.astype(np.uint64) * GOLDEN))
-    return sid, L, idx, keys
-
-
 def map_nothing(cfg: PackConfig, task: TaskContext) -> None:
-    """Map phase: nothing yet. The solve needs every item at once (the item → slot assignment is a
-    global sort by key within each length; docs/scale.md), so it runs once, in the reduce."""
+    """Map phase: nothing. The solve needs every item in one order (the item → slot assignment is a
+    global sort by key within each length), so it runs once, in the reduce — out of core
+    (``packing.solve``)."""
 
 
 def solve_once(cfg: PackConfig, task: TaskContext) -> None:
-    """Reduce: the whole packing, once (it used to run in every rank): every item, BFD on the length
-    histogram, the slot fill by key, the seeded bin order. Writes ``reduced/bin_start.npy`` and
-    ``bin_load.npy`` (per bin, pack_id order) and ``reduced/slots.parquet`` (sample_id, length of every
-    slot, bin after bin), so an apply rank reads only its pack range."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    """Reduce: the whole packing, once, streamed (``packing.solve``: memory ~32 bytes per item, the
+    items themselves on disk). Writes ``reduced/bin_start.npy`` and ``bin_load.npy`` (per bin, pack_id
+    order), ``reduced/slots.parquet`` (sample_id, length, turns_kept, source_sample_id of every slot,
+    bin after bin), so an apply rank reads only its pack range, and ``reduced/summary.npz`` (the length
+    histogram and the report's key-order sample) for ``finalize``."""
+    from ovpipe.mapreduce import save_arrays
+    from packing.solve import solve
 
-    from packing.binpack import lower_bound, pack
-
-    with task.stats.timer("solve"):
-        sid, L, idx, keys = packing_items(task, cfg)
-        P = pack(L[idx], cfg.seq_len, keys=keys, seed=cfg.seed, refine_passes=cfg.refine_passes)
-    task.stats.inc("items", len(idx))
-    task.stats.inc("bins", P.n_bins)
-    task.stats.inc("lower_bound", lower_bound(L[idx], cfg.seq_len))
-    task.stats.inc("tokens", int(L[idx].sum()))
     rdir = task.reduced_path("")
     rdir.mkdir(parents=True, exist_ok=True)
-    for name, arr in (("bin_start.npy", P.start), ("bin_load.npy", P.load)):
+    with task.stats.timer("solve"):
+        sol = solve(task, cfg, PACKABLE, rdir / "slots.parquet")
+    lb = -(-sol.tokens // cfg.seq_len)
+    task.stats.inc("items", sol.n_items)
+    task.stats.inc("bins", len(sol.bin_load))
+    task.stats.inc("lower_bound", lb)
+    task.stats.inc("tokens", sol.tokens)
+    for name, arr in (("bin_start.npy", sol.bin_start), ("bin_load.npy", sol.bin_load)):
         tmp = rdir / f".tmp-{os.getpid()}-{name}"
         np.save(tmp, np.asarray(arr, np.int64))
         os.replace(tmp, rdir / name)
-    items = idx[P.item]
-    slots = pa.table({"sample_id": pc.take(sid, pa.array(items)), "length": pa.array(L[items].astype(np.int32))})
-    tmp = rdir / f".tmp-{os.getpid()}-slots.parquet"
-    pq.write_table(slots, tmp, row_group_size=1 << 16, compression="zstd")
-    os.replace(tmp, rdir / "slots.parquet")
+    save_arrays(rdir / "summary.npz", counts=sol.counts, report_lengths=sol.report_lengths)
 
 
 def write_packs(cfg: PackConfig, task: TaskContext) -> None:
@@ -178,14 +134,13 @@ def write_packs(cfg: PackConfig, task: TaskContext) -> None:
             t = pf.read_row_group(g)
             parts.append(t.slice(max(a - row, 0), min(b, row + n) - max(a, row)))
         row += n
-    slots = pa.concat_tables(parts) if parts else pa.table({"sample_id": pa.array([], pa.string()),
-                                                            "length": pa.array([], pa.int32())})
+    slots = pa.concat_tables(parts) if parts else pf.schema_arrow.empty_table()
     table = packs_rows(slots.column("sample_id").combine_chunks(), slots.column("length").to_numpy(), offs, load,
                        lo, hi, pps)
     task.stats.inc("packs_written", hi - lo)
     if cfg.write_shards and hi > lo:
         with task.stats.timer("write_shards"):
-            write_pack_shards(task, cfg, table)
+            write_pack_shards(task, cfg, table, slots)
     task.write_part("packs", table)
 
 
@@ -250,32 +205,52 @@ def packs_rows(slot_sids, slot_lens, offs, load, lo: int, hi: int, packs_per_sha
     })
 
 
-def write_pack_shards(task: TaskContext, cfg: PackConfig, packs) -> None:
+def needed_samples(task: TaskContext, lcfg, need: set, sources) -> dict:
+    """``{sample_id: samples row}`` for the ids in ``need``: the ``samples`` manifests of
+    ``lcfg.samples_steps`` streamed a batch at a time, keeping only the rows of ``sources`` (the needed
+    samples' ``source_sample_id``s: a recaptioned sample is made from its source row), then
+    ``caption_source`` applied to those rows — what ``training_samples`` gives for these ids, holding
+    this rank's samples only."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from manifests.schemas import schema_for
+    from packing import caption_source
+    from packing.binpack import hex_ids_to_u64, isin_sorted_ids
+
+    cols = ["sample_id", "status", "conversation", "images"]
+    src = pc.unique(sources.combine_chunks() if isinstance(sources, pa.ChunkedArray) else sources)
+    src_u64 = np.sort(hex_ids_to_u64(src))
+    picked = []
+    for step in lcfg.samples_steps:
+        try:
+            for batch in task.iter_input_canonical("samples", cols, step=step):
+                hit = isin_sorted_ids(batch.column("sample_id"), src_u64, src)
+                if hit.any():
+                    picked.append(batch.filter(pa.array(hit)))
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{e} (lengths.samples_steps names {step!r})") from None
+    schema = pa.schema([schema_for("samples").field(c) for c in cols])
+    table = caption_source.apply(task, pa.Table.from_batches(picked, schema=schema), lcfg, count=False)
+    rows = {}
+    for r in table.filter(pc.equal(table.column("status"), "ok")).to_pylist():
+        if r["sample_id"] in need:
+            rows.setdefault(r["sample_id"], r)
+    return rows
+
+
+def write_pack_shards(task: TaskContext, cfg: PackConfig, packs, slots) -> None:
     from manifests.conversation import read_image
     from ovpipe.config import load_config
-    from packing.lengths import LengthsConfig, training_samples
+    from packing.lengths import LengthsConfig
     from packing.shards import write_shard
     from packing.tokens import encode_conversation, image_grid, load_tokenizer
 
     lcfg = load_config(LengthsConfig, json.loads((task.run_dir / cfg.lengths_step / "config.json").read_text()))
     img_cfg = lcfg.image_cfg()
     tok = load_tokenizer(lcfg.tokenizer)
-    need = pa.array(sorted({s for ids in packs.column("sample_ids").to_pylist() for s in ids}), pa.string())
-    lengths = task.read_input("lengths", step=cfg.lengths_step, columns=["sample_id", "turns_kept", "status"])
-    lengths = lengths.filter(pc.is_in(lengths.column("sample_id"), value_set=need))
-    kept_turns = {}
-    for s, k, st in zip(*(lengths.column(c).to_pylist() for c in ("sample_id", "turns_kept", "status"))):
-        if st in PACKABLE:
-            kept_turns.setdefault(s, k)
-    samples = training_samples(task, lcfg, ["sample_id", "status", "conversation", "images"], whole=True)
-    samples = samples.filter(pc.and_(pc.is_in(samples.column("sample_id"), value_set=need),
-                                     pc.equal(samples.column("status"), "ok")))
-    rows = {}
-    for r in samples.to_pylist():
-        rows.setdefault(r["sample_id"], r)
+    kept_turns = dict(zip(slots.column("sample_id").to_pylist(), slots.column("turns_kept").to_pylist()))
+    rows = needed_samples(task, lcfg, set(kept_turns), slots.column("source_sample_id"))
     entries, shard = [], None
     for p in packs.to_pylist():
         ids, mask, images, exts, grids, counts = [], [], [], [], [], []

@@ -16,23 +16,25 @@ def packing_report(cfg, task) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from packing.binpack import lower_bound, online_buffer_bins
-    from packing.pack import packing_items
+    from ovpipe.mapreduce import load_arrays
+    from packing.binpack import online_buffer_bins
 
-    sid, L, idx, keys = packing_items(task, cfg)
-    lens = L[idx]
-    packs = task.read_output("packs")
-    totals = packs.column("total_tokens").to_numpy()
+    # what the reduce kept of the items (packing.solve): the length histogram and the lengths of the
+    # first `report_max_samples` items in key order; the packs' loads in pack_id order
+    summary = load_arrays(task.reduced_path("summary.npz"))
+    counts = summary["counts"]
+    totals = np.load(task.reduced_path("bin_load.npy"))
     C = cfg.seq_len
-    n_items, tokens = len(lens), int(lens.sum())
-    lb = lower_bound(lens, C)
-    ours = padding_figures(lens, C, len(totals))
+    n_items, tokens = int(counts.sum()), int(np.dot(np.arange(len(counts), dtype=np.int64), counts))
+    lb = -(-tokens // C)
+    ours = {"bins": len(totals), "fill_rate": tokens / (len(totals) * C) if len(totals) else 0.0,
+            "padding_tokens": int(len(totals) * C - tokens)}
     pad_every = n_items * C - tokens                       # (a) every sample padded to seq_len
     fig = {"items": n_items, "tokens": tokens, "seq_len": C, "lower_bound": lb, **ours,
            "bins_over_lower_bound": ours["bins"] / lb if lb else 1.0,
            "padding_vs_pad_to_seq_len": pad_every / max(ours["padding_tokens"], 1)}
     # (b) online rolling-buffer packers, on the items in input (key) order
-    sub = lens[np.argsort(keys, kind="stable")][: cfg.report_max_samples]
+    sub = summary["report_lengths"]
     sub_ours_pad = None
     online = {}
     for B in cfg.report_buffers:

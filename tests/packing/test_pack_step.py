@@ -116,7 +116,7 @@ def test_task_count_does_not_change_packs(packed_run, tmp_path, tasks):
     # issue 13: the packing is solved once (the reduce), each apply rank writes its pack range from it
     assert json.loads((run / "pack" / "executor.json").read_text())["phases"] == ["map", "reduce", "apply"]
     assert sorted(p.name for p in (run / "pack" / "reduced").iterdir()) == ["bin_load.npy", "bin_start.npy",
-                                                                            "slots.parquet"]
+                                                                            "slots.parquet", "summary.npz"]
     assert sorted(p.name for p in (run / "pack" / "completions").iterdir() if p.name.startswith("apply-")) == \
         [f"apply-{r:05d}" for r in range(tasks)]
 

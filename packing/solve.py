@@ -1,0 +1,306 @@
+"""``pack``'s reduce at corpus scale: exactly ``binpack.pack``'s packing, with the items on disk.
+
+``binpack.pack`` holds every item (its id, length, key and several N-long sort permutations): 9.8 GiB
+at 40M items, an out-of-memory kill at the recipe's 85M. The packing itself needs much less:
+
+* the **bins** depend only on the length histogram (``binpack.bin_layout``: BFD + refine), and the bin
+  order only on the seed (``binpack.bin_permutation``);
+* the **item → slot assignment** is "the j-th slot of length L, in bin order, gets the j-th item of
+  length L in (key, item index) order" — a global sort of the items by ``(L, key, index)``.
+
+So the reduce streams ``lengths`` once in canonical order (only the columns it needs, one batch at a
+time: ``TaskContext.iter_input_canonical``), drops non-packable rows and repeated ``sample_id``s,
+expands ``balanced`` / ``mixed`` copies (looked up by ``source_sample_id`` in a sorted id array),
+computes each copy's key, and appends one 32-byte record per item to a spill file, counting the
+histogram as it goes. Then it sorts out of core by **partitioning**: every partition is a range of
+whole lengths, or — for a length with more items than fit one partition — one length and a range of
+the key's top bits (keys are seeded hashes, so the ranges split it evenly). Partitions in order are
+the global ``(L, key)`` order, and within one the records keep their stream (= item index) order, so
+two stable sorts inside it give exactly ``pack``'s tie-breaks. One pass scatters the spill into the
+partition files; each partition is then loaded alone, sorted, and its items are written to their
+final slots (``slot_fill_order`` composed with the bin permutation).
+
+Memory: the per-slot results (``sample_id``, ``source_sample_id``, length, turns kept) and the slot →
+position map, 32 bytes per item (2.7 GB at 85M), plus one partition (``OVPIPE_PACK_PART_ITEMS``,
+default 4M items, ~130 MB sorted) and per-bin arrays. Disk: 2 × 32 bytes per item under ``reduced/``,
+removed at the end. The output is identical to ``binpack.pack`` on the same items
+(``tests/packing/test_pack_solve.py``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ITEM = np.dtype([("L", "<u4"), ("turns", "<i4"), ("key", "<u8"), ("sid", "<u8"), ("src", "<u8")])
+SLOT = np.dtype([("L", "<u4"), ("turns", "<i4"), ("sid", "<u8"), ("src", "<u8")])
+PART_ITEMS = 1 << 22       # items per partition (OVPIPE_PACK_PART_ITEMS)
+CHUNK = 1 << 20            # records per scatter / position chunk
+
+
+def part_items() -> int:
+    return max(int(os.environ.get("OVPIPE_PACK_PART_ITEMS", PART_ITEMS)), 1)
+
+
+@dataclass
+class Solution:
+    n_items: int
+    tokens: int
+    counts: np.ndarray       # int64[capacity + 1]: items per length
+    bin_start: np.ndarray    # int64[n_bins + 1], pack_id order
+    bin_load: np.ndarray     # int64[n_bins], pack_id order
+    report_lengths: np.ndarray  # lengths of the (report_max) items of smallest (key, index), in that order
+
+
+# --------------------------------------------------------------------------------- item stream
+
+def copies_lookup(task, kind: str, step: str | None):
+    """``(ids, copies)``: the ``sample_id``s of ``kind`` (``balanced`` / ``mixed``) with a nonzero sum of
+    ``copies``, as ascending uint64, streamed (a sample's rows are adjacent in canonical order)."""
+    import pyarrow.compute as pc
+
+    from packing.binpack import canonical_ids_to_u64
+
+    ids, cps = [], []
+    for batch in task.iter_input_canonical(kind, ["sample_id", "copies"], step=step):
+        c = pc.fill_null(batch.column("copies"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        nz = np.flatnonzero(c)
+        if len(nz):
+            u = canonical_ids_to_u64(batch.column("sample_id"), f"{kind}.sample_id")
+            ids.append(u[nz])
+            cps.append(c[nz])
+    if not ids:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    u, c = np.concatenate(ids), np.concatenate(cps)
+    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
+    u, c = u[starts], np.add.reduceat(c, starts)
+    keep = c != 0
+    return u[keep], c[keep]
+
+
+def iter_items(task, cfg, packable: tuple[str, ...]):
+    """The items to pack, in item-index order (canonical ``lengths`` order, copies side by side), as
+    ``ITEM`` record arrays — one ``lengths`` batch at a time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from packing.binpack import GOLDEN, canonical_ids_to_u64, splitmix64
+
+    lookup = None
+    if cfg.copies_from != "none":
+        kind, step = ("balanced", None) if cfg.copies_from == "balanced" else ("mixed", cfg.mix_step)
+        lookup = copies_lookup(task, kind, step)
+    last, dups = None, 0
+    seed = np.uint64(cfg.seed)
+    cols = ["sample_id", "source_sample_id", "total_tokens", "turns_kept", "status"]
+    for batch in task.iter_input_canonical("lengths", cols, step=cfg.lengths_step):
+        batch = batch.filter(pc.is_in(batch.column("status"), value_set=pa.array(packable)))
+        if not batch.num_rows:
+            continue
+        sid = batch.column("sample_id")
+        first = np.ones(len(sid), bool)     # canonical order puts equal ids side by side: keep the first
+        if len(sid) > 1:
+            first[1:] = pc.not_equal(sid.slice(1), sid.slice(0, len(sid) - 1)).to_numpy(zero_copy_only=False)
+        if last is not None and sid[0].as_py() == last:
+            first[0] = False
+        last = sid[-1].as_py()
+        if not first.all():
+            dups += int((~first).sum())
+            batch = batch.filter(pa.array(first))
+            sid = batch.column("sample_id")
+        u = canonical_ids_to_u64(sid)
+        src = canonical_ids_to_u64(batch.column("source_sample_id"), "source_sample_id")
+        L = batch.column("total_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
+        turns = pc.fill_null(batch.column("turns_kept"), 0).to_numpy(zero_copy_only=False)
+        if lookup is None:
+            copies = np.ones(len(u), np.int64)
+        else:                               # a recaptioned sample gets its source's copies
+            ids, cps = lookup
+            copies = np.zeros(len(u), np.int64)
+            if len(ids):
+                pos = np.minimum(np.searchsorted(ids, src), len(ids) - 1)
+                hit = ids[pos] == src
+                copies[hit] = cps[pos[hit]]
+        idx = np.repeat(np.arange(len(u)), copies)
+        copy_no = np.arange(len(idx)) - np.repeat(np.cumsum(copies) - copies, copies)
+        rec = np.empty(len(idx), ITEM)
+        rec["L"], rec["turns"], rec["sid"], rec["src"] = L[idx], turns[idx], u[idx], src[idx]
+        with np.errstate(over="ignore"):
+            rec["key"] = splitmix64(u[idx] ^ splitmix64(seed + copy_no.astype(np.uint64) * GOLDEN))
+        yield rec
+    if dups:
+        task.stats.inc("items/duplicate_sample_ids", dups)
+
+
+class SmallestKeys:
+    """The ``k`` items of smallest ``(key, index)`` seen so far, and their lengths (the report's sample
+    of items in key order), kept in O(k) memory."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.thr = None                   # the k-th smallest key at the last prune: nothing above it enters
+        self.key = np.zeros(0, np.uint64)
+        self.index = np.zeros(0, np.int64)
+        self.L = np.zeros(0, np.int64)
+
+    def add(self, key: np.ndarray, index: np.ndarray, L: np.ndarray) -> None:
+        if self.thr is not None:
+            keep = key <= self.thr
+            key, index, L = key[keep], index[keep], L[keep]
+        self.key = np.concatenate([self.key, key])
+        self.index = np.concatenate([self.index, index])
+        self.L = np.concatenate([self.L, L])
+        if len(self.key) >= 2 * self.k:
+            o = np.lexsort((self.index, self.key))[: self.k]
+            self.key, self.index, self.L = self.key[o], self.index[o], self.L[o]
+            self.thr = self.key[-1]
+
+    def lengths(self) -> np.ndarray:
+        o = np.lexsort((self.index, self.key))[: self.k]
+        return self.L[o]
+
+
+# ------------------------------------------------------------------------------------ partitions
+
+def partition_plan(counts: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per length, ``(base, bits)``: its items go to partition ``base[L] + (key >> (64 − bits[L]))``.
+    Consecutive lengths share a partition up to ``budget`` items; a length with more gets
+    ``2^bits ≥ count/budget`` partitions of its own, by the key's top bits. Returns (base, bits, count)."""
+    base = np.zeros(len(counts), np.int64)
+    bits = np.zeros(len(counts), np.int64)
+    nxt, open_fill = 0, None             # next free partition id; items in the open shared one
+    for L in np.flatnonzero(counts):
+        c = int(counts[L])
+        if c > budget:
+            b = int(np.ceil(np.log2(-(-c // budget))))
+            if open_fill is not None:
+                open_fill = None
+            base[L], bits[L] = nxt, b
+            nxt += 1 << b
+        else:
+            if open_fill is None or open_fill + c > budget:
+                open_fill = 0
+                nxt += 1
+            base[L] = nxt - 1
+            open_fill += c
+    return base, bits, nxt
+
+
+def partition_of(rec: np.ndarray, base: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    L = rec["L"].astype(np.int64)
+    b = bits[L]
+    sub = rec["key"] >> np.minimum(64 - b, 63).astype(np.uint64)
+    return base[L] + np.where(b > 0, sub, 0).astype(np.int64)
+
+
+# ------------------------------------------------------------------------------------------ solve
+
+def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
+    """Stream the items, solve the packing and write ``out_path`` (Parquet: per slot, bin after bin in
+    ``pack_id`` order: sample_id, length, turns_kept, source_sample_id, 64K-row row groups)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packing.binpack import bin_layout, bin_permutation, slot_fill_order, u64_to_hex
+
+    C = cfg.seq_len
+    work = out_path.parent / f".solve-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        counts = np.zeros(C + 1, np.int64)
+        small = SmallestKeys(cfg.report_max_samples)
+        n = 0
+        prog = task.progress(None, unit="items", desc="pack: stream items")
+        with open(work / "items.bin", "wb") as f:
+            for rec in iter_items(task, cfg, packable):
+                if len(rec):
+                    lo, hi = int(rec["L"].min()), int(rec["L"].max())
+                    if lo < 1 or hi > C:
+                        raise ValueError(f"lengths must be in [1, {C}], got [{lo}, {hi}]")
+                counts += np.bincount(rec["L"].astype(np.int64), minlength=C + 1)
+                small.add(rec["key"], np.arange(n, n + len(rec), dtype=np.int64), rec["L"].astype(np.int64))
+                rec.tofile(f)
+                n += len(rec)
+                prog.update(len(rec))
+        prog.close()
+        tokens = int(np.dot(np.arange(C + 1, dtype=np.int64), counts))
+
+        with task.stats.timer("solve/layout"):
+            bin_size, slot_len = bin_layout(counts, C, cfg.refine_passes)
+            n_bins = len(bin_size)
+            start = np.zeros(n_bins + 1, np.int64)
+            np.cumsum(bin_size, out=start[1:])
+            load = np.add.reduceat(slot_len, start[:-1]) if n_bins else np.zeros(0, np.int64)
+            dest = slot_fill_order(slot_len, C)          # k-th item in (L, key) order → its slot (bin order)
+            del slot_len
+            perm = bin_permutation(n_bins, cfg.seed)
+            if perm is not None:                         # … → its position once bins are in pack_id order
+                new_start = np.zeros(n_bins + 1, np.int64)
+                np.cumsum(bin_size[perm], out=new_start[1:])
+                inv = np.empty(n_bins, np.int64)
+                inv[perm] = np.arange(n_bins)
+                for a in range(0, n, CHUNK):
+                    s = dest[a:a + CHUNK]
+                    b = np.searchsorted(start, s, side="right") - 1
+                    dest[a:a + CHUNK] = new_start[inv[b]] + (s - start[b])
+                start, load = new_start, load[perm]
+            del bin_size
+
+        out = np.empty(n, SLOT)                          # per slot, in pack_id order
+        with task.stats.timer("solve/partitions"):
+            # at most ~3 × 256 partition files open at once, whatever OVPIPE_PACK_PART_ITEMS says
+            base, bits, n_parts = partition_plan(counts, max(part_items(), -(-n // 256)))
+            task.stats.info["pack_partitions"] = n_parts
+            items = np.memmap(work / "items.bin", dtype=ITEM, mode="r") if n else np.zeros(0, ITEM)
+            files = [open(work / f"part-{p:05d}.bin", "wb") for p in range(n_parts)]
+            try:
+                for a in range(0, n, CHUNK):
+                    rec = np.asarray(items[a:a + CHUNK])
+                    pid = partition_of(rec, base, bits)
+                    o = np.argsort(pid, kind="stable")
+                    bounds = np.searchsorted(pid[o], np.arange(n_parts + 1))
+                    rec = rec[o]
+                    for p in np.flatnonzero(np.diff(bounds)):
+                        rec[bounds[p]:bounds[p + 1]].tofile(files[p])
+            finally:
+                for fh in files:
+                    fh.close()
+            del items
+            os.remove(work / "items.bin")
+            ltype = np.uint16 if C < 1 << 16 else np.int64
+            k0 = 0
+            prog = task.progress(n_parts, unit="partitions", desc="pack: place items")
+            for p in range(n_parts):
+                path = work / f"part-{p:05d}.bin"
+                rec = np.fromfile(path, dtype=ITEM)
+                os.remove(path)
+                o = np.argsort(rec["key"], kind="stable")
+                o = o[np.argsort(rec["L"][o].astype(ltype), kind="stable")]
+                d = dest[k0:k0 + len(rec)]
+                for name in SLOT.names:
+                    out[name][d] = rec[name][o]
+                k0 += len(rec)
+                prog.update(1, items=k0)
+            prog.close()
+            assert k0 == n, (k0, n)
+            del dest
+
+        with task.stats.timer("solve/write_slots"):
+            tmp = out_path.with_name(f".tmp-{os.getpid()}-{out_path.name}")
+            schema = pa.schema([("sample_id", pa.string()), ("length", pa.int32()), ("turns_kept", pa.int32()),
+                                ("source_sample_id", pa.string())])
+            with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
+                for a in range(0, n, 1 << 16):
+                    r = out[a:a + (1 << 16)]
+                    w.write_table(pa.table({"sample_id": u64_to_hex(r["sid"]),
+                                            "length": pa.array(r["L"].astype(np.int32)),
+                                            "turns_kept": pa.array(r["turns"]),
+                                            "source_sample_id": u64_to_hex(r["src"])}, schema=schema))
+            os.replace(tmp, out_path)
+        return Solution(n, tokens, counts, start, np.asarray(load, np.int64), small.lengths())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
