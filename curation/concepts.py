@@ -96,20 +96,5 @@ def run(cfg: EmbedConceptsConfig, task: TaskContext) -> None:
                                  "file": [rel] * (hi - lo), "row": np.arange(hi - lo, dtype=np.int32)})
 
 
-def load_concept_matrix(run_dir) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(concept_ids int64[V], vectors float32[V, d], texts) in concept_id order."""
-    from manifests import read_manifest
-
-    t = read_manifest(run_dir, "concepts").to_pylist()
-    cache: dict[str, np.ndarray] = {}
-    vecs = []
-    for r in t:
-        if r["file"] not in cache:
-            cache[r["file"]] = np.load(f"{run_dir}/{r['file']}")
-        vecs.append(cache[r["file"]][r["row"]])
-    return (np.array([r["concept_id"] for r in t], np.int64), np.asarray(vecs, np.float32),
-            [r["text"] for r in t])
-
-
 STEP = Step("embed-concepts", EmbedConceptsConfig, run, outputs=("concepts",), check=EmbedConceptsConfig.check,
             description="concept vocabulary through the text tower, prompt-template ensemble")
