@@ -97,7 +97,7 @@ def to_ours(hf: dict[str, torch.Tensor], recipe: Recipe) -> dict[str, torch.Tens
 
 def config_dict(recipe: Recipe, tok, dtype: str = "float32") -> dict:
     """``config.json`` of the published model for ``recipe``, token ids from the training tokenizer
-    ``tok`` (field names and values as the released checkpoints write them). Tying lives in the text
+    ``tok`` (None: token ids null — what ``check_config`` compares shapes against) (field names and values as the released checkpoints write them). Tying lives in the text
     config only: a top-level ``tie_word_embeddings`` makes transformers 5 expand the official class's
     list-style ``_tied_weights_keys`` and fail; ``lm_head.weight`` is always written, so the output
     layer is right whether a loader ties it or not. ``pad_token_id: null`` in the text config lets the
@@ -105,6 +105,8 @@ def config_dict(recipe: Recipe, tok, dtype: str = "float32") -> dict:
     v, s = recipe.vit, recipe.llm
 
     def tid(t):
+        if tok is None:
+            return None
         i = tok.convert_tokens_to_ids(t)
         return None if i is None or i == tok.unk_token_id else int(i)
 
@@ -128,30 +130,29 @@ def config_dict(recipe: Recipe, tok, dtype: str = "float32") -> dict:
             "vocab_size": s.vocab_size, "torch_dtype": dtype}
 
 
+# the fields that fix the model's shapes: a checkpoint whose values differ from config_dict's cannot load
+SHAPE_FIELDS = ("model_type", *(f"vision_config.{k}" for k in (
+    "depth", "hidden_size", "num_heads", "intermediate_size", "patch_size", "layer_norm_eps", "spatial_merge_size",
+    "text_hidden_size")), *(f"text_config.{k}" for k in (
+    "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "vocab_size", "rope_theta")))
+
+
 def check_config(cfg: dict, recipe: Recipe, path: str) -> None:
-    """A published ``config.json`` against the recipe, field by field; raises ``ValueError`` naming
-    every field that differs (``text_config.hidden_size=32 (recipe: 64)``)."""
-    v, s = recipe.vit, recipe.llm
-    text, vis = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
-    rope = text.get("rope_theta") or (text.get("rope_parameters") or {}).get("rope_theta")
-    want = {"model_type": (cfg.get("model_type"), MODEL_TYPE),
-            "vision_config.depth": (vis.get("depth"), v.num_layers),
-            "vision_config.hidden_size": (vis.get("hidden_size"), v.hidden_size),
-            "vision_config.num_heads": (vis.get("num_heads"), v.num_heads),
-            "vision_config.intermediate_size": (vis.get("intermediate_size"), v.intermediate_size),
-            "vision_config.patch_size": (vis.get("patch_size"), v.patch_size),
-            "vision_config.layer_norm_eps": (vis.get("layer_norm_eps"), v.layer_norm_eps),
-            "vision_config.spatial_merge_size": (vis.get("spatial_merge_size"), 2),
-            "vision_config.text_hidden_size": (vis.get("text_hidden_size"), s.hidden_size),
-            "text_config.num_hidden_layers": (text.get("num_hidden_layers"), s.num_layers),
-            "text_config.hidden_size": (text.get("hidden_size"), s.hidden_size),
-            "text_config.intermediate_size": (text.get("intermediate_size"), s.ffn_hidden_size),
-            "text_config.num_attention_heads": (text.get("num_attention_heads"), s.num_attention_heads),
-            "text_config.num_key_value_heads": (text.get("num_key_value_heads"), s.num_query_groups),
-            "text_config.head_dim": (text.get("head_dim"), s.kv_channels),
-            "text_config.vocab_size": (text.get("vocab_size"), s.vocab_size),
-            "text_config.rope_theta": (None if rope is None else float(rope), s.rope_theta)}
-    bad = [f"{k}={a} (recipe: {b})" for k, (a, b) in want.items() if a != b]
+    """A published ``config.json`` against the recipe: every ``SHAPE_FIELDS`` value against what
+    ``config_dict`` writes for it; raises ``ValueError`` naming every field that differs
+    (``text_config.hidden_size=32 (recipe: 64)``)."""
+    def get(c: dict, field: str):
+        *sections, name = field.split(".")
+        for sec in sections:
+            c = c.get(sec) or {}
+        if name == "rope_theta":      # transformers 5 writes it under rope_parameters
+            rope = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta")
+            return None if rope is None else float(rope)
+        return c.get(name)
+
+    ref = config_dict(recipe, None)
+    bad = [f"{f}={get(cfg, f)} (recipe: {get(ref, f)})" for f in SHAPE_FIELDS if get(cfg, f) != get(ref, f)]
     if bad:
         raise ValueError(f"LLaVA-OneVision-1.5 checkpoint {path} does not match the recipe {recipe.name!r}: "
                          + ", ".join(bad))
