@@ -8,20 +8,22 @@ Items: every ``lengths`` row with status ``ok`` or ``truncated``, one per distin
 (``copies_from: none``), ``balanced.copies`` (curation's concept balancing) or the sum of
 ``mixed.copies`` of the ``mix_step`` folder (the instruction mix); a sample missing there gets 0.
 
-Three phases (``docs/scale.md``): the reduce solves the global packing once (deterministic, seconds
-for millions of samples; it used to run in every rank) and writes the solution — per bin its slot
-range and load, per slot its sample id and length — under ``reduced/``; each apply rank reads only
-its contiguous ``pack_id`` range of it and writes those packs — manifest part and tar shards — so the
-expensive part (reading images, tokenising into shards) is parallel over ranks and the result is
-identical for any task count. (The map phase is empty: the item → slot assignment is a global sort
-by key within each length, so the solve is not a sum of per-slice partials.) Shards are named by ``pack_id`` range, never by rank: shard ``j``
-is ``pack-{j:06d}.tar`` and holds pack_ids ``[j·packs_per_shard, (j+1)·packs_per_shard)``, and the
-rank split is over whole shards (``shard_bounds``), so every shard is written by exactly one rank
-and the tars, their names and the ``packs.shard`` column are byte-identical for any task count.
-The shard writer reads each sample's conversation from the ``samples`` manifests the lengths
-step read (its ``samples_steps``), encodes it with ``packing.tokens.encode_conversation`` (cut to
-the turns ``lengths`` kept) and checks the length against the manifest; it writes all of the
-sample's images (0..n) in order, with their grids.
+Three phases (``docs/scale.md``): the reduce solves the global packing once, out of core
+(``packing.solve``: the items stream to disk and are sorted a partition at a time; ~32 bytes of memory
+per item) and writes the solution — per bin its slot range and load, per slot its sample id, length,
+turns kept and source sample — under ``reduced/``; each apply rank reads only its contiguous
+``pack_id`` range of it, a chunk of bins at a time, and writes those packs — manifest part and tar
+shards — so the expensive part (reading images, tokenising into shards) is parallel over ranks and the
+result is identical for any task count. (The map phase is empty: the item → slot assignment is a
+global sort by key within each length, so the solve is not a sum of per-slice partials.) Shards are
+named by ``pack_id`` range, never by rank: shard ``j`` is ``pack-{j:06d}.tar`` and holds pack_ids
+``[j·packs_per_shard, (j+1)·packs_per_shard)``, and the rank split is over whole shards
+(``shard_bounds``), so every shard is written by exactly one rank and the tars, their names and the
+``packs.shard`` column are byte-identical for any task count. The shard writer (``ShardWriter``)
+streams the ``samples`` manifests the lengths step read (its ``samples_steps``) once, keeping only its
+samples' rows, encodes each with ``packing.tokens.encode_conversation`` (cut to the turns ``lengths``
+kept) and checks the length against the manifest; it writes all of the sample's images (0..n) in
+order, with their grids.
 ``finalize`` writes the packing report (``report.md``, ``fill_histogram.png``): bins vs the lower
 bound ⌈Σ lengths / seq_len⌉, fill rate, padding tokens, and padding compression against padding
 every sample to ``seq_len`` and against an online rolling-buffer packer (B = 64, 512, 4096).
@@ -116,32 +118,48 @@ def solve_once(cfg: PackConfig, task: TaskContext) -> None:
 
 def write_packs(cfg: PackConfig, task: TaskContext) -> None:
     """Apply: this rank's whole shards of pack_ids → its ``packs`` part and tars, reading only its
-    bins' rows of the solution."""
-    import pyarrow as pa
+    bins' rows of the solution, a chunk of bins at a time (whole shards per chunk), so the manifest
+    part streams out in 64K-row row groups."""
     import pyarrow.parquet as pq
+
+    from ovpipe.mapreduce import BATCH_ROWS
 
     pps = cfg.packs_per_shard if cfg.write_shards else None
     start = np.load(task.reduced_path("bin_start.npy"), mmap_mode="r")
+    load = np.load(task.reduced_path("bin_load.npy"), mmap_mode="r")
     lo, hi = shard_bounds(len(start) - 1, pps, task.rank, task.world_size)
-    a, b = int(start[lo]), int(start[hi])
-    offs = np.asarray(start[lo:hi + 1]) - a
-    load = np.asarray(np.load(task.reduced_path("bin_load.npy"), mmap_mode="r")[lo:hi])
     pf = pq.ParquetFile(task.reduced_path("slots.parquet"))
+    shards = None
+    if cfg.write_shards and hi > lo:   # the conversations of this rank's samples: one streamed pass
+        shards = ShardWriter(task, cfg, read_slots(pf, int(start[lo]), int(start[hi])))
+    chunk = BATCH_ROWS if not pps else max(BATCH_ROWS // pps, 1) * pps
+    with task.part_writer("packs", row_group_rows=BATCH_ROWS) as out:
+        for c_lo in range(lo, hi, chunk):
+            c_hi = min(c_lo + chunk, hi)
+            a, b = int(start[c_lo]), int(start[c_hi])
+            slots = read_slots(pf, a, b, ["sample_id", "length"])
+            table = packs_rows(slots.column("sample_id").combine_chunks(), slots.column("length").to_numpy(),
+                               np.asarray(start[c_lo:c_hi + 1]) - a, np.asarray(load[c_lo:c_hi]), c_lo, c_hi, pps)
+            if shards is not None:
+                with task.stats.timer("write_shards"):
+                    shards.write(table)
+            out.write(table)
+    task.stats.inc("packs_written", hi - lo)
+
+
+def read_slots(pf, a: int, b: int, columns: list[str] | None = None):
+    """Rows ``[a, b)`` of the solution's slots (``reduced/slots.parquet``), reading only their row groups."""
+    import pyarrow as pa
+
     parts, row = [], 0
     for g in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(g).num_rows
         if row < b and row + n > a:
-            t = pf.read_row_group(g)
+            t = pf.read_row_group(g, columns=columns)
             parts.append(t.slice(max(a - row, 0), min(b, row + n) - max(a, row)))
         row += n
-    slots = pa.concat_tables(parts) if parts else pf.schema_arrow.empty_table()
-    table = packs_rows(slots.column("sample_id").combine_chunks(), slots.column("length").to_numpy(), offs, load,
-                       lo, hi, pps)
-    task.stats.inc("packs_written", hi - lo)
-    if cfg.write_shards and hi > lo:
-        with task.stats.timer("write_shards"):
-            write_pack_shards(task, cfg, table, slots)
-    task.write_part("packs", table)
+    empty = pf.schema_arrow.empty_table()
+    return pa.concat_tables(parts) if parts else (empty.select(columns) if columns else empty)
 
 
 def shard_name(j: int) -> str:
@@ -239,54 +257,69 @@ def needed_samples(task: TaskContext, lcfg, need: set, sources) -> dict:
     return rows
 
 
-def write_pack_shards(task: TaskContext, cfg: PackConfig, packs, slots) -> None:
-    from manifests.conversation import read_image
-    from ovpipe.config import load_config
-    from packing.lengths import LengthsConfig
-    from packing.shards import write_shard
-    from packing.tokens import encode_conversation, image_grid, load_tokenizer
+class ShardWriter:
+    """The tars of a rank's pack range, fed a ``packs`` chunk at a time (chunks of whole shards). Each
+    sample's conversation comes from ``needed_samples`` (read once for the range), is encoded with
+    ``packing.tokens.encode_conversation`` cut to the turns ``lengths`` kept, and its length is checked
+    against the manifest; all of the sample's images (0..n) follow in order, with their grids."""
 
-    lcfg = load_config(LengthsConfig, json.loads((task.run_dir / cfg.lengths_step / "config.json").read_text()))
-    img_cfg = lcfg.image_cfg()
-    tok = load_tokenizer(lcfg.tokenizer)
-    kept_turns = dict(zip(slots.column("sample_id").to_pylist(), slots.column("turns_kept").to_pylist()))
-    rows = needed_samples(task, lcfg, set(kept_turns), slots.column("source_sample_id"))
-    entries, shard = [], None
-    for p in packs.to_pylist():
-        ids, mask, images, exts, grids, counts = [], [], [], [], [], []
-        for s, want in zip(p["sample_ids"], p["lengths"]):
-            r = rows.get(s)
-            if r is None:
-                raise RuntimeError(f"sample {s}: no ok row in the samples manifests of {lcfg.samples_steps} — "
-                                   f"were the ingest steps re-run after `{cfg.lengths_step}`?")
-            turns = [(t["role"], t["text"] or "") for t in r["conversation"]]
-            addrs = r["images"] or []
-            a, m, pads, kept = encode_conversation(tok, turns, [(x["height"], x["width"]) for x in addrs], img_cfg,
-                                                   max_tokens=want, caption_prompt=lcfg.caption_prompt)
-            if len(a) != want or kept != kept_turns.get(s, kept):
-                raise RuntimeError(f"sample {s}: encoded {len(a)} tokens ({kept} turns) but lengths says {want} "
-                                   f"({kept_turns.get(s)} turns) — tokenizer or template changed since `lengths` ran?")
-            ids.append(a)
-            mask.append(m)
-            addrs = addrs[:len(pads)]  # the images of the kept turns, in placeholder order
-            counts.append(len(addrs))
-            for x in addrs:
-                images.append(read_image(x))
-                exts.append({"jpeg": "jpg"}.get(x["format"], x["format"] or "bin"))
-            if addrs:
-                gh, gw = image_grid(np.array([x["height"] for x in addrs]), np.array([x["width"] for x in addrs]),
-                                    img_cfg)
-                grids.extend((int(h), int(w)) for h, w in zip(gh, gw))
-        e = {"pack_id": p["pack_id"], "sample_ids": p["sample_ids"], "lengths": p["lengths"],
-             "offsets": p["offsets"], "seq_len": cfg.seq_len, "ids": np.concatenate(ids),
-             "mask": np.concatenate(mask), "images": images, "exts": exts, "grids": grids, "image_counts": counts}
-        if shard is not None and p["shard"] != shard:
+    def __init__(self, task: TaskContext, cfg: PackConfig, slots):
+        from ovpipe.config import load_config
+        from packing.lengths import LengthsConfig
+        from packing.tokens import load_tokenizer
+
+        self.task, self.cfg = task, cfg
+        lcfg = json.loads((task.run_dir / cfg.lengths_step / "config.json").read_text())
+        self.lcfg = load_config(LengthsConfig, lcfg)
+        self.img_cfg = self.lcfg.image_cfg()
+        self.tok = load_tokenizer(self.lcfg.tokenizer)
+        self.kept_turns = dict(zip(slots.column("sample_id").to_pylist(), slots.column("turns_kept").to_pylist()))
+        self.rows = needed_samples(task, self.lcfg, set(self.kept_turns), slots.column("source_sample_id"))
+
+    def write(self, packs) -> None:
+        from manifests.conversation import read_image
+        from packing.shards import write_shard
+        from packing.tokens import encode_conversation, image_grid
+
+        task, cfg, lcfg, img_cfg, tok, rows, kept_turns = (self.task, self.cfg, self.lcfg, self.img_cfg, self.tok,
+                                                           self.rows, self.kept_turns)
+        entries, shard = [], None
+        for p in packs.to_pylist():
+            ids, mask, images, exts, grids, counts = [], [], [], [], [], []
+            for s, want in zip(p["sample_ids"], p["lengths"]):
+                r = rows.get(s)
+                if r is None:
+                    raise RuntimeError(f"sample {s}: no ok row in the samples manifests of {lcfg.samples_steps} — "
+                                       f"were the ingest steps re-run after `{cfg.lengths_step}`?")
+                turns = [(t["role"], t["text"] or "") for t in r["conversation"]]
+                addrs = r["images"] or []
+                a, m, pads, kept = encode_conversation(tok, turns, [(x["height"], x["width"]) for x in addrs], img_cfg,
+                                                       max_tokens=want, caption_prompt=lcfg.caption_prompt)
+                if len(a) != want or kept != kept_turns.get(s, kept):
+                    raise RuntimeError(f"sample {s}: encoded {len(a)} tokens ({kept} turns) but lengths says {want} "
+                                       f"({kept_turns.get(s)} turns) — tokenizer or template changed since "
+                                       f"`lengths` ran?")
+                ids.append(a)
+                mask.append(m)
+                addrs = addrs[:len(pads)]  # the images of the kept turns, in placeholder order
+                counts.append(len(addrs))
+                for x in addrs:
+                    images.append(read_image(x))
+                    exts.append({"jpeg": "jpg"}.get(x["format"], x["format"] or "bin"))
+                if addrs:
+                    gh, gw = image_grid(np.array([x["height"] for x in addrs]), np.array([x["width"] for x in addrs]),
+                                        img_cfg)
+                    grids.extend((int(h), int(w)) for h, w in zip(gh, gw))
+            e = {"pack_id": p["pack_id"], "sample_ids": p["sample_ids"], "lengths": p["lengths"],
+                 "offsets": p["offsets"], "seq_len": cfg.seq_len, "ids": np.concatenate(ids),
+                 "mask": np.concatenate(mask), "images": images, "exts": exts, "grids": grids, "image_counts": counts}
+            if shard is not None and p["shard"] != shard:
+                write_shard(task.data_path(shard), entries)
+                entries = []
+            shard = p["shard"]
+            entries.append(e)
+        if entries:
             write_shard(task.data_path(shard), entries)
-            entries = []
-        shard = p["shard"]
-        entries.append(e)
-    if entries:
-        write_shard(task.data_path(shard), entries)
 
 
 def finalize(cfg: PackConfig, task: TaskContext) -> None:
