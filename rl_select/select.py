@@ -23,18 +23,35 @@ Split of the kept prompts (``split_rule``):
 * ``prompt_type``: answer-only rollouts show a gap → stage 1, else stage 2;
 * ``category``: categories in ``cot_categories`` → stage 2, the rest → stage 1.
 
-Vectorised with polars: 10M rollouts in seconds (``bench/bench_rl.py``). ``finalize`` writes the
-report: counts kept/dropped per source and category and ``pass1_vs_passn.png``.
+Vectorised with polars: 10M rollouts in seconds (``bench/bench_rl.py``). Map → reduce → apply
+(``docs/scale.md``), so no task holds the corpus:
+
+* map (``map_nothing``): nothing;
+* reduce (``cut_ranges``): DuckDB under ``OVPIPE_REDUCE_MEMORY`` (1GB, spilling) counts the prompts —
+  non-duplicate ``rl_prompts`` ∪ every prompt with a non-format reward — and streams their ids in
+  order, keeping the first and last prompt_id of each apply rank's ``slice_bounds`` slice
+  (``reduced/ranges.npz``); a NULL prompt_id is an error;
+* apply (``select_range``): only the ``rewards`` / ``rollouts`` / ``rl_prompts`` rows of its range
+  (``prompt_id BETWEEN``, row groups outside it skipped by their statistics), in ``read_manifest``'s
+  order, through ``selection_table`` — per prompt, so the parts are byte-identical to the
+  whole-corpus computation for any task count; memory: the range's rows;
+* finalize: the report — counts kept/dropped per source and category and ``pass1_vs_passn.png``.
 """
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 from ovpipe.config import check_step_folder
-from ovpipe.step import Step, TaskContext, slice_bounds
+from ovpipe.step import Stats, Step, TaskContext, slice_bounds
 
 
 @dataclass
@@ -138,41 +155,31 @@ def pass_at_k_map(passk: dict, undefined: np.ndarray):
                                    mask=pa.array(undefined, pa.bool_()))
 
 
-def run(cfg: SelectConfig, task: TaskContext) -> None:
-    """Columnar end to end (no per-prompt Python objects): 10M rollouts in a few seconds."""
+def selection_table(rewards, rollouts, prompts, cfg: SelectConfig, stats: Stats | None = None):
+    """(``selection`` table in prompt_id order, ``{reason: prompts}``) of whole prompts' rows: ``rewards``
+    (+ ``rollouts`` for ``split_rule: prompt_type``) in file order and ``rl_prompts`` (prompt_id, source,
+    category, status) in canonical order. Per prompt only — the rows of a prompt_id range give that
+    range of the whole corpus's table."""
     import polars as pl
     import pyarrow as pa
 
-    from manifests.io import read_manifest
-
-    # aggregation is order-independent: skip the canonical sort of 10M rows, read only what is used
-    rewards = read_manifest(task.run_dir, "rewards", columns=["prompt_id", "rollout_idx", "reward", "correct",
-                                                               "reward_type", "status"], sort=False)
-    rollouts = None
-    if cfg.split_rule == "prompt_type":      # the only rule that needs each rollout's template
-        rollouts = read_manifest(task.run_dir, "rollouts", step=cfg.rollouts_step,
-                                 columns=["prompt_id", "rollout_idx", "prompt_type"], sort=False)
-    prompts = read_manifest(task.run_dir, "rl_prompts", columns=["prompt_id", "source", "category", "status"])
-    with task.stats.timer("aggregate"):
+    stats = stats or Stats()
+    with stats.timer("aggregate"):
         agg = aggregate(rewards, rollouts, cfg.timeouts_as_incorrect)
     meta = (pl.from_arrow(prompts).filter(pl.col("status") != "duplicate").drop("status")
             .unique("prompt_id", keep="first", maintain_order=True))
     # prompts that never got a reward (bad rows, no rollouts) are reported too, as errors
     df = meta.join(agg, on="prompt_id", how="full", coalesce=True).sort("prompt_id")
-    lo, hi = slice_bounds(df.height, task.rank, task.world_size)
-    df = df.slice(lo, hi - lo)
     missing = df["n"].is_null().to_numpy()
     col = lambda name: df[name].fill_null(0).to_numpy()  # noqa: E731
-    with task.stats.timer("decide"):
+    with stats.timer("decide"):
         d = decide(col("n"), col("c"), np.where(missing, 1, col("errors")),
                    df["mean_reward"].fill_null(np.nan).to_numpy(), col("n_ao"), col("c_ao"),
                    df["category"].to_list() if cfg.split_rule == "category" else [None] * df.height, cfg)
     reasons, counts = np.unique(d["reason"].astype(str), return_counts=True)
-    for reason, count in zip(reasons, counts):
-        task.stats.inc(f"reason/{reason}", int(count))
     undefined = ~d["valid"]
     rate = lambda a: pa.array(a, pa.float64(), mask=undefined)  # noqa: E731
-    task.write_part("selection", pa.table({
+    return pa.table({
         "prompt_id": df["prompt_id"].to_arrow().cast(pa.string()),
         "source": df["source"].to_arrow().cast(pa.string()),
         "category": df["category"].to_arrow().cast(pa.string()),
@@ -183,7 +190,118 @@ def run(cfg: SelectConfig, task: TaskContext) -> None:
         "pass_at_k": pass_at_k_map(d["passk"], undefined),
         "kept": pa.array(d["kept"].astype(bool)), "reason": pa.array(d["reason"].astype(str), pa.string()),
         "split": pa.array(list(d["split"]), pa.string()),
-    }))
+    }), {str(r): int(c) for r, c in zip(reasons, counts)}
+
+
+# ---------------------------------------------------------------- the step: map → reduce → apply
+
+def _inputs(cfg: SelectConfig, task: TaskContext) -> dict[str, list[str]]:
+    """The parts select reads (``read_manifest``'s files, in its order), their schemas checked from the footers."""
+    import pyarrow.parquet as pq
+
+    from manifests.io import _check_part_schema, manifest_files
+
+    files = {"rewards": manifest_files(task.run_dir, "rewards"),
+             "rl_prompts": manifest_files(task.run_dir, "rl_prompts")}
+    if cfg.split_rule == "prompt_type":      # the only rule that needs each rollout's template
+        files["rollouts"] = manifest_files(task.run_dir, "rollouts", step=cfg.rollouts_step)
+    for kind, paths in files.items():
+        for f in paths:
+            _check_part_schema(f, pq.read_schema(f), kind)
+    return {kind: [str(f) for f in paths] for kind, paths in files.items()}
+
+
+@contextlib.contextmanager
+def _duckdb(task: TaskContext):
+    """A DuckDB connection under ``OVPIPE_REDUCE_MEMORY`` (1GB), spilling to a folder of this task's own
+    (apply ranks run side by side), removed afterwards."""
+    import duckdb
+
+    tmp = tempfile.mkdtemp(prefix=f".duckdb-{task.phase}-{task.rank}-", dir=task.step_dir)
+    con = duckdb.connect(config={"memory_limit": os.environ.get("OVPIPE_REDUCE_MEMORY", "1GB"),
+                                 "temp_directory": tmp, "threads": 2})
+    try:
+        yield con
+    finally:
+        con.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# every prompt of the selection: the non-duplicate rl_prompts and every prompt with a non-format reward
+KEYS = ("SELECT prompt_id FROM read_parquet($rl_prompts) WHERE status <> 'duplicate' "
+        "UNION SELECT prompt_id FROM read_parquet($rewards) WHERE reward_type <> 'format'")
+
+
+def map_nothing(cfg: SelectConfig, task: TaskContext) -> None:
+    """Map phase: nothing. Which prompts a rank owns depends on the sorted union of every input's
+    prompt ids, which the reduce computes once."""
+
+
+def cut_ranges(cfg: SelectConfig, task: TaskContext) -> None:
+    """Reduce: count the prompts (``KEYS``) and stream them in prompt_id order through DuckDB (a sort
+    that spills past its memory limit), keeping only the first and last prompt_id of each apply rank's
+    ``slice_bounds`` slice. Writes ``reduced/ranges.npz``: ``ids`` (JSON: ``first`` and ``last`` id per
+    rank) and ``rows`` per rank."""
+    from ovpipe.mapreduce import BATCH_ROWS
+
+    files = _inputs(cfg, task)
+    params = {"rl_prompts": files["rl_prompts"], "rewards": files["rewards"]}
+    w = task.world_size
+    with _duckdb(task) as con, task.stats.timer("ranges"):
+        for kind in params:
+            nulls = con.sql("SELECT count(*) FROM read_parquet($f) WHERE prompt_id IS NULL",
+                            params={"f": params[kind]}).fetchall()[0][0]
+            if nulls:
+                where = sorted({str(Path(f).parent) for f in params[kind]})
+                raise ValueError(f"{kind}: {nulls} rows with a NULL prompt_id under {where} — every row needs its "
+                                 f"prompt's id")
+        n = con.sql(f"SELECT count(*) FROM ({KEYS})", params=params).fetchall()[0][0]
+        bounds = [slice_bounds(n, r, w) for r in range(w)]
+        want = np.array(sorted({p for lo, hi in bounds if hi > lo for p in (lo, hi - 1)}), np.int64)
+        at, pos = {}, 0
+        for batch in con.sql(f"{KEYS} ORDER BY prompt_id", params=params).to_arrow_reader(BATCH_ROWS):
+            ids = batch.column(0)
+            for p in want[(want >= pos) & (want < pos + len(ids))]:
+                at[int(p)] = ids[int(p) - pos].as_py()
+            pos += len(ids)
+    if pos != n:
+        raise RuntimeError(f"select reduce: {pos} prompts streamed, {n} counted — an input changed under the reduce")
+    task.stats.info["prompts"] = n
+    ids = {"first": [at.get(lo, "") for lo, _ in bounds], "last": [at.get(hi - 1, "") for _, hi in bounds]}
+    # the ids as UTF-8 JSON bytes: a numpy str array would drop an id's trailing NULs
+    task.write_reduced("ranges", ids=np.frombuffer(json.dumps(ids).encode(), np.uint8),
+                       rows=np.array([hi - lo for lo, hi in bounds], np.int64))
+
+
+def select_range(cfg: SelectConfig, task: TaskContext) -> None:
+    """Apply: the rewards / rollouts / rl_prompts rows of this rank's prompt_id range only (DuckDB, row
+    groups outside the range skipped by their footer statistics), through ``selection_table``; its
+    ``selection`` part. Memory: the range's rows, whatever the corpus."""
+    r = task.read_reduced("ranges")
+    ids = json.loads(r["ids"].tobytes())
+    rows, lo, hi = int(r["rows"][task.rank]), ids["first"][task.rank], ids["last"][task.rank]
+    files = _inputs(cfg, task)
+    bounds = {"lo": lo, "hi": hi} if rows else {}
+    where = "prompt_id BETWEEN $lo AND $hi" if rows else "false"
+
+    def scan(con, kind: str, columns: str, also: str = "", order: str = ""):
+        # rows in read_manifest's order: by file, then row (a prompt's float rewards are summed in that order)
+        return con.sql(f"SELECT {columns} FROM read_parquet($files, filename = true, file_row_number = true) "
+                       f"WHERE {where}{also} ORDER BY {order}list_position($files, filename), file_row_number",
+                       params={"files": files[kind], **bounds}).to_arrow_table()
+
+    with _duckdb(task) as con, task.stats.timer("read"):
+        rewards = scan(con, "rewards", "prompt_id, rollout_idx, reward, correct, reward_type, status",
+                       also=" AND reward_type <> 'format'")      # aggregate drops them too
+        rollouts = scan(con, "rollouts", "prompt_id, rollout_idx, prompt_type") if "rollouts" in files else None
+        prompts = scan(con, "rl_prompts", "prompt_id, source, category, status", order="prompt_id, ")
+    table, reasons = selection_table(rewards, rollouts, prompts, cfg, task.stats)
+    if table.num_rows != rows:
+        raise RuntimeError(f"select apply rank {task.rank}: {table.num_rows} prompts in its range {lo!r} … {hi!r}, "
+                           f"the reduce counted {rows} — an input changed since the reduce; rerun the step")
+    for reason, count in reasons.items():
+        task.stats.inc(f"reason/{reason}", count)
+    task.write_part("selection", table)
 
 
 def finalize(cfg: SelectConfig, task: TaskContext) -> None:
@@ -215,5 +333,6 @@ def finalize(cfg: SelectConfig, task: TaskContext) -> None:
     (task.step_dir / "report.md").write_text("\n".join(lines) + "\n")
 
 
-STEP = Step("select", SelectConfig, run, inputs=("rewards", "rollouts", "rl_prompts"), outputs=("selection",),
-            finalize=finalize, description="unbiased pass@k, keep prompts with a Pass@N − Pass@1 gap")
+STEP = Step("select", SelectConfig, map_nothing, inputs=("rewards", "rollouts", "rl_prompts"), outputs=("selection",),
+            reduce=cut_ranges, apply=select_range, finalize=finalize,
+            description="unbiased pass@k, keep prompts with a Pass@N − Pass@1 gap")
