@@ -255,21 +255,22 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
             # at most ~3 × 256 partition files open at once, whatever OVPIPE_PACK_PART_ITEMS says
             base, bits, n_parts = partition_plan(counts, max(part_items(), -(-n // 256)))
             task.stats.info["pack_partitions"] = n_parts
-            items = np.memmap(work / "items.bin", dtype=ITEM, mode="r") if n else np.zeros(0, ITEM)
+            # read, not memory-mapped: mapped file pages count in the reduce's RSS until unmapped
             files = [open(work / f"part-{p:05d}.bin", "wb") for p in range(n_parts)]
             try:
+                spill = open(work / "items.bin", "rb")
                 for a in range(0, n, CHUNK):
-                    rec = np.asarray(items[a:a + CHUNK])
+                    rec = np.fromfile(spill, dtype=ITEM, count=min(CHUNK, n - a))
                     pid = partition_of(rec, base, bits)
                     o = np.argsort(pid, kind="stable")
                     bounds = np.searchsorted(pid[o], np.arange(n_parts + 1))
                     rec = rec[o]
                     for p in np.flatnonzero(np.diff(bounds)):
                         rec[bounds[p]:bounds[p + 1]].tofile(files[p])
+                spill.close()
             finally:
                 for fh in files:
                     fh.close()
-            del items
             os.remove(work / "items.bin")
             ltype = np.uint16 if C < 1 << 16 else np.int64
             k0 = 0
