@@ -354,12 +354,11 @@ def run(cfg: IngestConfig, task: TaskContext) -> None:
 def _duckdb(task: TaskContext):
     """A DuckDB connection for the finalize's whole-corpus queries: a memory limit, spilling under the
     step folder, so the reduce holds the duplicates (and small counts), never the corpus."""
-    import duckdb
+    from manifests.io import duckdb_connect
 
     tmp = task.step_dir / ".duckdb-tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    return duckdb.connect(config={"memory_limit": os.environ.get("OVPIPE_REDUCE_MEMORY", "1GB"),
-                                  "temp_directory": str(tmp), "threads": 2})
+    return duckdb_connect(tmp)
 
 
 def find_duplicates(task: TaskContext, files: list[Path]) -> dict[tuple[int, int], str]:

@@ -220,12 +220,20 @@ def _iter_ordered_parts(files, counts, kind, columns, out_schema, lo, hi, batch_
             yield pa.RecordBatch.from_arrays([batch.column(c) for c in columns], schema=out_schema)
 
 
-def _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows):
+def duckdb_connect(temp_dir: str | os.PathLike, threads: int = 2):
+    """A DuckDB connection for out-of-core work over manifests (a sort, a join, a count of the whole
+    corpus): at most ``OVPIPE_REDUCE_MEMORY`` (default 1GB) of memory, spilling under ``temp_dir``, and
+    ``threads`` threads (a task's share of a node, not all its cores)."""
     import duckdb
 
+    return duckdb.connect(config={"memory_limit": os.environ.get("OVPIPE_REDUCE_MEMORY", "1GB"),
+                                  "temp_directory": str(temp_dir), "threads": threads})
+
+
+def _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows):
     import tempfile
 
-    con = duckdb.connect(config={"memory_limit": "1GB", "temp_directory": tempfile.gettempdir()})  # spills
+    con = duckdb_connect(tempfile.gettempdir())  # spills
     keys = ", ".join(f'"{k}"' for k in SORT_KEYS[kind])
     cols = ", ".join(f'"{c}"' for c in columns)
     paths = [str(f) for f in files]

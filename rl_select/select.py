@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -215,11 +214,10 @@ def _inputs(cfg: SelectConfig, task: TaskContext) -> dict[str, list[str]]:
 def _duckdb(task: TaskContext):
     """A DuckDB connection under ``OVPIPE_REDUCE_MEMORY`` (1GB), spilling to a folder of this task's own
     (apply ranks run side by side), removed afterwards."""
-    import duckdb
+    from manifests.io import duckdb_connect
 
     tmp = tempfile.mkdtemp(prefix=f".duckdb-{task.phase}-{task.rank}-", dir=task.step_dir)
-    con = duckdb.connect(config={"memory_limit": os.environ.get("OVPIPE_REDUCE_MEMORY", "1GB"),
-                                 "temp_directory": tmp, "threads": 2})
+    con = duckdb_connect(tmp)
     try:
         yield con
     finally:
