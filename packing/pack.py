@@ -42,6 +42,7 @@ from ovpipe.config import check_range, check_step_folder
 from ovpipe.step import Step, TaskContext, require_manifest, slice_bounds
 
 PACKABLE = ("ok", "truncated")
+APPLY_BINS = 8192           # packs an apply rank builds at once (≈ 10 slots each) and rows per row group
 
 
 @dataclass
@@ -119,10 +120,8 @@ def solve_once(cfg: PackConfig, task: TaskContext) -> None:
 def write_packs(cfg: PackConfig, task: TaskContext) -> None:
     """Apply: this rank's whole shards of pack_ids → its ``packs`` part and tars, reading only its
     bins' rows of the solution, a chunk of bins at a time (whole shards per chunk), so the manifest
-    part streams out in 64K-row row groups."""
+    part streams out in ``APPLY_BINS``-row row groups."""
     import pyarrow.parquet as pq
-
-    from ovpipe.mapreduce import BATCH_ROWS
 
     pps = cfg.packs_per_shard if cfg.write_shards else None
     start = np.load(task.reduced_path("bin_start.npy"), mmap_mode="r")
@@ -132,8 +131,8 @@ def write_packs(cfg: PackConfig, task: TaskContext) -> None:
     shards = None
     if cfg.write_shards and hi > lo:   # the conversations of this rank's samples: one streamed pass
         shards = ShardWriter(task, cfg, read_slots(pf, int(start[lo]), int(start[hi])))
-    chunk = BATCH_ROWS if not pps else max(BATCH_ROWS // pps, 1) * pps
-    with task.part_writer("packs", row_group_rows=BATCH_ROWS) as out:
+    chunk = APPLY_BINS if not pps else max(APPLY_BINS // pps, 1) * pps
+    with task.part_writer("packs", row_group_rows=APPLY_BINS) as out:
         for c_lo in range(lo, hi, chunk):
             c_hi = min(c_lo + chunk, hi)
             a, b = int(start[c_lo]), int(start[c_hi])

@@ -38,7 +38,7 @@ import numpy as np
 ITEM = np.dtype([("L", "<u4"), ("turns", "<i4"), ("key", "<u8"), ("sid", "<u8"), ("src", "<u8")])
 SLOT = np.dtype([("L", "<u4"), ("turns", "<i4"), ("sid", "<u8"), ("src", "<u8")])
 PART_ITEMS = 1 << 22       # items per partition (OVPIPE_PACK_PART_ITEMS)
-CHUNK = 1 << 20            # records per scatter / position chunk
+CHUNK = 1 << 18            # records per scatter / position chunk (8 MB of records)
 
 
 def part_items() -> int:
