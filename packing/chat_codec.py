@@ -95,11 +95,14 @@ class Conversations:
         if self._layouts is None:
             texts = self.texts
             lays = ["T" if t else "" for t in texts]
-            pieces = {}
+            pieces, seen = {}, {}     # image-bearing turns repeat a few prompts ("<image>", templates)
             for i in [i for i, t in enumerate(texts) if IMAGE_TOKEN in t]:
-                ps = split_images(texts[i])
-                lays[i] = "".join(["I" if p == IMAGE_TOKEN else "T" for p in ps])
-                pieces[i] = [p for p in ps if p != IMAGE_TOKEN]
+                hit = seen.get(texts[i])
+                if hit is None:
+                    ps = split_images(texts[i])
+                    hit = seen[texts[i]] = ("".join(["I" if p == IMAGE_TOKEN else "T" for p in ps]),
+                                            [p for p in ps if p != IMAGE_TOKEN])
+                lays[i], pieces[i] = hit          # the pieces list is shared: read only
             run = np.zeros(len(texts) + 1, np.int64)
             if pieces:
                 run[np.fromiter(pieces, np.int64, count=len(pieces)) + 1] = 1
