@@ -118,7 +118,9 @@ def read_manifest(run_dir: str | os.PathLike, kind: str, step: str | None = None
 # not grow with the corpus (issue 13): ``iter_manifest`` is ``read_manifest(...).slice(lo, hi - lo)``
 # as a stream of batches, ``PartWriter`` is ``write_part`` fed batch by batch (same bytes).
 
-def _check_part_schema(path: Path, schema: pa.Schema, kind: str) -> None:
+def check_part_schema(path: Path, schema: pa.Schema, kind: str) -> None:
+    """A part's schema (``pq.read_schema``: the footer only) against manifest ``kind``'s: every column
+    present with its type, or ``ManifestSchemaError`` naming the file and the column."""
     for field in schema_for(kind):
         if field.name not in schema.names:
             raise ManifestSchemaError(f"{path}: column {field.name!r} missing (manifest {kind!r})")
@@ -171,7 +173,7 @@ def iter_manifest(run_dir: str | os.PathLike, kind: str, step: str | None = None
     columns = list(columns) if columns is not None else schema.names
     out_schema = pa.schema([schema.field(c) for c in columns])
     for f in files:
-        _check_part_schema(f, pq.read_schema(f), kind)
+        check_part_schema(f, pq.read_schema(f), kind)
     counts = [pq.ParquetFile(f).metadata.num_rows for f in files]
     total = sum(counts)
     hi = total if hi is None else min(hi, total)

@@ -198,7 +198,7 @@ def _inputs(cfg: SelectConfig, task: TaskContext) -> dict[str, list[str]]:
     """The parts select reads (``read_manifest``'s files, in its order), their schemas checked from the footers."""
     import pyarrow.parquet as pq
 
-    from manifests.io import _check_part_schema, manifest_files
+    from manifests.io import check_part_schema, manifest_files
 
     files = {"rewards": manifest_files(task.run_dir, "rewards"),
              "rl_prompts": manifest_files(task.run_dir, "rl_prompts")}
@@ -206,7 +206,7 @@ def _inputs(cfg: SelectConfig, task: TaskContext) -> dict[str, list[str]]:
         files["rollouts"] = manifest_files(task.run_dir, "rollouts", step=cfg.rollouts_step)
     for kind, paths in files.items():
         for f in paths:
-            _check_part_schema(f, pq.read_schema(f), kind)
+            check_part_schema(f, pq.read_schema(f), kind)
     return {kind: [str(f) for f in paths] for kind, paths in files.items()}
 
 
