@@ -187,7 +187,8 @@ def _write_parts(folder: Path, kind: str, n: int, parts: int, chunk: int, rows, 
 
 
 def synthesise(run: Path, n: int, vocab: int, k: int, seed: int = 0, chunk: int = 1 << 20,
-               assign_parts: int = 8, samples: bool = True, lengths_tokenizer: str | None = None) -> dict:
+               assign_parts: int = 8, samples: bool = True, lengths_tokenizer: str | None = None,
+               samples_layout: str = "ingest") -> dict:
     """The external inputs of the dry run (see the module docstring): ``samples`` (for the lengths
     step) and/or — given ``lengths_tokenizer`` — the ``lengths`` manifest itself, counted from the same
     draws (pool captions' tokens + each image's tokens); returns seconds and sizes on disk."""
@@ -199,11 +200,14 @@ def synthesise(run: Path, n: int, vocab: int, k: int, seed: int = 0, chunk: int 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     u = _ids(n, seed)
+    if samples_layout == "id-range":     # parts are contiguous id ranges: canonical as they lie
+        u.sort()
     # concepts: 500K rows (text only matters to balance; no vectors are read downstream)
     write_part({"concept_id": np.arange(vocab, dtype=np.int32), "text": [f"concept {i}" for i in range(vocab)],
                 "file": pa.nulls(vocab, pa.string()), "row": np.full(vocab, -1, np.int32)},
                run / "embed-concepts" / "concepts" / "part-00000.parquet", "concepts")
     # samples: ingest-like parts of `chunk` rows, ids interleaved across parts, sorted within a part
+    # (samples_layout "id-range": contiguous id ranges, what an id-range shuffle in ingest would write)
     pool = _caption_pool(seed)
     opts = dict(PARQUET_OPTS, dictionary_pagesize_limit=64 << 20)   # the caption pool stays dictionary-coded
     if lengths_tokenizer:
@@ -409,7 +413,7 @@ def dry_run(n: int, work: Path, tokenizer: str, a) -> dict:
         shutil.rmtree(run)
     print(f"\n## {n:,} samples: synthesising under {run}", flush=True)
     run_lengths = "lengths" in a.steps
-    syn = synthesise(run, n, a.vocab, a.k, seed=a.seed, samples=run_lengths,
+    syn = synthesise(run, n, a.vocab, a.k, seed=a.seed, samples=run_lengths, samples_layout=a.samples_layout,
                      lengths_tokenizer=None if run_lengths or "pack" not in a.steps else tokenizer)
     steps = {}
     for step in a.steps:
@@ -426,7 +430,7 @@ def dry_run(n: int, work: Path, tokenizer: str, a) -> dict:
     disk = sum(f.stat().st_size for f in run.rglob("*") if f.is_file())
     if not a.keep:
         shutil.rmtree(run)
-    return {"samples": n, "synth": syn, "steps": steps, "run_bytes": disk}
+    return {"samples": n, "samples_layout": a.samples_layout, "synth": syn, "steps": steps, "run_bytes": disk}
 
 
 # ---------------------------------------------------------------------------------- reporting
@@ -669,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="100K samples, no ViT timing")
     ap.add_argument("--samples", nargs="+", type=_size, help="corpus sizes, e.g. 10M 20M 40M (default 500K)")
     ap.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
+    ap.add_argument("--samples-layout", choices=("ingest", "id-range"), default="ingest",
+                    help="ingest: parts of ids interleaved, each sorted (as ingest writes them: a canonical slice "
+                         "is then a DuckDB sort of all parts in every task); id-range: contiguous id ranges")
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=500_000)
