@@ -27,6 +27,7 @@ row names the ingested sample it comes from in ``source_sample_id`` (itself unle
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -251,36 +252,42 @@ def _store(cols: dict, rows: np.ndarray, c) -> None:
 
 
 def run(cfg: LengthsConfig, task: TaskContext) -> None:
-    from packing.tokens import load_tokenizer
-
+    """This rank's slice → its ``lengths`` part. When the slice lies in one ``samples`` step and captions
+    are raw, its rows come in canonical order, so the part is streamed out batch by batch
+    (``PartWriter``: ``write_part``'s bytes) and the task holds one batch, not its slice's output
+    (4.5 GiB per task at 85M / 8 tasks). Otherwise (a slice over two steps, or recaptions, whose derived
+    ids are not in order) the rows are kept as Arrow tables and sorted once at the end."""
     import pyarrow as pa
 
+    from manifests.io import _as_table
     from packing import caption_source
+    from packing.tokens import load_tokenizer
 
     tok = load_tokenizer(cfg.tokenizer)
-    _, lo, hi = slice_range(task, cfg.samples_steps)
-    if caption_source.parse(cfg.caption_source)[0] != "raw":     # recaptions are joined over the slice
+    sizes, lo, hi = slice_range(task, cfg.samples_steps)
+    raw = caption_source.parse(cfg.caption_source)[0] == "raw"
+    if not raw:                                                # recaptions are joined over the slice
         batches = [training_samples(task, cfg, SAMPLE_COLUMNS)]
     else:                                                      # raw: one batch of samples at a time
         batches = (caption_source.apply(task, pa.Table.from_batches([b]), cfg)
                    for b in iter_slice_batches(task, cfg.samples_steps, SAMPLE_COLUMNS))
-    cols, n = None, 0
-    with task.stats.timer("lengths"), task.progress(hi - lo, unit="samples") as bar:
+    starts = np.cumsum([0, *sizes])
+    one_step = raw and any(a <= lo and hi <= b for a, b in zip(starts[:-1], starts[1:]))
+    n, kept = 0, []
+    with task.stats.timer("lengths"), task.progress(hi - lo, unit="samples") as bar, \
+            (task.part_writer("lengths") if one_step else contextlib.nullcontext()) as out:
         for samples in batches:
-            got = compute_lengths(samples, cfg, tok, task.stats, progress=bar.update)
-            cols = got if cols is None else {k: _concat(cols[k], got[k]) for k in cols}
+            got = _as_table(compute_lengths(samples, cfg, tok, task.stats, progress=bar.update), "lengths")
+            if out is not None:
+                out.write(got)
+            else:
+                kept.append(got)
             n += samples.num_rows
-    if cols is None:                                           # an empty slice still writes its (empty) part
-        cols = compute_lengths(caption_source.apply(task, read_samples(task, cfg.samples_steps, SAMPLE_COLUMNS),
-                                                    cfg), cfg, tok, task.stats)
     task.stats.inc("samples", n)
-    task.write_part("lengths", cols)
-
-
-def _concat(a, b):
-    import numpy as np
-
-    return a + b if isinstance(a, list) else np.concatenate([a, b])
+    if not one_step:
+        task.write_part("lengths", pa.concat_tables(kept) if kept else _as_table(
+            compute_lengths(caption_source.apply(task, read_samples(task, cfg.samples_steps, SAMPLE_COLUMNS), cfg),
+                            cfg, tok, task.stats), "lengths"))
 
 
 STEP = Step("lengths", LengthsConfig, run, inputs=("samples",), outputs=("lengths",), check=LengthsConfig.check,
