@@ -97,22 +97,32 @@ def canonical_ids_to_u64(ids, what: str = "sample_id") -> np.ndarray:
     return hex_ids_to_u64(arr)
 
 
-def isin_sorted_ids(ids, sorted_u64: np.ndarray, values=None) -> np.ndarray:
-    """Which of ``ids`` (16-hex sample ids) are among ``sorted_u64`` (ascending): a binary search per
-    id, so a membership test of one batch against millions of ids builds no hash table. An id that
-    is not 16 hex characters is looked up in ``values`` (the same ids as strings) instead."""
+def id_member(ids):
+    """A membership test ``batch column → bool[]`` against ``ids`` (an Arrow string array of sample ids)
+    for many batches: a binary search over the ids' sorted uint64 values, so a batch tested against
+    millions of ids builds no hash table; an id in a batch that is not 16 hex characters falls back to
+    ``pc.is_in`` for that batch, as does the whole test when ``ids`` themselves are not all hex."""
     import pyarrow.compute as pc
 
+    def by_set(col):
+        return pc.is_in(col, value_set=ids).to_numpy(zero_copy_only=False)
+
     try:
-        u = hex_ids_to_u64(ids)
+        wanted = np.sort(hex_ids_to_u64(ids))
     except ValueError:
-        if values is None:
-            return np.zeros(len(ids), bool)
-        return pc.is_in(ids, value_set=values).to_numpy(zero_copy_only=False)
-    if not len(sorted_u64):
-        return np.zeros(len(u), bool)
-    pos = np.minimum(np.searchsorted(sorted_u64, u), len(sorted_u64) - 1)
-    return sorted_u64[pos] == u
+        return by_set
+
+    def by_search(col):
+        try:
+            u = hex_ids_to_u64(col)
+        except ValueError:
+            return by_set(col)
+        if not len(wanted):
+            return np.zeros(len(u), bool)
+        pos = np.minimum(np.searchsorted(wanted, u), len(wanted) - 1)
+        return wanted[pos] == u
+
+    return by_search
 
 
 @dataclass

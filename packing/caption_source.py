@@ -51,18 +51,12 @@ def derived_sample_id(source_id: str, turns) -> str:
 def read_recaptions(task, step: str, lang: str, sample_ids) -> dict[str, tuple[str, str]]:
     """``{sample_id: (status, caption)}`` of ``lang`` for the given ids: the ``captions`` manifest streamed
     a batch at a time, keeping only those rows (memory: the ids asked for, not the manifest)."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from packing.binpack import hex_ids_to_u64, isin_sorted_ids
+    from packing.binpack import id_member
 
-    ids = pc.unique(sample_ids)
-    try:
-        wanted = np.sort(hex_ids_to_u64(ids))
-        member = lambda col: isin_sorted_ids(col, wanted, ids)  # noqa: E731
-    except ValueError:                    # ids that are not 16 hex characters: a set of strings
-        member = lambda col: pc.is_in(col, value_set=ids).to_numpy(zero_copy_only=False)  # noqa: E731
+    member = id_member(pc.unique(sample_ids))
     out = {}
     for b in task.iter_input_canonical("captions", ["sample_id", "lang", "caption", "status"], step=step):
         b = b.filter(pc.equal(b.column("lang"), lang))

@@ -233,16 +233,15 @@ def needed_samples(task: TaskContext, lcfg, need: set, sources) -> dict:
 
     from manifests.schemas import schema_for
     from packing import caption_source
-    from packing.binpack import hex_ids_to_u64, isin_sorted_ids
+    from packing.binpack import id_member
 
     cols = ["sample_id", "status", "conversation", "images"]
-    src = pc.unique(sources.combine_chunks() if isinstance(sources, pa.ChunkedArray) else sources)
-    src_u64 = np.sort(hex_ids_to_u64(src))
+    member = id_member(pc.unique(sources.combine_chunks() if isinstance(sources, pa.ChunkedArray) else sources))
     picked = []
     for step in lcfg.samples_steps:
         try:
             for batch in task.iter_input_canonical("samples", cols, step=step):
-                hit = isin_sorted_ids(batch.column("sample_id"), src_u64, src)
+                hit = member(batch.column("sample_id"))
                 if hit.any():
                     picked.append(batch.filter(pa.array(hit)))
         except FileNotFoundError as e:

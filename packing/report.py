@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def padding_figures(lengths: np.ndarray, seq_len: int, bins: int) -> dict:
-    tokens = int(lengths.sum())
+def padding_figures(tokens: int, seq_len: int, bins: int) -> dict:
     return {"bins": int(bins), "fill_rate": tokens / (bins * seq_len) if bins else 0.0,
             "padding_tokens": int(bins * seq_len - tokens)}
 
@@ -27,8 +26,7 @@ def packing_report(cfg, task) -> dict:
     C = cfg.seq_len
     n_items, tokens = int(counts.sum()), int(np.dot(np.arange(len(counts), dtype=np.int64), counts))
     lb = -(-tokens // C)
-    ours = {"bins": len(totals), "fill_rate": tokens / (len(totals) * C) if len(totals) else 0.0,
-            "padding_tokens": int(len(totals) * C - tokens)}
+    ours = padding_figures(tokens, C, len(totals))
     pad_every = n_items * C - tokens                       # (a) every sample padded to seq_len
     fig = {"items": n_items, "tokens": tokens, "seq_len": C, "lower_bound": lb, **ours,
            "bins_over_lower_bound": ours["bins"] / lb if lb else 1.0,
@@ -39,11 +37,11 @@ def packing_report(cfg, task) -> dict:
     online = {}
     for B in cfg.report_buffers:
         nb = online_buffer_bins(sub, C, B)
-        online[B] = padding_figures(sub, C, nb)
+        online[B] = padding_figures(int(sub.sum()), C, nb)
     if len(sub) < n_items:  # compare on the same subset
         from packing.binpack import pack
 
-        sub_ours_pad = padding_figures(sub, C, pack(sub, C, shuffle_bins=False).n_bins)["padding_tokens"]
+        sub_ours_pad = padding_figures(int(sub.sum()), C, pack(sub, C, shuffle_bins=False).n_bins)["padding_tokens"]
     base_pad = sub_ours_pad if sub_ours_pad is not None else ours["padding_tokens"]
     for B, f in online.items():
         fig[f"online_B{B}_bins"] = f["bins"]
