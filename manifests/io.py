@@ -19,7 +19,9 @@ from manifests.schemas import SORT_KEYS, ManifestSchemaError, schema_for
 PARQUET_OPTS = dict(compression="zstd", row_group_size=1 << 20, write_statistics=True)
 
 
-def _as_table(data, kind: str) -> pa.Table:
+def as_manifest_table(data, kind: str) -> pa.Table:
+    """``data`` (a table or a mapping of columns) as a table of manifest ``kind``'s schema, or
+    ``ManifestSchemaError`` naming the column."""
     schema = schema_for(kind)
     if isinstance(data, pa.Table):
         table = data
@@ -54,7 +56,7 @@ def write_table(table: pa.Table, path: str | os.PathLike) -> Path:
 
 def write_part(data, path: str | os.PathLike, kind: str, sort: bool = False) -> Path:
     """Validate ``data`` against ``kind``'s schema and write it atomically to ``path``."""
-    table = _as_table(data, kind)
+    table = as_manifest_table(data, kind)
     if sort and table.num_rows:
         table = table.sort_by([(k, "ascending") for k in SORT_KEYS[kind]])
     return write_table(table, path)
@@ -271,7 +273,7 @@ class PartWriter:
         self.rows = 0
 
     def write(self, data) -> None:
-        table = _as_table(data, self.kind).replace_schema_metadata(None)
+        table = as_manifest_table(data, self.kind).replace_schema_metadata(None)
         self._buffer.append(table)
         self._buffered += table.num_rows
         self.rows += table.num_rows
@@ -290,7 +292,7 @@ class PartWriter:
 
     def close(self) -> Path:
         if self._buffered or self._writer is None:   # the tail, or an empty part (schema only)
-            tail = pa.concat_tables(self._buffer) if self._buffer else _as_table(
+            tail = pa.concat_tables(self._buffer) if self._buffer else as_manifest_table(
                 {f.name: [] for f in schema_for(self.kind)}, self.kind).replace_schema_metadata(None)
             self._flush(tail)
             self._buffer, self._buffered = [], 0

@@ -259,7 +259,7 @@ def run(cfg: LengthsConfig, task: TaskContext) -> None:
     ids are not in order) the rows are kept as Arrow tables and sorted once at the end."""
     import pyarrow as pa
 
-    from manifests.io import _as_table
+    from manifests.io import as_manifest_table
     from packing import caption_source
     from packing.tokens import load_tokenizer
 
@@ -277,7 +277,7 @@ def run(cfg: LengthsConfig, task: TaskContext) -> None:
     with task.stats.timer("lengths"), task.progress(hi - lo, unit="samples") as bar, \
             (task.part_writer("lengths") if one_step else contextlib.nullcontext()) as out:
         for samples in batches:
-            got = _as_table(compute_lengths(samples, cfg, tok, task.stats, progress=bar.update), "lengths")
+            got = as_manifest_table(compute_lengths(samples, cfg, tok, task.stats, progress=bar.update), "lengths")
             if out is not None:
                 out.write(got)
             else:
@@ -285,7 +285,7 @@ def run(cfg: LengthsConfig, task: TaskContext) -> None:
             n += samples.num_rows
     task.stats.inc("samples", n)
     if not one_step:
-        task.write_part("lengths", pa.concat_tables(kept) if kept else _as_table(
+        task.write_part("lengths", pa.concat_tables(kept) if kept else as_manifest_table(
             compute_lengths(caption_source.apply(task, read_samples(task, cfg.samples_steps, SAMPLE_COLUMNS), cfg),
                             cfg, tok, task.stats), "lengths"))
 
