@@ -47,12 +47,18 @@ def part_items() -> int:
 
 @dataclass
 class Solution:
-    n_items: int
-    tokens: int
     counts: np.ndarray       # int64[capacity + 1]: items per length
     bin_start: np.ndarray    # int64[n_bins + 1], pack_id order
     bin_load: np.ndarray     # int64[n_bins], pack_id order
     report_lengths: np.ndarray  # lengths of the (report_max) items of smallest (key, index), in that order
+
+    @property
+    def n_items(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def tokens(self) -> int:
+        return int(np.dot(np.arange(len(self.counts), dtype=np.int64), self.counts))
 
 
 # --------------------------------------------------------------------------------- item stream
@@ -227,7 +233,6 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
                 n += len(rec)
                 prog.update(len(rec))
         prog.close()
-        tokens = int(np.dot(np.arange(C + 1, dtype=np.int64), counts))
 
         with task.stats.timer("solve/layout"):
             bin_size, slot_len = bin_layout(counts, C, cfg.refine_passes)
@@ -302,6 +307,6 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
                                             "turns_kept": pa.array(r["turns"]),
                                             "source_sample_id": u64_to_hex(r["src"])}, schema=schema))
             os.replace(tmp, out_path)
-        return Solution(n, tokens, counts, start, np.asarray(load, np.int64), small.lengths())
+        return Solution(counts, start, np.asarray(load, np.int64), small.lengths())
     finally:
         shutil.rmtree(work, ignore_errors=True)
