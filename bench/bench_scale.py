@@ -13,7 +13,9 @@ no ``executor.json``, so the steps accept them as given):
   truncated to a 500K vocabulary, scores descending; 8 parts in canonical order, as an
   8-task ``assign`` writes them; ``embed-concepts/concepts``: the 500K concept rows.
 * ``ingest/samples``: ``N`` caption pairs ``[user "<image>", assistant caption]`` with one image
-  each, in parts of 1M rows whose ids interleave (each part sorted, as ingest writes them). Image
+  each, in parts of 1M rows that are contiguous id ranges, as ``ingest``'s shuffle writes them
+  (``--samples-layout interleaved``: parts whose ids interleave, each sorted — ingest's layout before
+  its shuffle, where a canonical slice is a DuckDB sort of every part in every task). Image
   sizes lognormal around 640 px (aspect ratio lognormal, σ 0.3) → 120–1280 image tokens after
   ``smart_resize``; captions drawn from a pool of 4,096 texts over a 30K-word Zipf vocabulary,
   60 % alt-text-like (8–40 words) and 40 % dense recaptions (60–200 words). So ``lengths`` runs as it
@@ -188,7 +190,7 @@ def _write_parts(folder: Path, kind: str, n: int, parts: int, chunk: int, rows, 
 
 def synthesise(run: Path, n: int, vocab: int, k: int, seed: int = 0, chunk: int = 1 << 20,
                assign_parts: int = 8, samples: bool = True, lengths_tokenizer: str | None = None,
-               samples_layout: str = "ingest") -> dict:
+               samples_layout: str = "id-range") -> dict:
     """The external inputs of the dry run (see the module docstring): ``samples`` (for the lengths
     step) and/or — given ``lengths_tokenizer`` — the ``lengths`` manifest itself, counted from the same
     draws (pool captions' tokens + each image's tokens); returns seconds and sizes on disk."""
@@ -206,8 +208,8 @@ def synthesise(run: Path, n: int, vocab: int, k: int, seed: int = 0, chunk: int 
     write_part({"concept_id": np.arange(vocab, dtype=np.int32), "text": [f"concept {i}" for i in range(vocab)],
                 "file": pa.nulls(vocab, pa.string()), "row": np.full(vocab, -1, np.int32)},
                run / "embed-concepts" / "concepts" / "part-00000.parquet", "concepts")
-    # samples: ingest-like parts of `chunk` rows, ids interleaved across parts, sorted within a part
-    # (samples_layout "id-range": contiguous id ranges, what an id-range shuffle in ingest would write)
+    # samples: parts of `chunk` rows, contiguous id ranges as ingest's shuffle writes them (samples_layout
+    # "interleaved": ids interleaved across parts, each part sorted — ingest's parts before the shuffle)
     pool = _caption_pool(seed)
     opts = dict(PARQUET_OPTS, dictionary_pagesize_limit=64 << 20)   # the caption pool stays dictionary-coded
     if lengths_tokenizer:
@@ -673,9 +675,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="100K samples, no ViT timing")
     ap.add_argument("--samples", nargs="+", type=_size, help="corpus sizes, e.g. 10M 20M 40M (default 500K)")
     ap.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
-    ap.add_argument("--samples-layout", choices=("ingest", "id-range"), default="ingest",
-                    help="ingest: parts of ids interleaved, each sorted (as ingest writes them: a canonical slice "
-                         "is then a DuckDB sort of all parts in every task); id-range: contiguous id ranges")
+    ap.add_argument("--samples-layout", choices=("id-range", "interleaved"), default="id-range",
+                    help="id-range: parts are contiguous id ranges (as ingest's shuffle writes them); interleaved: "
+                         "ids interleaved across parts, each sorted (ingest before its shuffle: a canonical slice "
+                         "is then a DuckDB sort of all parts in every task)")
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=500_000)

@@ -31,9 +31,10 @@ One row per source sample:
 
 A broken sample is a row with a status and an error message, never a crash and never a silent
 drop; ``stats`` count ``status/<status>``. Duplicates (same ``sample_id``) are found over the whole
-corpus in ``finalize``: the first occurrence in (source, shard, key) order keeps its status, later
-ones become ``duplicate`` with the first one named in ``error`` — whatever the task split. The same
-key twice in one file: the earlier copy is the first occurrence (rows are told apart by position).
+corpus by the apply ranks (every copy of an id lies in one rank's range, below): the first occurrence
+in (source, shard, key) order keeps its status, later ones become ``duplicate`` with the first one
+named in ``error`` — whatever the task split. The same key twice in one file: the earlier copy is the
+first occurrence (rows are told apart by position).
 
 Images (``inspect_image``): width/height come from the header, as displayed — swapped when the
 EXIF orientation tag (5-8) says the pixels are stored rotated by 90/270 degrees, i.e. the size
@@ -59,9 +60,26 @@ Such a file never fails the task: the step completes, and ``SELECT * FROM shards
 not read: a ``missing_image`` (or ``missing_caption``) row naming it. Errors that are not about
 the data (an I/O error, a config error such as ``format`` not fitting the file type) still fail.
 
-Work is split in units (a tar; a Parquet row group; ``JSON_CHUNK_ROWS`` JSON records): unit ``u``
-of the ``i``-th input file (sorted) goes to rank ``(i + u) % world_size``. Each part is sorted by
-``SORT_KEYS``, so the merged manifest is byte-identical for any task count.
+Three phases (map → reduce → apply, ``docs/scale.md``), so the ``samples`` parts come out as
+contiguous ``sample_id`` ranges — canonical order as they lie, so no later task (``lengths``,
+``embed-images``, an apply rank) sorts the whole manifest to find its slice:
+
+- **map**: work is split in units (a tar; a Parquet row group; ``JSON_CHUNK_ROWS`` JSON records): unit
+  ``u`` of the ``i``-th input file (sorted) goes to rank ``(i + u) % world_size``. The rank's rows are
+  written every ``SPILL_ROWS`` as a sorted run (``shuffle/map-{rank}-{run}.parquet``, small row groups)
+  and counted per bucket (the first 4 hex digits of ``sample_id``: an xxh3, so buckets are balanced);
+  the partial is that bucket count. The file's ``shards`` row is written here. Memory: one run.
+- **reduce**: sums the bucket counts and cuts the buckets into ``world_size`` ranges of ≈ equal rows
+  (``reduced/ranges.npz``).
+- **apply**: rank r reads its id range of every run — DuckDB, the range pushed into the scan so only
+  the runs' row groups that overlap it are read — in canonical order (ties by map rank and read
+  order, as the merged manifest orders them) under a memory limit, marks duplicates as the rows
+  stream, and writes its part batch by batch.
+- **finalize**: the counts (``shards.samples``, ``status/*``), the report, and the spill runs removed
+  (like a MapReduce job's map outputs: a rank of a finished ingest is redone by redoing the step).
+
+The merged manifest is byte-identical for any task count, spill size or batch size
+(``tests/curation/test_ingest_shuffle.py``), and to this step's output before the shuffle.
 """
 from __future__ import annotations
 
@@ -309,16 +327,72 @@ def shard_format_of(path: str, fmt: str | None) -> str:
     return "tar" if path.endswith(".tar") else "parquet" if path.endswith(".parquet") else "json"
 
 
+SPILL_ROWS = 65_536        # rows a map rank holds before it writes them, sorted, as one spill run
+SPILL_GROUP_ROWS = 4096    # rows per row group of a spill run: an apply rank's id range prunes the rest
+BUCKET_HEX = 4             # a bucket is the first 4 hex digits of sample_id (top 16 bits of the xxh3)
+N_BUCKETS = 16 ** BUCKET_HEX
+
+
+def shuffle_dir(task: TaskContext) -> Path:
+    return task.step_dir / "shuffle"
+
+
+def spill_path(task: TaskContext, rank: int, run: int) -> Path:
+    """Map rank ``rank``'s ``run``-th spill: names sort in (rank, run) order = the order rows were read."""
+    return shuffle_dir(task) / f"map-{rank:05d}-{run:05d}.parquet"
+
+
+class _Spill:
+    """A map rank's rows, written every ``SPILL_ROWS`` as a sorted run (``write_part``'s stable sort by
+    ``SORT_KEYS``, small row groups), with the rank's per-bucket row counts: memory one run."""
+
+    def __init__(self, task: TaskContext):
+        import numpy as np
+
+        self.task, self.rows, self.runs = task, [], 0
+        self.buckets = np.zeros(N_BUCKETS, np.int64)
+        d = shuffle_dir(task)
+        d.mkdir(parents=True, exist_ok=True)
+        for old in [*d.glob(f"map-{task.rank:05d}-*.parquet"), *d.glob(f".tmp-*-map-{task.rank:05d}-*")]:
+            old.unlink()   # a rerun of this rank (a killed try left runs behind)
+
+    def add(self, row: dict) -> None:
+        sid = row["sample_id"]
+        if len(sid) != 16 or sid.strip("0123456789abcdef"):
+            raise ValueError(f"sample_id {sid!r} is not an xxh3-64 hex digest")
+        self.buckets[int(sid[:BUCKET_HEX], 16)] += 1
+        self.rows.append(row)
+        if len(self.rows) >= SPILL_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        from manifests.io import as_manifest_table, write_table
+        from manifests.schemas import SORT_KEYS
+
+        if not self.rows:
+            return
+        t = as_manifest_table(self.rows, "samples").sort_by([(k, "ascending") for k in SORT_KEYS["samples"]])
+        write_table(t, spill_path(self.task, self.task.rank, self.runs), row_group_rows=SPILL_GROUP_ROWS)
+        self.runs += 1
+        self.rows = []
+
+
 def run(cfg: IngestConfig, task: TaskContext) -> None:
+    """Map: read this rank's units (files, row groups, JSON chunks) into ``samples`` rows, spilled as
+    sorted runs under ``shuffle/`` with a per-bucket count (the partial), and write this rank's
+    ``shards`` rows."""
+    import numpy as np
+
     files = expand_inputs(cfg.inputs)
-    rows: list[dict] = []
+    spill = _Spill(task)
     shards: list[dict] = []
+    n = 0
     with task.progress(None, unit="sample") as bar:
         for i, path in enumerate(files):
             owner = i % task.world_size == task.rank  # owns the file's first unit: counts it, writes its `shards` row
             source = cfg.source or Path(path).parent.name
             fmt, problem = None, None
-            n0 = len(rows)
+            n0 = n
 
             def take(unit: int, i=i) -> bool:
                 return (i + unit) % task.world_size == task.rank
@@ -328,14 +402,18 @@ def run(cfg: IngestConfig, task: TaskContext) -> None:
                 shard_format = shard_format_of(path, fmt)
                 with task.stats.timer("read"):
                     for raw in adapter(fmt, path)(path, cfg, take):
-                        rows.append(sample_row(raw, source, path, shard_format, cfg))
-                        if len(rows) % 256 == 0:
+                        row = sample_row(raw, source, path, shard_format, cfg)
+                        task.stats.inc(f"status/{row['status']}")
+                        task.stats.inc("images", row["n_images"])
+                        spill.add(row)
+                        n += 1
+                        if n % 256 == 0:
                             bar.update(256, file=i)
             except ShardError as e:  # the samples read before it stay; the file gets a status
                 problem = e
                 if owner:
                     task.log.warning("ingest: %s: %s", e.status, e)
-            task.stats.inc("samples", len(rows) - n0)
+            task.stats.inc("samples", n - n0)
             if owner:  # each file counted once, whatever the split
                 status = problem.status if problem else "ok"
                 task.stats.inc("files")
@@ -344,54 +422,126 @@ def run(cfg: IngestConfig, task: TaskContext) -> None:
                 shards.append({"shard": path, "source": source, "format": fmt or "",
                                "shard_format": shard_format_of(path, fmt), "samples": 0, "status": status,
                                "error": str(problem)[:500] if problem else None})
-    for r in rows:
-        task.stats.inc(f"status/{r['status']}")
-        task.stats.inc("images", r["n_images"])
+    with task.stats.timer("spill"):
+        spill.flush()
+    task.write_partial("buckets", counts=spill.buckets, runs=np.array([spill.runs]))
     task.write_part("shards", shards)
-    task.write_part("samples", rows)
+
+
+def cut_ranges(cfg: IngestConfig, task: TaskContext) -> None:
+    """Reduce: sum the map ranks' bucket counts and cut the buckets into ``world_size`` contiguous
+    ranges balanced by rows (``slice_bounds`` of the row count, at bucket granularity) — apply rank r
+    owns ids ``[cuts[r], cuts[r+1])``. Writes ``reduced/ranges.npz`` (cuts, each map rank's run count)."""
+    import numpy as np
+
+    from ovpipe.step import slice_bounds
+
+    total = np.zeros(N_BUCKETS, np.int64)
+    runs = []
+    for part in task.iter_partials("buckets"):
+        total += part["counts"]
+        runs.append(int(part["runs"][0]))
+    spill_files(task, runs)
+    below = np.concatenate([[0], np.cumsum(total)])          # rows in buckets < b
+    n = int(below[-1])
+    w = task.world_size
+    cuts = [int(np.searchsorted(below, slice_bounds(n, r, w)[0], side="left")) for r in range(w)] + [N_BUCKETS]
+    cuts[0] = 0
+    task.stats.inc("shuffled_rows", n)
+    task.write_reduced("ranges", cuts=np.array(cuts, np.int64), runs=np.array(runs, np.int64))
+
+
+def spill_files(task: TaskContext, runs) -> list[Path]:
+    """Every map rank's spill runs (``runs[r]`` of rank r), in (rank, run) order; a missing one is an
+    error that says why: ``finalize`` removes the shuffle once every apply rank is done (as a MapReduce
+    job drops its map outputs), so redoing a rank of a finished ingest means redoing the step."""
+    files = [spill_path(task, m, j) for m in range(len(runs)) for j in range(int(runs[m]))]
+    gone = [f for f in files if not f.exists()]
+    if gone:
+        raise FileNotFoundError(
+            f"{gone[0]} (and {len(gone) - 1} more): spill runs of the shuffle are missing — the step had finished "
+            f"and its finalize removed them; to redo part of a finished ingest, remove {task.step_dir} and rerun "
+            f"the step")
+    return files
+
+
+def _bucket_hex(b: int) -> str | None:
+    return None if b >= N_BUCKETS else f"{b:0{BUCKET_HEX}x}"
+
+
+def write_samples(cfg: IngestConfig, task: TaskContext) -> None:
+    """Apply: this rank's id range of every spill run, merged into canonical order (DuckDB, the range
+    pushed into the scan, under its memory limit), duplicates marked as the rows stream, written batch
+    by batch. Every copy of an id lies in one range, so the first occurrence in (source, shard, key)
+    order — ties by map rank and read order, as the merged manifest orders them — keeps its status and
+    the later ones become ``duplicate``, whatever the task split."""
+    from manifests.io import iter_sorted_parts
+    from ovpipe.mapreduce import BATCH_ROWS
+
+    r = task.read_reduced("ranges")
+    cuts, runs = r["cuts"], r["runs"]
+    lo_b, hi_b = int(cuts[task.rank]), int(cuts[task.rank + 1])
+    files = spill_files(task, runs)
+    tmp = task.step_dir / ".duckdb-tmp" / f"apply-{task.rank:05d}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    marker = _DuplicateMarker()
+    with task.part_writer("samples", row_group_rows=BATCH_ROWS) as w, \
+            task.progress(None, unit="sample", desc=f"ingest[apply {task.rank}]") as bar:
+        if files and lo_b < hi_b:
+            for batch in iter_sorted_parts(files, "samples", None, tmp, key_range=(_bucket_hex(lo_b), _bucket_hex(hi_b)),
+                                           batch_rows=BATCH_ROWS):
+                batch = marker.mark(batch)
+                w.write(batch)
+                bar.update(batch.num_rows)
+    task.stats.inc("duplicates", marker.marked)
+
+
+class _DuplicateMarker:
+    """Marks every row whose ``sample_id`` equals an earlier row's, over a stream in canonical order
+    (the state carries across batches): ``duplicate`` with the first occurrence named in ``error``."""
+
+    def __init__(self):
+        self.prev, self.first, self.marked = None, None, 0
+
+    def mark(self, batch):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        sid = batch.column("sample_id")
+        n = batch.num_rows
+        if n == 0:
+            return batch
+        repeats = (self.prev is not None and sid[0].as_py() == self.prev) or (
+            n > 1 and pc.any(pc.equal(sid.slice(1), sid.slice(0, n - 1))).as_py())
+        if not repeats:
+            self.prev = sid[n - 1].as_py()
+            self.first = (batch.column("shard")[n - 1].as_py(), batch.column("key")[n - 1].as_py())
+            return batch
+        ids, shard, key = sid.to_pylist(), batch.column("shard").to_pylist(), batch.column("key").to_pylist()
+        status, error = batch.column("status").to_pylist(), batch.column("error").to_pylist()
+        for i in range(n):
+            if ids[i] != self.prev:
+                self.prev, self.first = ids[i], (shard[i], key[i])
+                continue
+            text = f"{Path(self.first[0]).name}/{self.first[1]}"
+            if (shard[i], key[i]) == self.first:
+                text += " (an earlier copy with the same key)"
+            status[i], error[i] = "duplicate", f"duplicate of {text}"
+            self.marked += 1
+        names = batch.schema.names
+        cols = [pa.array(status, pa.string()) if c == "status" else pa.array(error, pa.string()) if c == "error"
+                else batch.column(c) for c in names]
+        return pa.RecordBatch.from_arrays(cols, schema=batch.schema)
 
 
 def _duckdb(task: TaskContext):
-    """A DuckDB connection for the finalize's whole-corpus queries: a memory limit, spilling under the
-    step folder, so the reduce holds the duplicates (and small counts), never the corpus."""
+    """A DuckDB connection for the finalize's whole-corpus counts: a memory limit, spilling under the
+    step folder."""
     from manifests.io import duckdb_connect
 
     tmp = task.step_dir / ".duckdb-tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     return duckdb_connect(tmp)
-
-
-def find_duplicates(task: TaskContext, files: list[Path]) -> dict[tuple[int, int], str]:
-    """``{(part, row): "duplicate of <shard>/<key>"}`` for every later occurrence of a ``sample_id``.
-
-    The first occurrence is the first in (source, shard, key) order; the same key twice in one file
-    (both copies in one part, in file order): the earlier row — rows are told apart by (part, row), so
-    a repeated key marks only its later copies. DuckDB groups ``sample_id`` over the parts' four
-    columns under a memory limit and returns only the rows of duplicated ids."""
-    con = _duckdb(task)
-    try:
-        paths = [str(Path(f).resolve()) for f in files]
-        con.execute("CREATE TEMP TABLE _files AS SELECT path, fno - 1 AS part FROM "
-                    "unnest(?::VARCHAR[]) WITH ORDINALITY t(path, fno)", [paths])
-        scan = f"read_parquet({_sql_list(paths)}, filename = true, file_row_number = true)"
-        rows = con.execute(
-            f"SELECT p.sample_id, p.shard, p.key, f.part, p.file_row_number FROM {scan} p "
-            f"JOIN _files f ON f.path = p.filename WHERE p.sample_id IN "
-            f"(SELECT sample_id FROM {scan} GROUP BY sample_id HAVING count(*) > 1) "
-            f"ORDER BY p.sample_id, p.source, p.shard, p.key, f.part, p.file_row_number").fetchall()
-    finally:
-        con.close()
-    dups: dict[tuple[int, int], str] = {}
-    prev, first = None, None
-    for sid, shard, key, part, row in rows:
-        if sid != prev:
-            prev, first = sid, (shard, key)
-            continue
-        text = f"{Path(first[0]).name}/{first[1]}"
-        if (shard, key) == first:
-            text += " (an earlier copy with the same key)"
-        dups[(int(part), int(row))] = text
-    return dups
 
 
 def _sql_list(paths: list[str]) -> str:
@@ -409,28 +559,16 @@ def _counts(task: TaskContext, files: list[Path], column: str) -> list[tuple]:
 
 
 def finalize(cfg: IngestConfig, task: TaskContext) -> None:
-    """Mark duplicate sample_ids over the whole corpus (rewriting only the parts that change),
-    count each file's samples into ``shards``, and write the report. The whole-corpus work is DuckDB
-    queries under a memory limit (``find_duplicates``, ``_counts``); only the parts holding a duplicate
-    are read whole."""
+    """Count each file's samples into ``shards``, make the ``status/*`` stats equal the manifest's
+    counts, write the report, and remove the shuffle's spill runs. The whole-corpus counts are DuckDB
+    ``GROUP BY``s of one column under a memory limit (``_counts``)."""
+    import shutil
+
     import pyarrow as pa
 
     from manifests.io import manifest_files, read_part, write_part
 
     files = manifest_files(task.run_dir, "samples", step=task.step)
-    dups = find_duplicates(task, files)
-    task.stats.inc("duplicates", len(dups))
-    for p in sorted({p for p, _ in dups}):
-        t = read_part(files[p], "samples")
-        status = t.column("status").to_pylist()
-        error = t.column("error").to_pylist()
-        for i in range(t.num_rows):
-            first = dups.get((p, i))
-            if first is not None:
-                status[i], error[i] = "duplicate", f"duplicate of {first}"
-        t = t.set_column(t.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
-        t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
-        write_part(t, files[p], "samples", sort=True)
     by_status = _counts(task, files, "status")
     # stats.json sums the ranks' stats and this one's: make its status/<x> equal the manifest's
     # counts (computed, not counted per change, so a finalize rerun after a kill stays exact).
@@ -455,6 +593,7 @@ def finalize(cfg: IngestConfig, task: TaskContext) -> None:
         write_part(t, f, "shards", sort=True)
         bad += [r for r in t.to_pylist() if r["status"] != "ok"]
     tables = [_count_table(by_status, "status"), _count_table(_counts(task, files, "category"), "category")]
+    n_dups = dict(by_status).get("duplicate", 0)
     if bad:
         lines = ["| shard | status | samples | error |", "| --- | --- | ---: | --- |"]
         for r in sorted(bad, key=lambda r: r["shard"]):
@@ -464,8 +603,11 @@ def finalize(cfg: IngestConfig, task: TaskContext) -> None:
     (task.step_dir / "report.md").write_text(
         f"{sum(n for _, n in by_status)} samples ingested from {len(expand_inputs(cfg.inputs))} files"
         + (f" ({len(bad)} with a problem: see the `shards` manifest)" if bad else "")
-        + f"; {len(dups)} duplicate(s) marked.\n\n"
+        + f"; {n_dups} duplicate(s) marked.\n\n"
         + "\n\n".join(tables) + "\n")
+    # every apply rank is done (finalize runs last): the spill runs are a second copy of the corpus
+    shutil.rmtree(shuffle_dir(task), ignore_errors=True)
+    shutil.rmtree(task.step_dir / ".duckdb-tmp", ignore_errors=True)
 
 
 def _count_table(counts: list[tuple], name: str) -> str:
@@ -476,5 +618,6 @@ def _count_table(counts: list[tuple], name: str) -> str:
 
 
 STEP = Step("ingest", IngestConfig, run, inputs=(), outputs=("samples", "shards"), finalize=finalize, check=check_inputs,
+            reduce=cut_ranges, apply=write_samples,
             description="webdataset / caption Parquet / LLaVA JSON / LLaVA-OV Parquet / FineVision / messages "
                         "→ samples manifest")

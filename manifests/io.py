@@ -20,9 +20,11 @@ PARQUET_OPTS = dict(compression="zstd", row_group_size=1 << 20, write_statistics
 
 
 def as_manifest_table(data, kind: str) -> pa.Table:
-    """``data`` (a table or a mapping of columns) as a table of manifest ``kind``'s schema, or
+    """``data`` (a table, a record batch, a mapping of columns or a list of rows) as a table of manifest ``kind``'s schema, or
     ``ManifestSchemaError`` naming the column."""
     schema = schema_for(kind)
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):
         table = data
     elif isinstance(data, Mapping):
@@ -43,13 +45,15 @@ def as_manifest_table(data, kind: str) -> pa.Table:
         raise ManifestSchemaError(f"manifest {kind!r}: {e}") from e
 
 
-def write_table(table: pa.Table, path: str | os.PathLike) -> Path:
-    """Write ``table`` to ``path`` atomically (temp file + rename)."""
+def write_table(table: pa.Table, path: str | os.PathLike, row_group_rows: int | None = None) -> Path:
+    """Write ``table`` to ``path`` atomically (temp file + rename); ``row_group_rows``: smaller row
+    groups than ``PARQUET_OPTS``' (a spill file read back by key range)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     table = table.replace_schema_metadata(None)
-    pq.write_table(table, tmp, **PARQUET_OPTS)
+    opts = dict(PARQUET_OPTS, row_group_size=row_group_rows) if row_group_rows else PARQUET_OPTS
+    pq.write_table(table, tmp, **opts)
     os.replace(tmp, path)
     return path
 
@@ -139,14 +143,15 @@ def manifest_num_rows(run_dir: str | os.PathLike, kind: str, step: str | None = 
 
 def parts_in_canonical_order(files: list[Path], kind: str) -> bool:
     """Whether reading the parts one after another already gives canonical order, judged from the
-    footers: the first sort key's min/max per row group must strictly increase from one row group
-    (and part) to the next. Within a row group the writer's contract holds (``write_part`` sorts;
+    footers: the first sort key's min/max per row group must increase from one row group to the next
+    (strictly from one part to the next). Within a row group the writer's contract holds (``write_part`` sorts;
     ``embed-images`` keeps its canonical input order); ``iter_manifest`` re-checks it as it reads."""
     key = SORT_KEYS[kind][0]
     last = None
     for f in files:
         md = pq.ParquetFile(f).metadata
         col = md.schema.to_arrow_schema().get_field_index(key)
+        first_in_file = True
         for g in range(md.num_row_groups):
             rg = md.row_group(g)
             if rg.num_rows == 0:
@@ -154,9 +159,11 @@ def parts_in_canonical_order(files: list[Path], kind: str) -> bool:
             st = rg.column(col).statistics
             if st is None or not st.has_min_max:
                 return False
-            if last is not None and not last < st.min:
+            # within a part the writer sorted by every key, so an id may continue into the next row group;
+            # across parts it must not (a tie would be ordered by the other keys, not by part)
+            if last is not None and (not last < st.min if first_in_file else not last <= st.min):
                 return False
-            last = st.max
+            last, first_in_file = st.max, False
     return True
 
 
@@ -237,17 +244,47 @@ def duckdb_connect(temp_dir: str | os.PathLike, threads: int = 2):
 def _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows):
     import tempfile
 
-    con = duckdb_connect(tempfile.gettempdir())  # spills
+    yield from iter_sorted_parts(files, kind, columns, tempfile.gettempdir(), lo=lo, hi=hi,
+                                 batch_rows=batch_rows, out_schema=out_schema)
+
+
+def iter_sorted_parts(files: Sequence[Path], kind: str, columns: list[str] | None, temp_dir: str | os.PathLike,
+                      lo: int = 0, hi: int | None = None, key_range: tuple[str | None, str | None] | None = None,
+                      batch_rows: int = 65536, out_schema: pa.Schema | None = None):
+    """The rows of ``files`` (parts of manifest ``kind``) in canonical order — ``SORT_KEYS``, ties by
+    file (in the given order) and row, as a stable sort of the concatenated parts — sorted by DuckDB
+    under ``duckdb_connect``'s memory limit, spilling under ``temp_dir``; as record batches of
+    ``columns`` cast to the manifest's types. ``key_range=(a, b)``: only rows whose first sort key is in
+    ``[a, b)`` (``None``: unbounded), pushed into the Parquet scan, so row groups outside it (by their
+    min/max statistics) are never read. ``lo``/``hi``: rows ``[lo, hi)`` of that order."""
+    schema = schema_for(kind)
+    columns = list(columns) if columns is not None else schema.names
+    out_schema = out_schema or pa.schema([schema.field(c) for c in columns])
+    con = duckdb_connect(temp_dir)
     keys = ", ".join(f'"{k}"' for k in SORT_KEYS[kind])
     cols = ", ".join(f'"{c}"' for c in columns)
     paths = [str(f) for f in files]
     order = ", ".join(f"({k}, '{p.replace(chr(39), chr(39) * 2)}')" for k, p in enumerate(paths))
+    where, params = [], {"files": paths}
+    if key_range is not None:
+        key = SORT_KEYS[kind][0]
+        if key_range[0] is not None:
+            where.append(f'"{key}" >= $key_lo')
+            params["key_lo"] = key_range[0]
+        if key_range[1] is not None:
+            where.append(f'"{key}" < $key_hi')
+            params["key_hi"] = key_range[1]
+    limit = f" LIMIT {hi - lo}" if hi is not None else ""
     rel = con.sql(
         f"SELECT {cols} FROM read_parquet($files, filename = true, file_row_number = true) "
         f"JOIN (VALUES {order}) AS o(file_no, path) ON filename = o.path "
-        f"ORDER BY {keys}, file_no, file_row_number LIMIT {hi - lo} OFFSET {lo}", params={"files": paths})
-    for batch in rel.to_arrow_reader(batch_rows):
-        yield pa.Table.from_batches([batch]).cast(out_schema).to_batches()[0] if batch.num_rows else batch
+        + (f"WHERE {' AND '.join(where)} " if where else "")
+        + f"ORDER BY {keys}, file_no, file_row_number{limit} OFFSET {lo}", params=params)
+    try:
+        for batch in rel.to_arrow_reader(batch_rows):
+            yield pa.Table.from_batches([batch]).cast(out_schema).to_batches()[0] if batch.num_rows else batch
+    finally:
+        con.close()
 
 
 class PartWriter:

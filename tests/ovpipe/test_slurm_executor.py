@@ -51,27 +51,39 @@ def _merged(run, tmp):
 
 
 def test_array_over_4_ranks_then_rerun_one(slurm_env, demo_corpus, tmp_path):
+    """`ingest` (map array → reduce → apply array → merge) gives a local run's bytes; then a plain step's
+    4-rank array with one rank lost resubmits only that rank."""
+    import json
+
     run, ref = tmp_path / "run", tmp_path / "ref"
     assert _ingest(demo_corpus, ref) == 0                                 # local reference
     t0 = time.time()
     assert _ingest(demo_corpus, run, "--executor", "slurm", "--wait") == 0
     took = time.time() - t0
     sdir = run / "ingest"
-    assert sorted(p.name for p in (sdir / "completions").iterdir()) == ["00000", "00001", "00002", "00003", "finalized"]
+    assert sorted(p.name for p in (sdir / "completions").iterdir()) == [
+        "00000", "00001", "00002", "00003", "apply-00000", "apply-00001", "apply-00002", "apply-00003",
+        "finalized", "reduced"]
     assert "#SBATCH --array=0-3%2" in (sdir / "launch_script.slurm").read_text()
+    assert [j["phase"] for j in json.loads((sdir / "slurm_jobs.json").read_text())["chain"]] == [
+        "map", "reduce", "apply", "merge"]
     assert '"samples": 200' in (sdir / "stats.json").read_text()
     assert list((sdir / "logs").glob("slurm-*_3.out"))
     assert _merged(run, tmp_path) == _merged(ref, tmp_path)
 
-    (sdir / "completions" / "00002").unlink()
-    logs = {r: (sdir / "logs" / f"task_{r:05d}.log").stat().st_mtime_ns for r in range(4)}
-    assert _ingest(demo_corpus, run, "--executor", "slurm", "--wait") == 0
-    assert "#SBATCH --array=2%2" in (sdir / "launch_script.slurm").read_text()
-    now = {r: (sdir / "logs" / f"task_{r:05d}.log").stat().st_mtime_ns for r in range(4)}
+    count = ["count-ok", "--run-dir", str(run), "--executor", "slurm", "--tasks", "4", "--workers", "2",
+             "--wait", "--quiet"]
+    assert main(count) == 0
+    cdir = run / "count-ok"
+    (cdir / "completions" / "00002").unlink()
+    logs = {r: (cdir / "logs" / f"task_{r:05d}.log").stat().st_mtime_ns for r in range(4)}
+    assert main(count) == 0
+    assert "#SBATCH --array=2%2" in (cdir / "launch_script.slurm").read_text()
+    now = {r: (cdir / "logs" / f"task_{r:05d}.log").stat().st_mtime_ns for r in range(4)}
     assert [r for r in range(4) if now[r] != logs[r]] == [2]
-    assert (sdir / "completions" / "finalized").exists()
-    assert _merged(run, tmp_path) == _merged(ref, tmp_path)
-    print(f"4-task array + merge job: {took:.1f} s")
+    assert (cdir / "completions" / "finalized").exists()
+    assert json.loads((cdir / "stats.json").read_text())["counters"]["ok"] == 195
+    print(f"ingest on Slurm, 4-rank arrays + reduce + merge: {took:.1f} s")
 
 
 def test_next_step_chains_with_afterok(slurm_env, demo_corpus, tmp_path):
