@@ -66,15 +66,15 @@ contiguous ``sample_id`` ranges — canonical order as they lie, so no later tas
 
 - **map**: work is split in units (a tar; a Parquet row group; ``JSON_CHUNK_ROWS`` JSON records): unit
   ``u`` of the ``i``-th input file (sorted) goes to rank ``(i + u) % world_size``. The rank's rows are
-  written every ``SPILL_ROWS`` as a sorted run (``shuffle/map-{rank}-{run}.parquet``, small row groups)
+  written every ``SPILL_BYTES`` as a sorted run (``shuffle/map-{rank}-{run}.parquet``, small row groups)
   and counted per bucket (the first 4 hex digits of ``sample_id``: an xxh3, so buckets are balanced);
   the partial is that bucket count. The file's ``shards`` row is written here. Memory: one run.
 - **reduce**: sums the bucket counts and cuts the buckets into ``world_size`` ranges of ≈ equal rows
   (``reduced/ranges.npz``).
-- **apply**: rank r reads its id range of every run — DuckDB, the range pushed into the scan so only
-  the runs' row groups that overlap it are read — in canonical order (ties by map rank and read
-  order, as the merged manifest orders them) under a memory limit, marks duplicates as the rows
-  stream, and writes its part batch by batch.
+- **apply**: rank r merges its id range of every run into canonical order (ties by map rank and read
+  order, as the merged manifest orders them), a sub-range of ≈ ``MERGE_BYTES`` at a time, reading only
+  the runs' row groups that overlap it (``merge_runs``); it marks duplicates as the rows stream and
+  writes its part batch by batch.
 - **finalize**: the counts (``shards.samples``, ``status/*``), the report, and the spill runs removed
   (like a MapReduce job's map outputs: a rank of a finished ingest is redone by redoing the step).
 
@@ -327,8 +327,10 @@ def shard_format_of(path: str, fmt: str | None) -> str:
     return "tar" if path.endswith(".tar") else "parquet" if path.endswith(".parquet") else "json"
 
 
-SPILL_ROWS = 65_536        # rows a map rank holds before it writes them, sorted, as one spill run
-SPILL_GROUP_ROWS = 4096    # rows per row group of a spill run: an apply rank's id range prunes the rest
+CONVERT_ROWS = 8192        # rows a map rank holds as Python dicts before making them an Arrow table
+SPILL_BYTES = 256 << 20    # Arrow bytes a map rank holds before writing them, sorted, as one spill run
+SPILL_GROUP_ROWS = 1024    # rows per row group of a spill run: an apply rank's id range prunes the rest
+MERGE_BYTES = 128 << 20    # decoded bytes an apply rank merges at once (a sub-range of its buckets)
 BUCKET_HEX = 4             # a bucket is the first 4 hex digits of sample_id (top 16 bits of the xxh3)
 N_BUCKETS = 16 ** BUCKET_HEX
 
@@ -343,13 +345,14 @@ def spill_path(task: TaskContext, rank: int, run: int) -> Path:
 
 
 class _Spill:
-    """A map rank's rows, written every ``SPILL_ROWS`` as a sorted run (``write_part``'s stable sort by
-    ``SORT_KEYS``, small row groups), with the rank's per-bucket row counts: memory one run."""
+    """A map rank's rows, made Arrow tables every ``CONVERT_ROWS`` and written every ``SPILL_BYTES`` as
+    a sorted run (stable sort by ``SORT_KEYS``, row groups of ``SPILL_GROUP_ROWS``), with the rank's
+    per-bucket row counts: memory one run."""
 
     def __init__(self, task: TaskContext):
         import numpy as np
 
-        self.task, self.rows, self.runs = task, [], 0
+        self.task, self.rows, self.tables, self.nbytes, self.runs = task, [], [], 0, 0
         self.buckets = np.zeros(N_BUCKETS, np.int64)
         d = shuffle_dir(task)
         d.mkdir(parents=True, exist_ok=True)
@@ -362,19 +365,33 @@ class _Spill:
             raise ValueError(f"sample_id {sid!r} is not an xxh3-64 hex digest")
         self.buckets[int(sid[:BUCKET_HEX], 16)] += 1
         self.rows.append(row)
-        if len(self.rows) >= SPILL_ROWS:
-            self.flush()
+        if len(self.rows) >= CONVERT_ROWS:
+            self._convert()
+            if self.nbytes >= SPILL_BYTES:
+                self.flush()
+
+    def _convert(self) -> None:
+        from manifests.io import as_manifest_table
+
+        if self.rows:
+            t = as_manifest_table(self.rows, "samples")
+            self.tables.append(t)
+            self.nbytes += t.nbytes
+            self.rows = []
 
     def flush(self) -> None:
-        from manifests.io import as_manifest_table, write_table
+        import pyarrow as pa
+
+        from manifests.io import write_table
         from manifests.schemas import SORT_KEYS
 
-        if not self.rows:
+        self._convert()
+        if not self.tables:
             return
-        t = as_manifest_table(self.rows, "samples").sort_by([(k, "ascending") for k in SORT_KEYS["samples"]])
+        t = pa.concat_tables(self.tables).sort_by([(k, "ascending") for k in SORT_KEYS["samples"]])
+        self.tables, self.nbytes = [], 0
         write_table(t, spill_path(self.task, self.task.rank, self.runs), row_group_rows=SPILL_GROUP_ROWS)
         self.runs += 1
-        self.rows = []
 
 
 def run(cfg: IngestConfig, task: TaskContext) -> None:
@@ -431,7 +448,8 @@ def run(cfg: IngestConfig, task: TaskContext) -> None:
 def cut_ranges(cfg: IngestConfig, task: TaskContext) -> None:
     """Reduce: sum the map ranks' bucket counts and cut the buckets into ``world_size`` contiguous
     ranges balanced by rows (``slice_bounds`` of the row count, at bucket granularity) — apply rank r
-    owns ids ``[cuts[r], cuts[r+1])``. Writes ``reduced/ranges.npz`` (cuts, each map rank's run count)."""
+    owns ids ``[cuts[r], cuts[r+1])``. Writes ``reduced/ranges.npz`` (cuts, each map rank's run count,
+    the bucket counts)."""
     import numpy as np
 
     from ovpipe.step import slice_bounds
@@ -448,7 +466,7 @@ def cut_ranges(cfg: IngestConfig, task: TaskContext) -> None:
     cuts = [int(np.searchsorted(below, slice_bounds(n, r, w)[0], side="left")) for r in range(w)] + [N_BUCKETS]
     cuts[0] = 0
     task.stats.inc("shuffled_rows", n)
-    task.write_reduced("ranges", cuts=np.array(cuts, np.int64), runs=np.array(runs, np.int64))
+    task.write_reduced("ranges", cuts=np.array(cuts, np.int64), runs=np.array(runs, np.int64), buckets=total)
 
 
 def spill_files(task: TaskContext, runs) -> list[Path]:
@@ -470,30 +488,88 @@ def _bucket_hex(b: int) -> str | None:
 
 
 def write_samples(cfg: IngestConfig, task: TaskContext) -> None:
-    """Apply: this rank's id range of every spill run, merged into canonical order (DuckDB, the range
-    pushed into the scan, under its memory limit), duplicates marked as the rows stream, written batch
-    by batch. Every copy of an id lies in one range, so the first occurrence in (source, shard, key)
-    order — ties by map rank and read order, as the merged manifest orders them — keeps its status and
-    the later ones become ``duplicate``, whatever the task split."""
-    from manifests.io import iter_sorted_parts
+    """Apply: this rank's id range of every spill run, merged into canonical order a sub-range at a
+    time (``merge_runs``), duplicates marked as the rows stream, written batch by batch. Every copy of
+    an id lies in one range, so the first occurrence in (source, shard, key) order — ties by map rank
+    and read order, as the merged manifest orders them — keeps its status and the later ones become
+    ``duplicate``, whatever the task split."""
     from ovpipe.mapreduce import BATCH_ROWS
 
     r = task.read_reduced("ranges")
     cuts, runs = r["cuts"], r["runs"]
     lo_b, hi_b = int(cuts[task.rank]), int(cuts[task.rank + 1])
     files = spill_files(task, runs)
-    tmp = task.step_dir / ".duckdb-tmp" / f"apply-{task.rank:05d}"
-    tmp.mkdir(parents=True, exist_ok=True)
     marker = _DuplicateMarker()
     with task.part_writer("samples", row_group_rows=BATCH_ROWS) as w, \
-            task.progress(None, unit="sample", desc=f"ingest[apply {task.rank}]") as bar:
-        if files and lo_b < hi_b:
-            for batch in iter_sorted_parts(files, "samples", None, tmp, key_range=(_bucket_hex(lo_b), _bucket_hex(hi_b)),
-                                           batch_rows=BATCH_ROWS):
-                batch = marker.mark(batch)
-                w.write(batch)
-                bar.update(batch.num_rows)
+            task.progress(int(r["buckets"][lo_b:hi_b].sum()), unit="sample", desc=f"ingest[apply {task.rank}]") as bar:
+        for batch in merge_runs(files, r["buckets"], lo_b, hi_b, task.stats, BATCH_ROWS):
+            batch = marker.mark(batch)
+            w.write(batch)
+            bar.update(batch.num_rows)
     task.stats.inc("duplicates", marker.marked)
+
+
+def merge_runs(files: list[Path], buckets, lo_b: int, hi_b: int, stats=None, batch_rows: int = 65536):
+    """The rows of the sorted runs ``files`` whose bucket is in ``[lo_b, hi_b)``, in canonical order
+    (``SORT_KEYS``, ties by file then row: a stable sort of the runs concatenated in order), as record
+    batches. The range is cut into sub-ranges of whole buckets holding about ``MERGE_BYTES`` of decoded
+    rows (from ``buckets``, the global counts, and the runs' bytes per row); for each, every run's row
+    groups whose [min, max] id overlaps it (footer statistics, read once) are read, filtered to the
+    sub-range, concatenated in run order and stably sorted. Memory: one sub-range, plus at most a
+    partial row group per run at each end."""
+    import bisect
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from manifests.schemas import SORT_KEYS
+
+    if not files or lo_b >= hi_b:
+        return
+    index, nbytes, nrows = [], 0, 0
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        col = md.schema.to_arrow_schema().get_field_index("sample_id")
+        mins, maxs, groups = [], [], []
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            nbytes, nrows = nbytes + rg.total_byte_size, nrows + rg.num_rows
+            if rg.num_rows:
+                st = rg.column(col).statistics
+                mins.append(st.min)
+                maxs.append(st.max)
+                groups.append(g)
+        index.append((f, mins, maxs, groups))
+    per_chunk = max(1, int(MERGE_BYTES / max(nbytes / max(nrows, 1), 1)))
+    keys = [(k, "ascending") for k in SORT_KEYS["samples"]]
+    cum = np.concatenate([[0], np.cumsum(buckets[lo_b:hi_b])])
+    a = 0
+    while a < hi_b - lo_b:
+        b = max(int(np.searchsorted(cum, cum[a] + per_chunk, side="right")) - 1, a + 1)   # whole buckets
+        lo, hi = _bucket_hex(lo_b + a), _bucket_hex(lo_b + b)
+        tables, read = [], 0
+        for f, mins, maxs, groups in index:
+            g0 = bisect.bisect_left(maxs, lo)                    # first group reaching the sub-range
+            g1 = bisect.bisect_left(mins, hi) if hi is not None else len(mins)   # groups starting before its end
+            if g0 >= g1:
+                continue
+            t = pq.ParquetFile(f).read_row_groups(groups[g0:g1], use_threads=False)
+            read += t.num_rows
+            ids = t.column("sample_id")
+            keep = pc.greater_equal(ids, lo) if hi is None else pc.and_(pc.greater_equal(ids, lo), pc.less(ids, hi))
+            tables.append(t.filter(keep))
+        if stats is not None:
+            stats.inc("merge_subranges")
+            stats.inc("merge_rows_read", read)      # rows decoded: the sub-range's + the partial row groups
+        if tables:
+            t = pa.concat_tables(tables)
+            del tables
+            if t.num_rows:
+                yield from t.sort_by(keys).to_batches(max_chunksize=batch_rows)
+            del t
+        a = b
 
 
 class _DuplicateMarker:

@@ -244,47 +244,17 @@ def duckdb_connect(temp_dir: str | os.PathLike, threads: int = 2):
 def _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows):
     import tempfile
 
-    yield from iter_sorted_parts(files, kind, columns, tempfile.gettempdir(), lo=lo, hi=hi,
-                                 batch_rows=batch_rows, out_schema=out_schema)
-
-
-def iter_sorted_parts(files: Sequence[Path], kind: str, columns: list[str] | None, temp_dir: str | os.PathLike,
-                      lo: int = 0, hi: int | None = None, key_range: tuple[str | None, str | None] | None = None,
-                      batch_rows: int = 65536, out_schema: pa.Schema | None = None):
-    """The rows of ``files`` (parts of manifest ``kind``) in canonical order — ``SORT_KEYS``, ties by
-    file (in the given order) and row, as a stable sort of the concatenated parts — sorted by DuckDB
-    under ``duckdb_connect``'s memory limit, spilling under ``temp_dir``; as record batches of
-    ``columns`` cast to the manifest's types. ``key_range=(a, b)``: only rows whose first sort key is in
-    ``[a, b)`` (``None``: unbounded), pushed into the Parquet scan, so row groups outside it (by their
-    min/max statistics) are never read. ``lo``/``hi``: rows ``[lo, hi)`` of that order."""
-    schema = schema_for(kind)
-    columns = list(columns) if columns is not None else schema.names
-    out_schema = out_schema or pa.schema([schema.field(c) for c in columns])
-    con = duckdb_connect(temp_dir)
+    con = duckdb_connect(tempfile.gettempdir())  # spills
     keys = ", ".join(f'"{k}"' for k in SORT_KEYS[kind])
     cols = ", ".join(f'"{c}"' for c in columns)
     paths = [str(f) for f in files]
     order = ", ".join(f"({k}, '{p.replace(chr(39), chr(39) * 2)}')" for k, p in enumerate(paths))
-    where, params = [], {"files": paths}
-    if key_range is not None:
-        key = SORT_KEYS[kind][0]
-        if key_range[0] is not None:
-            where.append(f'"{key}" >= $key_lo')
-            params["key_lo"] = key_range[0]
-        if key_range[1] is not None:
-            where.append(f'"{key}" < $key_hi')
-            params["key_hi"] = key_range[1]
-    limit = f" LIMIT {hi - lo}" if hi is not None else ""
     rel = con.sql(
         f"SELECT {cols} FROM read_parquet($files, filename = true, file_row_number = true) "
         f"JOIN (VALUES {order}) AS o(file_no, path) ON filename = o.path "
-        + (f"WHERE {' AND '.join(where)} " if where else "")
-        + f"ORDER BY {keys}, file_no, file_row_number{limit} OFFSET {lo}", params=params)
-    try:
-        for batch in rel.to_arrow_reader(batch_rows):
-            yield pa.Table.from_batches([batch]).cast(out_schema).to_batches()[0] if batch.num_rows else batch
-    finally:
-        con.close()
+        f"ORDER BY {keys}, file_no, file_row_number LIMIT {hi - lo} OFFSET {lo}", params={"files": paths})
+    for batch in rel.to_arrow_reader(batch_rows):
+        yield pa.Table.from_batches([batch]).cast(out_schema).to_batches()[0] if batch.num_rows else batch
 
 
 class PartWriter:

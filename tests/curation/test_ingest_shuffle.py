@@ -1,6 +1,6 @@
 """Issue 13: `ingest` is map → reduce → apply. Map ranks spill their rows as sorted runs with per-bucket
 counts; the reduce cuts the id space into balanced ranges; each apply rank merges its range of every
-run (DuckDB, the range pushed into the scan) and marks duplicates as the rows stream. So the `samples`
+run, a sub-range at a time, and marks duplicates as the rows stream. So the `samples`
 parts are contiguous id ranges — canonical as they lie, no downstream task sorts the corpus — and the
 merged manifest is the same bytes for any task count, spill size or batch size."""
 import io
@@ -67,8 +67,10 @@ def test_id_range_parts_same_bytes_for_any_split(tmp_path, monkeypatch):
     files = _corpus(tmp_path / "data")
     _ingest(tmp_path / "ref", files, 1)                       # default spill runs and batches
     ref = _bytes(tmp_path / "ref", tmp_path)
-    monkeypatch.setattr(ingest_mod, "SPILL_ROWS", 7)          # many runs per map rank
+    monkeypatch.setattr(ingest_mod, "CONVERT_ROWS", 7)        # a run every 7 rows: many runs per map rank
+    monkeypatch.setattr(ingest_mod, "SPILL_BYTES", 1)
     monkeypatch.setattr(ingest_mod, "SPILL_GROUP_ROWS", 3)    # many row groups per run (pruned by range)
+    monkeypatch.setattr(ingest_mod, "MERGE_BYTES", 4000)      # many sub-ranges per apply rank
     monkeypatch.setattr(ovpipe.mapreduce, "BATCH_ROWS", 4)    # duplicate runs cut by batch boundaries
     for tasks in (1, 3, 8):
         run = tmp_path / f"t{tasks}"
@@ -89,6 +91,9 @@ def test_id_range_parts_same_bytes_for_any_split(tmp_path, monkeypatch):
         stats = json.loads((run / "ingest" / "stats.json").read_text())["counters"]
         assert stats["duplicates"] == stats["status/duplicate"] == 3 * 12 + 1
         assert stats["samples"] == 240 and stats["status/empty_caption"] == 1
+        # sub-ranges read only the row groups that overlap them (footer min/max), not every run whole
+        assert stats["merge_subranges"] >= 3 * tasks
+        assert 240 <= stats["merge_rows_read"] < 0.5 * stats["merge_subranges"] * 240
     rows = read_manifest(tmp_path / "ref", "samples").to_pylist()
     dups = {(r["shard"].split("/")[-2], r["key"]): r["error"] for r in rows if r["status"] == "duplicate"}
     # the first occurrence in (source, shard, key) order stays: src0's row, or the lower key in src1
@@ -120,7 +125,8 @@ def test_a_rerun_map_rank_replaces_its_spill_runs(tmp_path, monkeypatch):
     too); the other rank's runs are not redone; the result is the reference's bytes."""
     files = _corpus(tmp_path / "data", n_files=2, rows=30)
     _ingest(tmp_path / "ref", files, 2)
-    monkeypatch.setattr(ingest_mod, "SPILL_ROWS", 5)
+    monkeypatch.setattr(ingest_mod, "CONVERT_ROWS", 5)
+    monkeypatch.setattr(ingest_mod, "SPILL_BYTES", 1)
     run = tmp_path / "run"
     args = ["ingest", "--set", f"inputs={json.dumps([str(p) for p in files])}", "--run-dir", str(run),
             "--tasks", "2", "--quiet"]
