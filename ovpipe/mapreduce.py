@@ -118,6 +118,53 @@ def iter_canonical_share(run_dir: Path, kind: str, columns: list[str], rank: int
         yield batch.select(columns)
 
 
+def prefetch(it: Iterator, depth: int = 2) -> Iterator:
+    """``it``'s items, in order, produced by a background thread up to ``depth`` ahead: a one-process
+    reduce decodes the next Parquet batch (pyarrow releases the GIL) while it works on this one, so
+    it uses a second core. The producer's exception is raised here; closing this generator early
+    stops the producer at its next item."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+    done = object()
+
+    def produce():
+        try:
+            for item in it:
+                while not stop.is_set():
+                    try:
+                        q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((done, None))
+        except BaseException as e:  # noqa: BLE001 — handed to the consumer, raised there
+            q.put((done, e))
+
+    t = threading.Thread(target=produce, name="ovpipe-prefetch", daemon=True)
+    t.start()
+    try:
+        while True:
+            item, err = q.get()
+            if item is done:
+                if err is not None:
+                    raise err
+                return
+            yield item
+    finally:
+        stop.set()
+        while t.is_alive():            # unblock a producer waiting on a full queue, then let it see `stop`
+            try:
+                q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        t.join()
+
+
 # ---------------------------------------------------------------------------- small artifacts
 
 def save_arrays(path: Path, **arrays) -> Path:

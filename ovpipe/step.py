@@ -239,10 +239,11 @@ class TaskContext:
     def iter_input_canonical(self, kind: str, columns: list[str], step: str | None = None):
         """The whole of ``kind``'s ``columns`` in canonical order, streamed as record batches — for a
         reduce that truly needs every row in order (``mapreduce.iter_canonical_share``: parts already
-        in canonical order as they lie, else a DuckDB sort under a memory limit)."""
-        from ovpipe.mapreduce import iter_canonical_share
+        in canonical order as they lie, else a DuckDB sort under a memory limit), decoded a batch ahead in
+        a background thread (``mapreduce.prefetch``: the one process of a reduce uses a second core)."""
+        from ovpipe.mapreduce import iter_canonical_share, prefetch
 
-        return iter_canonical_share(self.run_dir, kind, columns, 0, 1, step)
+        return prefetch(iter_canonical_share(self.run_dir, kind, columns, 0, 1, step))
 
     def iter_input_slice(self, kind: str, columns: list[str], step: str | None = None):
         """This rank's canonical slice of ``kind`` (what ``read_input_slice`` returns), streamed: for an

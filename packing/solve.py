@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,6 +211,7 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from ovpipe.mapreduce import prefetch
     from packing.binpack import bin_layout, bin_permutation, slot_fill_order, u64_to_hex
 
     C = cfg.seq_len
@@ -278,14 +280,20 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
                     fh.close()
             os.remove(work / "items.bin")
             ltype = np.uint16 if C < 1 << 16 else np.int64
+
+            def sorted_partitions():
+                """Each partition's items and their (L, key) order — read and sorted a partition ahead in
+                a background thread (numpy sorts without the GIL) while the last one is placed."""
+                for p in range(n_parts):
+                    path = work / f"part-{p:05d}.bin"
+                    rec = np.fromfile(path, dtype=ITEM)
+                    os.remove(path)
+                    o = np.argsort(rec["key"], kind="stable")
+                    yield rec, o[np.argsort(rec["L"][o].astype(ltype), kind="stable")]
+
             k0 = 0
             prog = task.progress(n_parts, unit="partitions", desc="pack: place items")
-            for p in range(n_parts):
-                path = work / f"part-{p:05d}.bin"
-                rec = np.fromfile(path, dtype=ITEM)
-                os.remove(path)
-                o = np.argsort(rec["key"], kind="stable")
-                o = o[np.argsort(rec["L"][o].astype(ltype), kind="stable")]
+            for rec, o in prefetch(sorted_partitions(), depth=1):
                 d = dest[k0:k0 + len(rec)]
                 for name in SLOT.names:
                     out[name][d] = rec[name][o]
@@ -299,13 +307,20 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
             tmp = out_path.with_name(f".tmp-{os.getpid()}-{out_path.name}")
             schema = pa.schema([("sample_id", pa.string()), ("length", pa.int32()), ("turns_kept", pa.int32()),
                                 ("source_sample_id", pa.string())])
-            with pq.ParquetWriter(tmp, schema, compression="zstd") as w:
+            # one writer thread encodes and compresses a row group (pyarrow releases the GIL) while this
+            # one builds the next: FIFO on one worker, so the file is the same; at most 2 tables pending
+            with pq.ParquetWriter(tmp, schema, compression="zstd") as w, ThreadPoolExecutor(1) as pool:
+                pending: list = []
                 for a in range(0, n, 1 << 16):
                     r = out[a:a + (1 << 16)]
-                    w.write_table(pa.table({"sample_id": u64_to_hex(r["sid"]),
-                                            "length": pa.array(r["L"].astype(np.int32)),
-                                            "turns_kept": pa.array(r["turns"]),
-                                            "source_sample_id": u64_to_hex(r["src"])}, schema=schema))
+                    t = pa.table({"sample_id": u64_to_hex(r["sid"]), "length": pa.array(r["L"].astype(np.int32)),
+                                  "turns_kept": pa.array(r["turns"]), "source_sample_id": u64_to_hex(r["src"])},
+                                 schema=schema)
+                    pending.append(pool.submit(w.write_table, t))
+                    if len(pending) > 2:
+                        pending.pop(0).result()
+                for f in pending:
+                    f.result()
             os.replace(tmp, out_path)
         return Solution(counts, start, np.asarray(load, np.int64), small.lengths())
     finally:

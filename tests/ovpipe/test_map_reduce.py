@@ -190,3 +190,35 @@ def test_every_task_records_its_peak_memory(tmp_path):
             "peak_rss_bytes/apply-00000", "peak_rss_bytes/apply-00001"}
     assert keys <= set(info)
     assert all(10 * 2**20 < info[k] < 4 * 2**30 for k in keys)
+
+
+def test_prefetch_keeps_order_raises_and_stops_early():
+    import threading
+
+    from ovpipe.mapreduce import prefetch
+
+    assert list(prefetch(iter(range(1000)), depth=3)) == list(range(1000))
+
+    def failing():
+        yield 1
+        raise KeyError("boom")
+
+    got = []
+    with pytest.raises(KeyError, match="boom"):
+        for x in prefetch(failing()):
+            got.append(x)
+    assert got == [1]
+    pulled = []
+
+    def endless():
+        i = 0
+        while True:
+            pulled.append(i)
+            yield i
+            i += 1
+
+    g = prefetch(endless(), depth=2)
+    assert [next(g) for _ in range(5)] == [0, 1, 2, 3, 4]
+    g.close()                                    # the producer stops a few items ahead, never runs on
+    n = len(pulled)
+    assert n <= 5 + 4 and not any(t.name == "ovpipe-prefetch" for t in threading.enumerate())
