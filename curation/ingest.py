@@ -464,7 +464,6 @@ def cut_ranges(cfg: IngestConfig, task: TaskContext) -> None:
     n = int(below[-1])
     w = task.world_size
     cuts = [int(np.searchsorted(below, slice_bounds(n, r, w)[0], side="left")) for r in range(w)] + [N_BUCKETS]
-    cuts[0] = 0
     task.stats.inc("shuffled_rows", n)
     task.write_reduced("ranges", cuts=np.array(cuts, np.int64), runs=np.array(runs, np.int64), buckets=total)
 

@@ -130,15 +130,10 @@ def prefetch(it: Iterator, depth: int = 2) -> Iterator:
     stop = threading.Event()
     done = object()
 
-    def produce():
+    def produce():           # a put blocked on a full queue is freed by the consumer's drain below
         try:
             for item in it:
-                while not stop.is_set():
-                    try:
-                        q.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                q.put((item, None))
                 if stop.is_set():
                     return
             q.put((done, None))
@@ -157,7 +152,7 @@ def prefetch(it: Iterator, depth: int = 2) -> Iterator:
             yield item
     finally:
         stop.set()
-        while t.is_alive():            # unblock a producer waiting on a full queue, then let it see `stop`
+        while t.is_alive():            # free a producer blocked on a full queue; it then sees `stop`
             try:
                 q.get(timeout=0.1)
             except queue.Empty:
