@@ -12,16 +12,44 @@ WORKERS   ?= 2
 EXECUTOR  ?= local
 STEP_ARGS  = --run-dir $(RUN) --executor $(EXECUTOR) --tasks $(TASKS) --workers $(WORKERS)
 
-.PHONY: install demo test test-fast bench demo-data ingest report status clean
+.PHONY: install lock test-latest demo test test-fast bench demo-data ingest report status clean
+
+# The install is the lock (requirements/lock.txt, every package pinned with hashes for CPython 3.12 on
+# x86-64 Linux), made by uv from pyproject.toml's ranges; `make lock` refreshes it (docs/install.md).
+UV_VERSION := 0.13.9
+UV         := .uv/bin/uv
+LOCK       := requirements/lock.txt
+LOCK_ARGS  := --python-version 3.12 --python-platform x86_64-manylinux_2_28 --generate-hashes --no-header -q
+
+$(UV):
+	$(PYTHON312) -m pip install -q --disable-pip-version-check --target .uv uv==$(UV_VERSION)
 
 install: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON312) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[all]'
-	$(BIN)/pip install -q --no-deps lmms-engine==0.1.4   # the official LLaVA-OV-1.5 modeling files (docs/hf_format.md)
-	$(BIN)/python -W ignore -c "import torchvision, open_clip, megatron.core, faiss, transformers; print('install ok: torch', __import__('torch').__version__, '| torchvision', torchvision.__version__, '| megatron-core', megatron.core.__version__)"
+$(VENV)/.installed: $(LOCK) requirements/no-deps.txt pyproject.toml | $(UV)
+	test -x $(BIN)/python || $(UV) venv -q --seed --python $(PYTHON312) $(VENV)
+	$(UV) pip sync -q --python $(BIN)/python --require-hashes $(LOCK)
+	$(UV) pip install -q --python $(BIN)/python --no-deps --require-hashes -r requirements/no-deps.txt
+	$(UV) pip install -q --python $(BIN)/python --no-deps -e .
+	$(BIN)/python -W ignore -c "import torchvision, open_clip, megatron.core, faiss, transformers; print('install ok: torch', __import__('torch').__version__, '| transformers', transformers.__version__, '| megatron-core', megatron.core.__version__)"
 	touch $@
+
+# Re-resolve every lock from pyproject.toml's ranges (and requirements/*.in). To upgrade one package
+# only: make lock LOCK_UPGRADE="--upgrade-package transformers", then make test.
+LOCK_UPGRADE ?=
+lock: | $(UV)
+	$(UV) pip compile pyproject.toml --extra all $(LOCK_ARGS) $(LOCK_UPGRADE) -o $(LOCK)
+	$(UV) pip compile requirements/no-deps.in --no-deps $(LOCK_ARGS) -o requirements/no-deps.txt
+	$(UV) pip compile requirements/trainers.in --no-deps $(LOCK_ARGS) -o requirements/trainers.txt
+
+# The canary: the newest releases pyproject.toml's ranges allow, in a throwaway venv outside .venv; runs
+# the suite there and prints what differs from the lock. Not part of CI.
+LATEST_VENV ?= /tmp/ovpipe-latest
+test-latest: | $(UV)
+	rm -rf $(LATEST_VENV) && $(UV) venv -q --seed --python $(PYTHON312) $(LATEST_VENV)
+	$(UV) pip install -q --python $(LATEST_VENV)/bin/python --upgrade -e '.[all]'
+	$(UV) pip install -q --python $(LATEST_VENV)/bin/python --no-deps -r requirements/no-deps.txt
+	$(LATEST_VENV)/bin/python scripts/lock_diff.py $(LOCK) $(LATEST_VENV)/bin/python
+	$(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 demo-data: install
 	$(OVPIPE) demo-data --out $(DEMO_DATA)

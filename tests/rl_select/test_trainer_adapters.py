@@ -4,7 +4,7 @@ manager calls it; the scores equal the ``rewards`` manifest that ``ovpipe score`
 
 The trainers (verl 0.9.1, openrlhf 0.11.2, areal 1.0.4) and the light packages their dataset /
 reward-manager modules import are pip-installed ``--no-deps`` into a cache folder outside the venv
-(``$OVPIPE_TRAINERS_DIR``, default ``~/.cache/ovpipe/trainers-<hash of trainer_requirements.txt>``,
+(``$OVPIPE_TRAINERS_DIR``, default ``~/.cache/ovpipe/trainers-<hash of requirements/trainers.txt>``,
 about 30 s once) and run in a subprocess (``trainer_checks.py``), so ray, pandas and datasets never
 enter this process and torch / transformers stay the venv's.
 """
@@ -24,7 +24,7 @@ from ovpipe.cli import main
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-REQS = HERE / "trainer_requirements.txt"
+REQS = REPO / "requirements" / "trainers.txt"   # pinned with hashes by `make lock`
 
 
 @pytest.fixture(scope="session")
