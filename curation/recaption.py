@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ovpipe.config import check_local_path, check_range, check_step_folder, looks_like_local_path
-from ovpipe.vlm_generate import check_backend_fields
+from ovpipe.vlm_generate import check_backend_fields, check_backend_runtime
 from ovpipe.step import Step, TaskContext, require_manifest, slice_bounds
 
 DEFAULT_PROMPTS = {
@@ -131,7 +131,9 @@ class RecaptionConfig:
                 raise ValueError(f"min_length.{lang} must be >= 0, got {n}")
 
     def check(self, run_dir: Path) -> None:
-        """Before any work: the samples (and balanced) manifests, the captions file, a local model folder."""
+        """Before any work: a transformers that loads the remote code, the samples (and balanced)
+        manifests, the captions file, a local model folder."""
+        check_backend_runtime(self)
         for s in self.samples_steps:
             require_manifest(run_dir, "samples", s, "samples_steps")
         if self.only_balanced:

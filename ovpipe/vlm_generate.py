@@ -51,6 +51,16 @@ def check_backend_fields(cfg, file_is: str) -> None:
         raise ValueError(f"dtype: one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
 
 
+def check_backend_runtime(cfg) -> None:
+    """Before any task (the steps' ``check``): the installed transformers can load the official
+    remote code that exported LLaVA-OneVision-1.5 folders carry — one line naming the installed
+    version and the supported range, not a ``ModuleNotFoundError`` in a task log."""
+    if cfg.backend != "file":
+        from pretrain.official import check_transformers
+
+        check_transformers(f"the {cfg.backend} backend (remote-code folders such as ovpipe's export)")
+
+
 @dataclass
 class Request:
     messages: list[dict]                 # HF chat messages, content parts; one {"type": "image"} per image

@@ -163,6 +163,13 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--max-shard-size", default="5GB")
     a = ap.parse_args(argv)
+    from pretrain.official import IncompatibleTransformers, check_transformers
+
+    try:
+        check_transformers("the exported folder's official modeling file")
+    except IncompatibleTransformers as e:
+        print(f"ovpipe export-model: {e}", file=sys.stderr)
+        return 2
     from pretrain.train import setup_distributed
 
     setup_distributed(1)                 # the dist checkpoint is read into a TP=1 model

@@ -141,6 +141,9 @@ def main(argv=None) -> int:
         ap.error("give --llava-ov, or --llm and/or --vit")
     try:
         if a.llava_ov:
+            from pretrain.official import check_transformers
+
+            check_transformers("importing a LLaVA-OneVision-1.5 folder")
             print(import_llava_ov(Path(a.run_dir), a.recipe, a.llava_ov, a.stage))
         else:
             print(import_hf(Path(a.run_dir), a.recipe, a.llm, a.vit))

@@ -16,6 +16,7 @@ quick start, lmms-eval's ``llava_onevision1_5``) finds them there.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import sys
 from pathlib import Path
@@ -29,6 +30,40 @@ AUTO_MAP = {"AutoConfig": f"{CONFIG_FILE[:-3]}.{CONFIG_CLASS}",
             "AutoModel": f"{MODELING_FILE[:-3]}.{MODEL_CLASS}",
             "AutoModelForCausalLM": f"{MODELING_FILE[:-3]}.{MODEL_CLASS}"}
 _PACKAGE = "ovpipe_llava_onevision1_5_official"
+
+# The transformers releases the official modeling file (lmms-engine 0.1.4) runs under; the same range
+# as pyproject.toml's (a test holds the two equal). 5.24 removed ``transformers.modeling_attn_mask_utils``,
+# which the modeling file imports at its top. docs/install.md says how to move the bound.
+SUPPORTED_TRANSFORMERS = ">=4.45,<5.24"
+
+
+class IncompatibleTransformers(ValueError):
+    """The installed transformers is outside ``SUPPORTED_TRANSFORMERS``: one line, raised before any work."""
+
+
+def installed_transformers() -> str | None:
+    """The installed transformers version from its distribution metadata (no import: milliseconds)."""
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_transformers(what: str = "the official LLaVA-OneVision-1.5 modeling code") -> None:
+    """Raise ``IncompatibleTransformers`` naming the installed version and the supported range unless
+    the installed transformers can import ``what`` — called by everything that loads the remote code
+    (export, import, the transformers / vLLM generation backends, ``load()``) before its first task."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    have = installed_transformers()
+    if have is None:
+        raise IncompatibleTransformers(f"transformers is not installed; {what} needs transformers"
+                                       f"{SUPPORTED_TRANSFORMERS} (make install)")
+    if Version(have) not in SpecifierSet(SUPPORTED_TRANSFORMERS):
+        raise IncompatibleTransformers(
+            f"transformers {have} is installed, but {what} supports transformers{SUPPORTED_TRANSFORMERS} "
+            f"— reinstall from the lock (make install) or see docs/install.md")
 
 
 def files() -> tuple[Path, Path] | None:
@@ -46,6 +81,7 @@ def load() -> ModuleType:
     ``.Llavaonevision1_5Config`` via ``.configuration``); raises ``ImportError`` saying how to install."""
     if f"{_PACKAGE}.modeling" in sys.modules:
         return sys.modules[f"{_PACKAGE}.modeling"]
+    check_transformers()
     found = files()
     if found is None:
         raise ImportError("the official LLaVA-OneVision-1.5 modeling code comes from lmms-engine: "

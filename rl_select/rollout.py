@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ovpipe.config import check_range
-from ovpipe.vlm_generate import check_backend_fields
+from ovpipe.vlm_generate import check_backend_fields, check_backend_runtime
 from ovpipe.step import Step, TaskContext
 
 TEMPLATES = {
@@ -161,4 +161,5 @@ def run(cfg: RolloutConfig, task: TaskContext) -> None:
 
 
 STEP = Step("rollout", RolloutConfig, run, inputs=("rl_prompts",), outputs=("rollouts",),
+            check=lambda cfg, run_dir: check_backend_runtime(cfg),
             description="N rollouts per prompt (vLLM / transformers / file)")
