@@ -68,10 +68,15 @@ ingest: demo-data
 
 DEMO_ORDER  := curation packing pretrain recaption rl gym
 DEMO_STAGES ?= ingest $(filter $(DEMO_TARGETS),$(DEMO_ORDER))
+# The demo's terminal shows each step's progress and one summary line; third-party warnings go to the
+# task logs (make demo VERBOSE=1 shows everything). The output is teed to RUN/demo-output.log and
+# checked (scripts/check_demo_output.py): no warnings or tracebacks, a summary line for every step.
+VERBOSE ?=
 demo: install
-	$(MAKE) --no-print-directory $(DEMO_STAGES)
-	$(OVPIPE) report $(RUN)
-	@echo "demo run folder: $(abspath $(RUN))   (query it: $(OVPIPE) sql $(RUN) \"SELECT status, count(*) FROM samples GROUP BY 1\")"
+	@mkdir -p $(RUN)
+	@bash -o pipefail -c '$(if $(VERBOSE),OVPIPE_VERBOSE=1 )$(MAKE) --no-print-directory $(if $(VERBOSE),,-s) $(DEMO_STAGES) 2>&1 | tee $(RUN)/demo-output.log'
+	@$(if $(VERBOSE),true,$(BIN)/python scripts/check_demo_output.py $(RUN)/demo-output.log $(RUN))
+	@$(OVPIPE) summary $(RUN)
 
 report:
 	$(OVPIPE) report $(RUN)

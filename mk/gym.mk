@@ -6,6 +6,6 @@ GYM_GAMES ?= 2048 shisen-sho shisen-sho-pictures swap
 .PHONY: gym
 gym:
 	for g in $(GYM_GAMES); do \
-	  $(OVPIPE) rl-gym --config configs/demo/rl-gym.yaml --set game=$$g --run-dir $(RUN)/gym/$$g --quiet || exit 1; \
+	  $(OVPIPE) rl-gym --config configs/demo/rl-gym.yaml --set game=$$g --run-dir $(RUN)/gym/$$g || exit 1; \
 	done
 	$(OVPIPE) sql $(RUN)/gym/2048 "SELECT answer_type, status, count(*) FROM rl_prompts GROUP BY ALL"

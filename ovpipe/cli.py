@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from ovpipe.registry import all_steps
@@ -69,11 +70,13 @@ def _run_dir(text: str) -> Path:
 def cmd_step(args) -> int:
     from ovpipe import runfolder
     from ovpipe.config import ConfigError, load_config
+    from ovpipe.console import set_verbose
     from ovpipe.executors import LocalExecutor, SlurmExecutor, SlurmOptions
     from ovpipe.registry import get_step
     from ovpipe.step import preflight
 
     step = get_step(args.command)
+    set_verbose(args.verbose)
     try:
         cfg = load_config(step.config, args.config, _parse_set(args.set))
     except ConfigError as e:
@@ -86,8 +89,10 @@ def cmd_step(args) -> int:
     done = None if args.overwrite else runfolder.up_to_date(run_dir, step, cfg, tasks, name)
     if done is not None:
         if not args.quiet:
-            print(f"{name}: already done ({tasks} task(s), same config) → {run_dir / name}")
-            print(json.dumps(done.get("counters", {}), indent=None))
+            from ovpipe.summary import key_figures
+
+            print(f"{name}: already done ({tasks} task(s), same config): "
+                  f"{key_figures(step.name, done.get('counters', {}))} → {run_dir / name}")
         return 0
     try:
         preflight(step, cfg, run_dir)
@@ -111,6 +116,7 @@ def cmd_step(args) -> int:
         return 0
     from ovpipe.executors.task import TaskFailed
 
+    t0 = time.perf_counter()
     try:
         merged = LocalExecutor(workers=args.workers, progress=not args.quiet,
                                wait_lock=args.wait_lock).run(step, run_dir, tasks, name=args.name)
@@ -118,8 +124,9 @@ def cmd_step(args) -> int:
         print(f"ovpipe {step.name}: {e}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(f"{name}: {tasks} task(s) done → {run_dir / name}")
-        print(json.dumps(merged["counters"], indent=None))
+        from ovpipe.summary import step_line
+
+        print(step_line(name, step.name, merged["counters"], tasks, time.perf_counter() - t0, run_dir / name))
     return 0
 
 
@@ -224,7 +231,13 @@ def cmd_demo_data(args) -> int:
     info = write_demo_corpus(Path(args.out), n_samples=args.samples, seed=args.seed, shards=args.shards)
     if not args.no_conversations:
         info["conversations"] = write_demo_conversations(Path(args.out), seed=args.seed)
-    print(json.dumps(info, indent=2))
+    (Path(args.out) / "demo-data.json").write_text(json.dumps(info, indent=2) + "\n")
+    conv = info.get("conversations", {})
+    extra = (f", {conv['llava_558k']['samples']} LLaVA-558K-style, "
+             f"{conv['instruct']['llava'] + conv['instruct']['finevision']} instruction conversations" if conv else "")
+    print(f"demo-data: {info['samples']} caption samples in {info['shards']} shards ({info['concepts']} concepts, "
+          f"top 1% of concepts in {info['top1pct_share']:.0%} of samples){extra}; broken on purpose: "
+          f"{', '.join(info['broken'])} → {args.out} (details: demo-data.json)")
     return 0
 
 
@@ -244,7 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--tasks", type=_positive_int, default=1)
         sp.add_argument("--workers", type=_positive_int, default=1)
         sp.add_argument("--overwrite", action="store_true", help="discard outputs made with another config/task count")
-        sp.add_argument("--quiet", action="store_true")
+        sp.add_argument("--quiet", action="store_true", help="no progress bars and no summary line")
+        sp.add_argument("--verbose", action="store_true",
+                        help="show the tasks' own output (third-party warnings included) instead of sending it "
+                             "to their logs")
         sp.add_argument("--wait-lock", action="store_true",
                         help="wait for another command running this step to finish, instead of refusing")
         g = sp.add_argument_group("slurm")
@@ -266,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("report", help="canned reports over a run folder")
     sp.add_argument("run_dir")
     sp.set_defaults(func=cmd_report)
+
+    sp = sub.add_parser("summary", help="per stage: the steps that ran and their key figures (the end of make demo)")
+    sp.add_argument("run_dir")
+    sp.set_defaults(func=lambda a: print(__import__("ovpipe.summary", fromlist=["run_summary"]).run_summary(
+        _run_dir(a.run_dir))))
 
     sp = sub.add_parser("status", help="per step: ranks done / failed / pending")
     sp.add_argument("run_dir")

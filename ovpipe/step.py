@@ -298,11 +298,11 @@ class Progress:
     """``p.update(n, loss=0.12)``: advance by ``n`` items and show the latest figures."""
 
     def __init__(self, total: int | None, unit: str, desc: str, log_every_s: float):
-        import sys
-
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, mininterval=1.0, leave=False,
+        from ovpipe import console
+
+        self.bar = tqdm(total=total, unit=unit, desc=desc, file=console.terminal(), mininterval=1.0, leave=False,
                         dynamic_ncols=True)
         self.unit, self.desc, self.every = unit, desc, log_every_s
         self.t0 = self.last = time.perf_counter()

@@ -17,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ovpipe import runfolder
+from ovpipe import console, runfolder
 from ovpipe.config import load_config
 from ovpipe.registry import get_step
 from ovpipe.step import TaskContext, save_json
@@ -38,7 +38,8 @@ def _should_fail(step: str, rank: int) -> bool:
 
 def _file_logger(path: Path) -> logging.Handler:
     path.parent.mkdir(parents=True, exist_ok=True)
-    h = logging.FileHandler(path, mode="w")
+    path.write_text("")          # a fresh log per try, then appended: console.task_output writes to it too
+    h = logging.FileHandler(path, mode="a")
     h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(h)
@@ -112,7 +113,9 @@ def _task_scope(sdir: Path, rank: int, phase: str, who: str):
     log_file = runfolder.log_path(sdir, rank, phase)
     handler = _file_logger(log_file)
     marker = runfolder.RunningMarker(sdir, rank, phase=phase)
+    output = contextlib.ExitStack()
     try:
+        output.enter_context(console.task_output(log_file))   # third-party noise → the log, not the terminal
         marker.__enter__()
         _reset_peak_rss()    # a pool worker runs several tasks: each records its own peak
         yield
@@ -125,6 +128,7 @@ def _task_scope(sdir: Path, rank: int, phase: str, who: str):
         raise TaskFailed(f"{who} failed: {e!r} (log: {log_file})") from e
     finally:
         marker.__exit__(None, None, None)
+        output.close()
         logging.getLogger().removeHandler(handler)
         handler.close()
 
@@ -197,12 +201,13 @@ def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) 
     if step.finalize is not None and not runfolder.is_finalized(sdir):
         handler = _file_logger(sdir / "logs" / "finalize.log")
         try:
-            cfg = load_step_config(step, sdir)
-            task = TaskContext(step=name, rank=0, world_size=meta["tasks"], run_dir=run_dir, phase="finalize")
-            t0 = time.perf_counter()
-            step.finalize(cfg, task)
-            task.stats.timings["finalize"] += time.perf_counter() - t0
-            save_json(sdir / "stats" / "finalize.json", task.stats.to_dict())
+            with console.task_output(sdir / "logs" / "finalize.log"):
+                cfg = load_step_config(step, sdir)
+                task = TaskContext(step=name, rank=0, world_size=meta["tasks"], run_dir=run_dir, phase="finalize")
+                t0 = time.perf_counter()
+                step.finalize(cfg, task)
+                task.stats.timings["finalize"] += time.perf_counter() - t0
+                save_json(sdir / "stats" / "finalize.json", task.stats.to_dict())
         finally:
             logging.getLogger().removeHandler(handler)
             handler.close()

@@ -1,0 +1,47 @@
+"""Check what `make demo` printed: no Python warnings or tracebacks reached the terminal, and every
+step the demo ran printed its one summary line. `python scripts/check_demo_output.py LOG RUN`.
+
+The demo's terminal output is teed to LOG by the Makefile; this runs right after it, so a warning that
+escapes a task's log (a new third-party notice, a print in a step) fails `make demo` with the lines.
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+NOISE = [re.compile(p) for p in (
+    r"\w*Warning\s*:",                # warnings.showwarning's "file:line: UserWarning: ..." and "Warning: ..."
+    r"^\s*warnings\.warn\(",
+    r"Traceback \(most recent call last\)",
+    r"^[WE]\d{4} \d\d:\d\d:\d\d",    # torch / glog C++ log lines ("W1125 12:29:30.46 ...")
+)]
+
+
+def problems(text: str, run_dir: Path) -> list[str]:
+    lines = [seg for ln in text.splitlines() for seg in ln.split("\r")]
+    out = [f"noise: {ln.strip()[:200]}" for ln in lines if any(p.search(ln) for p in NOISE)]
+    for meta in sorted(run_dir.glob("**/executor.json")):
+        name = meta.parent.name
+        if not (meta.parent / "stats.json").exists():
+            continue
+        if json.loads(meta.read_text()).get("tasks") is None:
+            continue
+        if not any(re.match(rf"{re.escape(name)}: .* → ", ln) for ln in lines):
+            out.append(f"no summary line for step {meta.parent.relative_to(run_dir)}")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    log, run_dir = Path(argv[0]), Path(argv[1])
+    found = problems(log.read_text(errors="replace"), run_dir)
+    if found:
+        print(f"make demo printed {len(found)} problem line(s) (full output: {log}):", file=sys.stderr)
+        for p in found[:40]:
+            print(f"  {p}", file=sys.stderr)
+        return 1
+    print(f"demo output clean: no warnings or tracebacks, one summary line per step ({log})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
