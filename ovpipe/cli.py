@@ -231,7 +231,8 @@ def cmd_demo_data(args) -> int:
     info = write_demo_corpus(Path(args.out), n_samples=args.samples, seed=args.seed, shards=args.shards)
     if not args.no_conversations:
         info["conversations"] = write_demo_conversations(Path(args.out), seed=args.seed)
-    (Path(args.out) / "demo-data.json").write_text(json.dumps(info, indent=2) + "\n")
+    (Path(args.out) / "demo-data.json").write_text(json.dumps({k: v for k, v in info.items() if k != "out"},
+                                                              indent=2) + "\n")   # no path: byte-identical per seed
     conv = info.get("conversations", {})
     extra = (f", {conv['llava_558k']['samples']} LLaVA-558K-style, "
              f"{conv['instruct']['llava'] + conv['instruct']['finevision']} instruction conversations" if conv else "")
