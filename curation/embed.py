@@ -1,23 +1,25 @@
 """``embed-images``: MetaCLIP image embeddings, L2-normalised, as fp16 ``.npy`` shards.
 
 Each rank embeds its contiguous slice of ``samples`` (status ``ok`` only; the others are counted
-and written with their status, ``row = -1``), streamed in blocks of ``4 × batch_size`` rows
-(``manifests.io.iter_manifest``): the vectors go to the ``.npy`` shard block by block
-(``NpyRowWriter``) and the rows to the manifest part (``TaskContext.part_writer``), so a task holds
-the model and one block, whatever its slice. Within a block, images are decoded and preprocessed by a
-pool of ``decode_workers`` threads (PIL releases the GIL while decoding) a few batches ahead of the
-model, so the GPU is not starved. Output: ``RUN/embed-images/data/emb-{rank:05d}.npy`` (float16,
-[n_ok, d]) and the ``image_embeddings`` manifest (sample_id, file, row, status, error), row-aligned.
-A sample that fails to decode here becomes ``status = decode_error`` with the message.
+and written with their status, ``row = -1``), in batches of ``batch_size`` rows cut at global row
+numbers (``curation.decode``): the vectors go to the ``.npy`` shard batch by batch (``NpyRowWriter``)
+and the rows to the manifest part (``TaskContext.part_writer``), so a task holds the model and the
+batches in flight, whatever its slice. Decoding runs ahead of the model, off its thread's GIL:
+``decode = threads`` (a thread pool, the CPU default) or ``processes`` (DataLoader workers with
+pinned memory, the GPU default), ``prefetch`` batches deep; ``jpeg_decode = nvjpeg`` decodes JPEGs on
+the GPU. Output: ``RUN/embed-images/data/emb-{rank:05d}.npy`` (float16, [n_ok, d]) and the
+``image_embeddings`` manifest (sample_id, file, row, status, error), row-aligned. A sample that fails
+to decode here becomes ``status = decode_error`` with the message.
 """
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
+from curation.decode import DECODE_MODES, JPEG_DECODERS
 from ovpipe.config import check_step_folder
 from ovpipe.step import Step, TaskContext, require_manifest
 
@@ -27,57 +29,50 @@ class EmbedImagesConfig:
     model: str = "ViT-H-14-quickgelu"
     pretrained: str = "metaclip_fullcc"       # an open_clip tag or a checkpoint path
     batch_size: int = 256
-    decode_workers: int = 8
+    decode_workers: int = 8                    # threads or processes that decode (``decode``)
+    decode: str = "auto"                       # auto: processes on a GPU, threads on a CPU
+    prefetch: int = 2                          # batches decoded ahead, per worker process (per pool for threads)
+    jpeg_decode: str = "cpu"                   # nvjpeg: JPEGs decoded on the GPU (torchvision.io.decode_jpeg)
     device: str = "auto"
     samples_step: str = "ingest"               # the ingest step folder whose images are embedded
 
     def __post_init__(self):
         if self.batch_size < 1 or self.decode_workers < 1:
             raise ValueError("batch_size and decode_workers must be >= 1")
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {self.prefetch}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
+        if self.jpeg_decode not in JPEG_DECODERS:
+            raise ValueError(f"jpeg_decode must be one of {JPEG_DECODERS}, got {self.jpeg_decode!r}")
+        if self.jpeg_decode == "nvjpeg" and self.device == "cpu":
+            raise ValueError("jpeg_decode='nvjpeg' needs a CUDA device, got device='cpu'")
         check_step_folder("samples_step", self.samples_step)
 
     def check(self, run_dir) -> None:
         require_manifest(run_dir, "samples", self.samples_step, "samples_step")
 
 
-def _decode(row: dict, preprocess):
-    from PIL import Image, ImageOps
+def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, workers: int, stats=None,
+               decode: str = "auto", prefetch: int = 2, jpeg_decode: str = "cpu"):
+    """Embeddings (float32, L2-normalised) of the rows that decode, in order, plus per-row errors
+    (None where the row was embedded)."""
+    from curation.decode import (check_nvjpeg, decoded_batches, embed_batches, list_batches, resolve_decode,
+                                 split_preprocess)
 
-    from curation.ingest import read_image_bytes
-
-    try:
-        with Image.open(io.BytesIO(read_image_bytes(row))) as im:   # upright, as ingest sized it
-            return preprocess(ImageOps.exif_transpose(im).convert("RGB")), None
-    except Exception as e:  # corrupt data that passed ingest's header check
-        return None, f"{type(e).__name__}: {e}"[:300]
-
-
-def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, workers: int, stats=None):
-    """Embeddings (float32, L2-normalised) of rows that decode, plus per-row (ok, error)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
-
-    from curation.clip import autocast
-
+    pre = split_preprocess(preprocess)
+    nvjpeg = jpeg_decode == "nvjpeg"
+    if nvjpeg:
+        check_nvjpeg(pre, device)
+    mode = resolve_decode(decode, device)
+    batches = decoded_batches(partial(list_batches, rows, batch_size), pre, mode, workers, prefetch, nvjpeg,
+                              pin_memory=device.startswith("cuda"))
     out, errors = [], [None] * len(rows)
-    with ThreadPoolExecutor(workers) as pool, torch.inference_mode():
-        futures = [pool.map(lambda r: _decode(r, preprocess), rows[i:i + batch_size])
-                   for i in range(0, len(rows), batch_size)]  # decoding runs ahead of the model
-        for b, fut in enumerate(futures):
-            got = list(fut)
-            ok_idx = [j for j, (x, _) in enumerate(got) if x is not None]
-            for j, (_, err) in enumerate(got):
-                errors[b * batch_size + j] = err
-            if not ok_idx:
-                continue
-            x = torch.stack([got[j][0] for j in ok_idx]).to(device)
-            with autocast(device):
-                e = net.encode_image(x)
-            e = torch.nn.functional.normalize(e.float(), dim=-1)
-            out.append(e.cpu().numpy())
-            if stats is not None:
-                stats.inc("embedded", len(ok_idx))
+    for b, (batch, pos, e) in enumerate(embed_batches(batches, net, pre, device, nvjpeg, stats)):
+        for j, err in batch["errors"].items():
+            errors[b * batch_size + j] = err
+        if e is not None:
+            out.append(e)
     d = net.visual.output_dim if hasattr(net.visual, "output_dim") else (out[0].shape[1] if out else 0)
     emb = np.concatenate(out) if out else np.zeros((0, d), np.float32)
     return emb, errors
@@ -135,15 +130,17 @@ SAMPLE_COLUMNS = ["sample_id", "shard", "shard_format", "offset", "size", "image
 
 
 def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
-    """This rank's canonical slice of ``samples``, streamed ``4 × batch_size`` rows at a time: decode +
-    embed a block, append its vectors to the ``.npy`` shard and its rows to the manifest part. Memory:
-    the model + one block (its decoded images), whatever the size of the slice."""
+    """This rank's canonical slice of ``samples``, batch by batch: decode (ahead, in workers) + embed,
+    append the vectors to the ``.npy`` shard and the rows to the manifest part. Memory: the model + the
+    batches in flight (``decode_workers × prefetch`` at most), whatever the size of the slice."""
     import torch
 
     import pyarrow as pa
 
     from curation.clip import load_clip
-    from manifests.io import iter_manifest, manifest_num_rows
+    from curation.decode import (check_nvjpeg, decoded_batches, embed_batches, manifest_batches, resolve_decode,
+                                 split_preprocess)
+    from manifests.io import manifest_num_rows
     from manifests.schemas import schema_for
     from ovpipe.step import slice_bounds
 
@@ -151,39 +148,40 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     n = manifest_num_rows(task.run_dir, "samples", cfg.samples_step)
     lo, hi = slice_bounds(n, task.rank, task.world_size)
     net, preprocess, _, device = load_clip(cfg.model, cfg.pretrained, cfg.device)
+    pre = split_preprocess(preprocess)
+    nvjpeg = cfg.jpeg_decode == "nvjpeg"
+    if nvjpeg:
+        check_nvjpeg(pre, device)
+    mode = resolve_decode(cfg.decode, device)
+    task.stats.info["decode"] = mode + (" + nvjpeg" if nvjpeg else "")
+    source = partial(manifest_batches, str(task.run_dir), cfg.samples_step, SAMPLE_COLUMNS, lo, hi, cfg.batch_size)
+    batches = decoded_batches(source, pre, mode, cfg.decode_workers, cfg.prefetch, nvjpeg,
+                              pin_memory=device.startswith("cuda"))
     name = f"emb-{task.rank:05d}.npy"
     rel = f"{task.step}/data/{name}"
     vecs = NpyRowWriter(task.data_path(name))
     try:
         with task.part_writer("image_embeddings") as out:
-            for batch in iter_manifest(task.run_dir, "samples", step=cfg.samples_step, columns=SAMPLE_COLUMNS,
-                                       lo=lo, hi=hi, batch_rows=4 * cfg.batch_size):
-                samples = batch.to_pylist()
-                for r in samples:   # curation embeds a sample's first image; a text-only sample has none
-                    if r["status"] == "ok" and not r["images"]:
-                        r["status"], r["error"] = "no_image", "text-only sample: nothing to embed"
-                    if r["status"] != "ok":
-                        task.stats.inc(f"skipped/{r['status']}")
-                ok_pos = [j for j, r in enumerate(samples) if r["status"] == "ok"]
-                with task.stats.timer("embed"):
-                    emb, errors = embed_rows([samples[j] for j in ok_pos], net, preprocess, device, cfg.batch_size,
-                                             cfg.decode_workers, task.stats)
-                error_at = dict(zip(ok_pos, errors))
-                rows, k = [], vecs.rows
-                for j, r in enumerate(samples):
-                    if r["status"] != "ok":
-                        rows.append({"sample_id": r["sample_id"], "file": None, "row": -1, "status": r["status"],
-                                     "error": r["error"]})
-                    elif error_at[j] is not None:
-                        task.stats.inc("status/decode_error")
-                        rows.append({"sample_id": r["sample_id"], "file": None, "row": -1, "status": "decode_error",
-                                     "error": error_at[j]})
-                    else:
-                        rows.append({"sample_id": r["sample_id"], "file": rel, "row": k, "status": "ok", "error": None})
-                        k += 1
-                assert k - vecs.rows == len(emb), (k - vecs.rows, len(emb))
-                vecs.write(emb)
-                out.write(pa.Table.from_pylist(rows, schema=schema_for("image_embeddings")))
+            with task.stats.timer("embed"):
+                for batch, pos, emb in embed_batches(batches, net, pre, device, nvjpeg, task.stats):
+                    at = dict(zip(pos, range(vecs.rows, vecs.rows + len(pos))))
+                    rows = []
+                    for j, r in enumerate(batch["rows"]):
+                        if r["status"] != "ok":
+                            task.stats.inc(f"skipped/{r['status']}")
+                            rows.append({"sample_id": r["sample_id"], "file": None, "row": -1,
+                                         "status": r["status"], "error": r["error"]})
+                        elif j in batch["errors"]:
+                            task.stats.inc("status/decode_error")
+                            rows.append({"sample_id": r["sample_id"], "file": None, "row": -1,
+                                         "status": "decode_error", "error": batch["errors"][j]})
+                        else:
+                            rows.append({"sample_id": r["sample_id"], "file": rel, "row": at[j], "status": "ok",
+                                         "error": None})
+                    assert len(at) == (0 if emb is None else len(emb)), (len(at), None if emb is None else emb.shape)
+                    if emb is not None:
+                        vecs.write(emb)
+                    out.write(pa.Table.from_pylist(rows, schema=schema_for("image_embeddings")))
         vecs.close(dim=getattr(net.visual, "output_dim", 0))   # (the width of an empty shard)
     except BaseException:
         vecs.abort()

@@ -1,0 +1,358 @@
+"""Image decode + preprocess for ``embed-images``, kept ahead of the model and off its thread's GIL.
+
+A slice is cut into batches at global row numbers that are multiples of ``batch_size`` (so a batch
+is the same set of rows whatever the task count, except the two that a slice boundary splits).
+Each batch is prepared by one of:
+
+* ``threads`` (the default on a CPU machine): a thread pool decodes the rows of up to ``prefetch``
+  batches ahead of the model (PIL releases the GIL while it decodes; the model's forward has the
+  cores anyway).
+* ``processes`` (the default on a GPU): a ``torch.utils.data.DataLoader`` with ``workers`` processes,
+  pinned memory and ``prefetch`` batches per worker; worker ``w`` of ``W`` prepares the batches
+  ``b ≡ w (mod W)``, which the loader hands back round-robin, i.e. in order. Each worker reads the
+  slice's manifest rows itself (the metadata columns only, not images).
+
+Either way at most ``workers × prefetch`` batches are in flight, never the slice. The preprocess is
+open_clip's own transform, split before its ``ToTensor`` + ``Normalize`` tail: the workers produce
+uint8 ``[3, H, W]`` (a quarter of the float32 bytes to move and pin) and the model's device runs the
+tail (``x.float().div(255)``, then ``sub(mean).div(std)``, the same float ops torchvision runs, so the
+CPU output is bit-identical to ``preprocess(image)``).
+
+``jpeg_decode = "nvjpeg"`` leaves a JPEG's pixels to the GPU: the workers read the bytes (and the
+header, to send CMYK or EXIF-rotated files to the CPU path), ``torchvision.io.decode_jpeg(...,
+device="cuda")`` decodes the batch, and the resize (bicubic, antialiased, shortest side) and centre
+crop run on the GPU. Other formats, and a JPEG nvJPEG refuses, take the CPU path; a file neither
+decodes is a ``decode_error`` row either way. The GPU resize is not PIL's, so the embeddings match the
+CPU path's within bf16 tolerance, not bit for bit (``tests/curation/test_embed_decode.py``).
+"""
+from __future__ import annotations
+
+import io
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+DECODE_MODES = ("auto", "threads", "processes")
+JPEG_DECODERS = ("cpu", "nvjpeg")
+
+
+def resolve_decode(mode: str, device: str) -> str:
+    if mode not in DECODE_MODES:
+        raise ValueError(f"decode must be one of {DECODE_MODES}, got {mode!r}")
+    if mode == "auto":
+        return "processes" if device.startswith("cuda") else "threads"
+    return mode
+
+
+@dataclass(frozen=True)
+class SplitPreprocess:
+    """open_clip's eval transform cut before ``ToTensor``: ``to_uint8`` (PIL → uint8 CHW tensor) runs
+    where the image is decoded, ``finish`` (uint8 batch → normalised float batch) on the model's device.
+    ``resize``/``crop``/``interpolation``: the geometry, for the GPU (nvJPEG) path."""
+    to_uint8: object
+    mean: tuple | None
+    std: tuple | None
+    resize: int | None = None
+    crop: tuple | None = None
+    interpolation: object = None
+
+    def finish(self, x):
+        import torch
+
+        if x.dtype != torch.uint8:          # a transform with no ToTensor + Normalize tail ran whole
+            return x
+        x = x.to(torch.float32).div(255)
+        if self.mean is None:
+            return x
+        mean = torch.as_tensor(self.mean, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+        std = torch.as_tensor(self.std, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+        return x.sub_(mean).div_(std)
+
+
+def split_preprocess(preprocess) -> SplitPreprocess:
+    """Cut a torchvision ``Compose`` before its ``ToTensor`` (+ ``Normalize``); a transform of another
+    shape runs whole where the image is decoded (float tensors then travel: 4× the bytes)."""
+    from torchvision import transforms as T
+
+    steps = list(getattr(preprocess, "transforms", []))
+    at = next((i for i, s in enumerate(steps) if isinstance(s, T.ToTensor)), None)
+    tail = steps[at + 1:] if at is not None else None
+    if at is None or not (tail == [] or (len(tail) == 1 and isinstance(tail[0], T.Normalize))):
+        return SplitPreprocess(to_uint8=preprocess, mean=None, std=None)
+    head = steps[:at]
+    norm = tail[0] if tail else None
+    resize = next((s for s in head if isinstance(s, T.Resize)), None)
+    crop = next((s for s in head if isinstance(s, T.CenterCrop)), None)
+    size = resize.size if resize is not None else None
+    if isinstance(size, (list, tuple)):
+        size = size[0] if len(size) == 1 else None          # (h, w): a squash resize, not shortest-side
+    return SplitPreprocess(
+        to_uint8=T.Compose(head + [T.PILToTensor()]),
+        mean=tuple(norm.mean) if norm is not None else None, std=tuple(norm.std) if norm is not None else None,
+        resize=size if resize is not None and resize.max_size is None else None,
+        crop=tuple(crop.size) if crop is not None else None,
+        interpolation=resize.interpolation if resize is not None else None)
+
+
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"[:300]
+
+
+def decode_cpu(row: dict, to_uint8):
+    """(uint8 CHW tensor, None) or (None, error): PIL decode, upright, RGB, then the transform's head."""
+    from PIL import Image, ImageOps
+
+    from curation.ingest import read_image_bytes
+
+    try:
+        with Image.open(io.BytesIO(read_image_bytes(row))) as im:   # upright, as ingest sized it
+            return to_uint8(ImageOps.exif_transpose(im).convert("RGB")), None
+    except Exception as e:  # corrupt data that passed ingest's header check
+        return None, _error(e)
+
+
+def read_jpeg(row: dict, to_uint8):
+    """nvJPEG path: ("jpeg", uint8 byte tensor) for a baseline RGB / grey JPEG with no EXIF rotation,
+    else the CPU decode's ("pixels", tensor) / ("error", message)."""
+    import torch
+    from PIL import Image
+
+    from curation.ingest import exif_orientation, read_image_bytes
+
+    try:
+        data = read_image_bytes(row)
+        with Image.open(io.BytesIO(data)) as im:        # the header only
+            gpu_ok = im.format == "JPEG" and im.mode in ("RGB", "L") and exif_orientation(im) == 1
+    except Exception as e:
+        return "error", _error(e)
+    if gpu_ok:
+        return "jpeg", torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    x, err = decode_cpu(row, to_uint8)
+    return ("pixels", x) if err is None else ("error", err)
+
+
+def _rows(batch) -> list[dict]:
+    return batch.to_pylist() if hasattr(batch, "to_pylist") else list(batch)
+
+
+def _todo(rows: list[dict]) -> list[int]:
+    """Positions to decode; a text-only ``ok`` sample becomes ``no_image`` here (curation embeds a
+    sample's first image)."""
+    todo = []
+    for j, r in enumerate(rows):
+        if r.get("status", "ok") == "ok":
+            if "images" in r and not r["images"]:
+                r["status"], r["error"] = "no_image", "text-only sample: nothing to embed"
+            else:
+                todo.append(j)
+    return todo
+
+
+def _assemble(rows, todo, results, nvjpeg: bool) -> dict:
+    """One prepared batch: ``rows``; ``pos`` / ``x``: the CPU-decoded images and their positions;
+    ``jpeg_pos`` / ``jpeg``: JPEG bytes left for nvJPEG; ``errors``: {position: message}."""
+    import torch
+
+    pos, xs, jpeg_pos, jpeg, errors = [], [], [], [], {}
+    for j, res in zip(todo, results):
+        if nvjpeg:
+            kind, v = res
+        else:
+            kind, v = ("pixels", res[0]) if res[1] is None else ("error", res[1])
+        if kind == "pixels":
+            pos.append(j)
+            xs.append(v)
+        elif kind == "jpeg":
+            jpeg_pos.append(j)
+            jpeg.append(v)
+        else:
+            errors[j] = v
+    return {"rows": rows, "pos": pos, "x": torch.stack(xs) if xs else None, "jpeg_pos": jpeg_pos,
+            "jpeg": jpeg, "errors": errors}
+
+
+def prepare_batch(batch, to_uint8, nvjpeg: bool = False) -> dict:
+    """Decode one batch in this process (a DataLoader worker)."""
+    rows = _rows(batch)
+    todo = _todo(rows)
+    one = read_jpeg if nvjpeg else decode_cpu
+    return _assemble(rows, todo, [one(rows[j], to_uint8) for j in todo], nvjpeg)
+
+
+def list_batches(rows: list[dict], batch_size: int):
+    for a in range(0, len(rows), batch_size):
+        yield rows[a:a + batch_size]
+
+
+def manifest_batches(run_dir: str, step: str, columns: list[str], lo: int, hi: int, batch_size: int):
+    """Rows ``[lo, hi)`` of the ``samples`` manifest as ``pyarrow.Table``s cut at global row numbers that
+    are multiples of ``batch_size``."""
+    import pyarrow as pa
+
+    from manifests.io import iter_manifest
+
+    pieces, have, pos = [], 0, lo
+    end = min(hi, (lo // batch_size + 1) * batch_size)
+    for rb in iter_manifest(run_dir, "samples", step=step, columns=columns, lo=lo, hi=hi, batch_rows=batch_size):
+        while rb.num_rows:
+            take = min(rb.num_rows, end - pos - have)
+            pieces.append(rb.slice(0, take))
+            have += take
+            rb = rb.slice(take)
+            if pos + have == end:
+                yield pa.Table.from_batches(pieces)
+                pieces, have, pos, end = [], 0, end, min(hi, end + batch_size)
+    if pieces:
+        yield pa.Table.from_batches(pieces)
+
+
+def _iterable_dataset():
+    import torch
+
+    class StridedBatches(torch.utils.data.IterableDataset):
+        """Worker ``w`` of ``W`` prepares the batches ``b ≡ w (mod W)`` of ``source()``; the DataLoader
+        takes one from each worker in turn, so they come back in order."""
+
+        def __init__(self, source, prepare):
+            self.source, self.prepare = source, prepare
+
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            w, n = (info.id, info.num_workers) if info is not None else (0, 1)
+            for b, batch in enumerate(self.source()):
+                if b % n == w:
+                    yield self.prepare(batch)
+
+    return StridedBatches
+
+
+def decoded_batches(source, pre: SplitPreprocess, mode: str, workers: int, prefetch: int = 2,
+                    nvjpeg: bool = False, pin_memory: bool = False):
+    """Prepared batches of ``source()`` (a picklable callable yielding row batches), in order, with at
+    most ``workers × prefetch`` (processes) or ``prefetch`` (threads) batches in flight."""
+    if mode == "processes":
+        import torch
+
+        ds = _iterable_dataset()(source, partial(prepare_batch, to_uint8=pre.to_uint8, nvjpeg=nvjpeg))
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, prefetch_factor=prefetch,
+                                             pin_memory=pin_memory)
+        yield from loader
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    one = partial(read_jpeg if nvjpeg else decode_cpu, to_uint8=pre.to_uint8)
+    with ThreadPoolExecutor(workers) as pool:
+        pending = deque()
+        for batch in source():
+            rows = _rows(batch)
+            todo = _todo(rows)
+            pending.append((rows, todo, pool.map(one, [rows[j] for j in todo])))   # submitted now
+            if len(pending) > prefetch:
+                rows, todo, fut = pending.popleft()
+                yield _assemble(rows, todo, list(fut), nvjpeg)
+        while pending:
+            rows, todo, fut = pending.popleft()
+            yield _assemble(rows, todo, list(fut), nvjpeg)
+
+
+def nvjpeg_decode(datas: list, pre: SplitPreprocess, device: str):
+    """[(uint8 [3, crop] tensor on ``device``, None) or (None, error)] for JPEG byte tensors: one batched
+    nvJPEG call (per image if the batch fails), then resize + centre crop on the GPU."""
+    import warnings
+
+    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.transforms.v2 import functional as F
+
+    with warnings.catch_warnings():   # torchvision ≥ 0.29 flags torchvision.io's decoders for a future move
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            imgs = [(im, None) for im in decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)]
+        except RuntimeError:
+            imgs = []
+            for d in datas:
+                try:
+                    imgs.append((decode_jpeg(d, mode=ImageReadMode.RGB, device=device), None))
+                except RuntimeError as e:
+                    imgs.append((None, _error(e)))
+    out = []
+    for im, err in imgs:
+        if im is None:
+            out.append((None, err))
+            continue
+        if pre.resize is not None:
+            im = F.resize(im, [pre.resize], interpolation=pre.interpolation, antialias=True)
+        if pre.crop is not None:
+            im = F.center_crop(im, list(pre.crop))
+        out.append((im, None))
+    return out
+
+
+def check_nvjpeg(pre: SplitPreprocess, device: str) -> None:
+    """nvJPEG needs the GPU and a shortest-side resize + centre crop it can redo there."""
+    if not device.startswith("cuda"):
+        raise ValueError(f"jpeg_decode='nvjpeg' needs a CUDA device, got device={device!r}")
+    if pre.mean is None or pre.resize is None or pre.crop is None:
+        raise ValueError("jpeg_decode='nvjpeg' needs open_clip's eval transform (shortest-side Resize, CenterCrop, "
+                         "ToTensor, Normalize) to redo on the GPU; this model's preprocess has another shape")
+
+
+def model_input(batch: dict, pre: SplitPreprocess, device: str, nvjpeg: bool):
+    """(normalised float batch on ``device`` or None, positions of its images in ``batch["rows"]``);
+    nvJPEG failures fall back to the CPU decode, whose error (if any) goes into ``batch["errors"]``."""
+    import torch
+
+    pos, parts = list(batch["pos"]), []
+    if batch["x"] is not None:
+        parts.append(batch["x"].to(device, non_blocking=True))
+    if nvjpeg and batch["jpeg"]:
+        gpu = []
+        for j, (im, err) in zip(batch["jpeg_pos"], nvjpeg_decode(batch["jpeg"], pre, device)):
+            if im is None:
+                im, cpu_err = decode_cpu(batch["rows"][j], pre.to_uint8)
+                if im is None:
+                    batch["errors"][j] = cpu_err
+                    continue
+                im = im.to(device)
+            gpu.append(im)
+            pos.append(j)
+        if gpu:
+            parts.append(torch.stack(gpu))
+    if not parts:
+        return None, []
+    x = parts[0] if len(parts) == 1 else torch.cat(parts)
+    order = np.argsort(pos, kind="stable")
+    if len(parts) > 1 and (order != np.arange(len(pos))).any():
+        x = x[torch.as_tensor(order, device=x.device)]
+    return pre.finish(x), [pos[i] for i in order]
+
+
+def embed_batches(batches, net, pre: SplitPreprocess, device: str, nvjpeg: bool = False, stats=None):
+    """(prepared batch, positions embedded, float32 [n, d] L2-normalised embeddings) per batch, in order.
+    The copy of a batch's embeddings to the host waits for the next batch's forward to be queued, so the
+    GPU never idles on the host between batches."""
+    import torch
+
+    from curation.clip import autocast
+
+    pending = None
+    with torch.inference_mode():
+        for batch in batches:
+            x, pos = model_input(batch, pre, device, nvjpeg)
+            e = None
+            if x is not None:
+                with autocast(device):
+                    e = net.encode_image(x)
+                e = torch.nn.functional.normalize(e.float(), dim=-1)
+                if stats is not None:
+                    stats.inc("embedded", len(pos))
+            if pending is not None:
+                yield _host(*pending)
+            pending = (batch, pos, e)
+        if pending is not None:
+            yield _host(*pending)
+
+
+def _host(batch, pos, e):
+    return batch, pos, (e.cpu().numpy() if e is not None else None)

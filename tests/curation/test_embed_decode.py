@@ -1,0 +1,152 @@
+"""embed-images' decode pipeline: the split preprocess, the batch cuts, threads vs worker processes,
+task counts, and (on a GPU) nvJPEG against the CPU decode."""
+import io
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from manifests import read_manifest
+from ovpipe.cli import main
+
+torch.set_num_threads(2)
+
+
+def _photo(rng, w, h):
+    """A smooth random image (a noise image makes an unrealistically large JPEG)."""
+    from PIL import Image
+
+    small = rng.integers(0, 255, (max(2, h // 16), max(2, w // 16), 3), dtype=np.uint8)
+    return Image.fromarray(small).resize((w, h), Image.BICUBIC)
+
+
+@pytest.mark.parametrize("size", [64, 224])
+def test_split_preprocess_is_bit_identical_to_the_whole_transform(size):
+    import open_clip
+
+    from curation.decode import split_preprocess
+
+    preprocess = open_clip.image_transform(size, is_train=False)
+    pre = split_preprocess(preprocess)
+    assert pre.mean is not None and pre.resize == size and pre.crop == (size, size)
+    rng = np.random.default_rng(0)
+    for w, h in [(90, 50), (640, 480), (333, 777)]:
+        im = _photo(rng, w, h)
+        x = pre.to_uint8(im)
+        assert x.dtype == torch.uint8 and x.shape == (3, size, size)
+        assert torch.equal(pre.finish(x[None])[0], preprocess(im))
+
+
+def test_batches_are_cut_at_global_row_multiples(ingested_run):
+    from curation.decode import manifest_batches
+    from curation.embed import SAMPLE_COLUMNS
+
+    ids = read_manifest(ingested_run, "samples", columns=["sample_id"]).column("sample_id").to_pylist()
+    for lo, hi in [(0, 200), (37, 150), (64, 65), (10, 30)]:
+        got = list(manifest_batches(str(ingested_run), "ingest", SAMPLE_COLUMNS, lo, hi, 32))
+        assert sum((t.column("sample_id").to_pylist() for t in got), []) == ids[lo:hi]
+        ends = np.cumsum([t.num_rows for t in got]) + lo
+        assert all(e % 32 == 0 for e in ends[:-1]) and ends[-1] == hi and all(t.num_rows <= 32 for t in got)
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
+    import open_clip
+
+    from curation.clip import register_configs
+
+    register_configs()
+    torch.manual_seed(0)
+    net, _, _ = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
+    ckpt = tmp_path_factory.mktemp("clip") / "tiny.pt"
+    torch.save({"state_dict": net.state_dict()}, ckpt)
+    return str(ckpt)
+
+
+def _embeddings(run):
+    t = read_manifest(run, "image_embeddings").to_pylist()
+    shards = {}
+    vec = {}
+    for r in t:
+        if r["status"] == "ok":
+            shards.setdefault(r["file"], np.load(run / r["file"]))
+            vec[r["sample_id"]] = shards[r["file"]][r["row"]]
+    return [(r["sample_id"], r["status"], r["error"]) for r in t], vec
+
+
+def test_threads_and_worker_processes_give_the_same_step_output_at_any_task_count(ingested_run, tiny_clip, tmp_path):
+    common = ["--set", "model=ovpipe-tiny-clip", "--set", f"pretrained={tiny_clip}", "--set", "batch_size=16",
+              "--set", "decode_workers=2", "--quiet"]
+    runs = {}
+    for name, extra in [("threads-1", ["--tasks", "1", "--set", "decode=threads"]),
+                        ("processes-3", ["--tasks", "3", "--set", "decode=processes", "--set", "prefetch=1"])]:
+        run = tmp_path / name
+        shutil.copytree(ingested_run / "ingest", run / "ingest")
+        assert main(["embed-images", "--run-dir", str(run), *common, *extra]) == 0
+        runs[name] = _embeddings(run)
+    (rows1, v1), (rows3, v3) = runs["threads-1"], runs["processes-3"]
+    assert rows1 == rows3
+    assert sum(s == "ok" for _, s, _ in rows1) == 195 and len(rows1) == 200
+    assert any(s == "decode_error" for _, s, _ in rows1) or any(s != "ok" for _, s, _ in rows1)
+    assert v1.keys() == v3.keys()
+    for k in v1:   # batches are cut at global row numbers; only a slice's edge batches differ in size
+        np.testing.assert_allclose(v1[k].astype(np.float32), v3[k].astype(np.float32), atol=2e-3)
+
+
+def test_embed_rows_keeps_a_corrupt_image_as_an_error_row(tmp_path):
+    import open_clip
+
+    from curation.clip import register_configs
+    from curation.embed import embed_rows
+
+    register_configs()
+    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
+    net.eval()
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(7):
+        p = tmp_path / f"{i}.jpg"
+        if i == 3:
+            p.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+        else:
+            _photo(rng, 120 + 10 * i, 90).save(p, "JPEG", quality=90)
+        rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
+    for mode in ("threads", "processes"):
+        emb, errors = embed_rows(rows, net, preprocess, "cpu", batch_size=3, workers=2, decode=mode, prefetch=1)
+        assert [e is None for e in errors] == [i != 3 for i in range(7)], errors
+        assert emb.shape == (6, net.visual.output_dim)
+        np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
+        if mode == "threads":
+            ref = emb
+        else:
+            np.testing.assert_array_equal(ref, emb)
+
+
+@pytest.mark.gpu
+def test_nvjpeg_decode_matches_the_cpu_decode_within_bf16(tmp_path):
+    import open_clip
+
+    from curation.clip import register_configs
+    from curation.embed import embed_rows
+
+    register_configs()
+    torch.manual_seed(0)
+    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None, device="cuda")
+    net.eval()
+    rng = np.random.default_rng(2)
+    rows = []
+    for i, (w, h) in enumerate([(640, 480), (800, 600), (1024, 768), (500, 700), (300, 300), (1200, 800)] * 3):
+        p = tmp_path / f"{i}.{'png' if i % 5 == 4 else 'jpg'}"   # PNGs take the CPU fallback
+        im = _photo(rng, w, h)
+        im.save(p, "PNG") if p.suffix == ".png" else im.save(p, "JPEG", quality=90)
+        rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
+    (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    rows.append({"sample_id": "bad", "images": [{"container": "file", "file": str(tmp_path / "bad.jpg")}]})
+    cpu, err_cpu = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="threads")
+    gpu, err_gpu = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="processes",
+                              jpeg_decode="nvjpeg")
+    assert [e is None for e in err_cpu] == [e is None for e in err_gpu] == [True] * 18 + [False]
+    cos = (cpu * gpu).sum(1)
+    assert cos.min() > 0.99, cos
+    np.testing.assert_allclose(cpu, gpu, atol=3e-2)
