@@ -7,7 +7,12 @@ same inputs, ties aside — ``tests/curation/test_clip_assign.py``):
   with ``faiss.index_cpu_to_gpu`` when there is one;
 * ``torch`` — ``matmul`` + ``topk`` tiled over images *and* concepts, merging each concept tile's
   top-K into a running top-K, so memory is O(image_tile × concept_tile), never the
-  85M × 500K score matrix (which would be 170 TB in fp32).
+  85M × 500K score matrix (which would be 170 TB in fp32). On CPU in fp32; on a GPU
+  (``curation.assign_gpu``) the keys stay resident in fp16, each score tile's top candidates are taken
+  in fp16 and rescored in fp32, certified exact (a doubtful row is recomputed in fp32), with one
+  transfer back per query tile, the next tile queued while the last is read.
+
+``auto`` picks faiss where it can run on the device (faiss-gpu on a GPU, faiss-cpu on a CPU), else torch.
 
 Each rank streams its canonical slice of ``image_embeddings`` in batches of ``image_tile`` rows
 (``manifests.io.iter_manifest``). The vectors of a batch are gathered from the memory-mapped fp16
@@ -159,6 +164,10 @@ def _torch_keys(keys: np.ndarray, device: str):
 def topk_torch(queries: np.ndarray, keys: np.ndarray, k: int, image_tile: int = 16384,
                concept_tile: int = 65536, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k of ``queries @ keys.T`` with bounded memory; (scores [n,k] desc, ids [n,k])."""
+    if device.startswith("cuda"):
+        from curation.assign_gpu import GpuTopK, topk_tiles
+
+        return topk_tiles(GpuTopK(keys, k, device, concept_tile), queries, image_tile)
     return _topk_tiles(queries, _torch_keys(keys, device), min(k, len(keys)), image_tile, concept_tile, device)
 
 
@@ -185,15 +194,17 @@ def topk_faiss(queries: np.ndarray, keys: np.ndarray, k: int, device: str = "cpu
     return _faiss_index(keys, device).search(np.ascontiguousarray(queries, dtype=np.float32), min(k, len(keys)))
 
 
-def resolve_backend(backend: str) -> str:
+def resolve_backend(backend: str, device: str = "cpu") -> str:
+    """``auto``: faiss where it runs on ``device`` (faiss-cpu on a GPU machine would leave the GPU idle)."""
     if backend != "auto":
         return backend
     try:
-        import faiss  # noqa: F401
-
-        return "faiss"
+        import faiss
     except ImportError:
         return "torch"
+    if device.startswith("cuda") and not hasattr(faiss, "StandardGpuResources"):
+        return "torch"
+    return "faiss"
 
 
 class Searcher:
@@ -203,7 +214,8 @@ class Searcher:
     def __init__(self, keys, cfg: AssignConfig, device: str, n_keys: int | None = None):
         """``keys``: float32 [V, d], or an iterable of its row blocks in order (``concept_blocks``; then
         ``n_keys`` = V)."""
-        self.backend = resolve_backend(cfg.backend)
+        self.backend = resolve_backend(cfg.backend, device)
+        self.gpu = None
         self.cfg, self.device = cfg, device
         if self.backend == "faiss":
             self.index = _faiss_index(keys, device)
@@ -217,13 +229,36 @@ class Searcher:
                     whole[at:at + len(block)] = block
                     at += len(block)
                 keys = whole if whole is not None else np.zeros((0, 0), np.float32)
-            self.keys = _torch_keys(keys, device)
             n = len(keys)
+            if device.startswith("cuda") and n:
+                from curation.assign_gpu import GpuTopK
+
+                self.gpu = GpuTopK(keys, cfg.k, device, cfg.concept_tile)
+            else:
+                self.keys = _torch_keys(keys, device)
         if n == 0:
             raise ValueError("assign: the concepts manifest has no rows — run embed-concepts on a vocabulary first")
         self.k = min(cfg.k, n)
 
+    def submit(self, queries: np.ndarray):
+        """Start a batch; ``result`` of the handle gives (scores, ids). On the GPU path the work is queued
+        and this returns at once, so the caller can gather the next batch meanwhile."""
+        if self.gpu is not None and len(queries):
+            from curation.assign_gpu import topk_tiles
+
+            if len(queries) <= self.cfg.image_tile:
+                return ("gpu", self.gpu.submit(queries))
+            return ("done", topk_tiles(self.gpu, queries, self.cfg.image_tile))
+        return ("done", self._search(queries))
+
+    def result(self, handle) -> tuple[np.ndarray, np.ndarray]:
+        kind, h = handle
+        return self.gpu.result(h) if kind == "gpu" else h
+
     def __call__(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.result(self.submit(queries))
+
+    def _search(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if len(queries) == 0:
             return np.zeros((0, self.k), np.float32), np.zeros((0, self.k), np.int64)
         if self.backend == "faiss":
@@ -251,8 +286,20 @@ def run(cfg: AssignConfig, task: TaskContext) -> None:
     k = search.k
     lo, hi = slice_bounds(manifest_num_rows(task.run_dir, "image_embeddings"), task.rank, task.world_size)
     shards = NpyShards(task.run_dir)
+
+    def write(out, ok, handle):
+        with task.stats.timer("topk"):
+            s, i = search.result(handle)
+        offsets = pa.array(np.arange(0, (ok.num_rows + 1) * k, k, dtype=np.int32))
+        out.write(pa.table({
+            "sample_id": ok.column("sample_id"),
+            "concept_ids": pa.ListArray.from_arrays(offsets, pa.array(cids[i].astype(np.int32).ravel())),
+            "scores": pa.ListArray.from_arrays(offsets, pa.array(s.astype(np.float32).ravel())),
+        }))
+
     try:
         with task.part_writer("assignments") as out:
+            pending = None          # the batch on the GPU while the next one is gathered here
             for batch in iter_manifest(task.run_dir, "image_embeddings", columns=["sample_id", "file", "row", "status"],
                                        lo=lo, hi=hi, batch_rows=cfg.image_tile):
                 status = batch.column("status")
@@ -264,14 +311,13 @@ def run(cfg: AssignConfig, task: TaskContext) -> None:
                 files = ok.column("file").to_numpy(zero_copy_only=False)
                 X = shards.gather(files, ok.column("row").to_numpy())
                 with task.stats.timer("topk"):
-                    s, i = search(X)
+                    handle = search.submit(X)
                 shards.release(keep=set(files.tolist()))
-                offsets = pa.array(np.arange(0, (ok.num_rows + 1) * k, k, dtype=np.int32))
-                out.write(pa.table({
-                    "sample_id": ok.column("sample_id"),
-                    "concept_ids": pa.ListArray.from_arrays(offsets, pa.array(cids[i].astype(np.int32).ravel())),
-                    "scores": pa.ListArray.from_arrays(offsets, pa.array(s.astype(np.float32).ravel())),
-                }))
+                if pending is not None:
+                    write(out, *pending)
+                pending = (ok, handle)
+            if pending is not None:
+                write(out, *pending)
     finally:
         shards.close()
 

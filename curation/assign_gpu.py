@@ -1,0 +1,188 @@
+"""Exact top-K on a GPU, near the GEMM floor: the fp16 score tile's top-K' candidates, rescored in fp32.
+
+The concept matrix lives on the GPU in fp16 (500K × 1024 = 1 GB), padded to a multiple of ``GROUP``
+rows. A query tile is uploaded on a side stream (pinned, overlapping the previous tile's work), and per
+concept tile ``s = Q16 @ K16[c:c+T].T`` stays in fp16 (the GEMM's own output: no fp32 copy of the tile):
+the maximum of each group of ``GROUP`` consecutive scores (one pass over the tile), the ``K'`` best
+groups, the ``K'`` best scores among their ``K' × GROUP`` members (every score left out is ≤ the
+``K'``-th kept), merged into a running ``[n, K']`` on the GPU. Then the ``K' = max(2K, K+16)``
+candidates are rescored in fp32 from the original vectors (one batched matrix-vector product) and the
+top K of those is the answer: what the fp32 CPU paths give, float ties aside.
+
+Certified exact: a row whose K-th rescored score beats ``t + |t|·2⁻¹¹ + |q|·max|k|·ε`` (``t`` the
+``K'``-th fp16 score: every concept left out scores ≤ ``t`` in fp16; 2⁻¹¹ bounds fp16's rounding of the
+output, ``ε`` the fp32 accumulation and, for inputs that are not fp16 numbers, their rounding) is exactly
+the fp32 top-K; any other row (a crowd of near-equal scores at the cut) is recomputed in fp32 against
+all concepts. One transfer back per query tile: scores, ids and the certificate packed in one tensor.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+GROUP = 64
+ACC_EPS = 2.0 ** -16          # fp32 accumulation over d ≤ 4096 terms, relative to |q|·|k| (generous)
+INPUT_EPS = 2.0 ** -10        # fp16 rounding of both inputs, relative to |q|·|k|
+
+
+def candidates(k: int) -> int:
+    return max(2 * k, k + 16)
+
+
+class _Precise:
+    """fp32 matmuls in full fp32 (no TF32) and fp16 GEMMs with fp32 reductions, restored after."""
+
+    def __enter__(self):
+        import torch
+
+        self.prec = torch.get_float32_matmul_precision()
+        self.red = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_float32_matmul_precision(self.prec)
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = self.red
+
+
+class GpuTopK:
+    """Exact top-``k`` inner products against a fixed key matrix resident on ``device``.
+
+    ``submit(queries)`` queues one query tile and returns at once; ``result(handle)`` waits for it. So a
+    caller can gather the next tile on the host while the GPU works (``Searcher``, ``topk_torch``)."""
+
+    def __init__(self, keys: np.ndarray, k: int, device: str, concept_tile: int = 65536):
+        import torch
+
+        self.device, self.V = device, len(keys)
+        self.k = min(k, self.V)
+        self.kp = min(candidates(self.k), self.V)
+        self.tile = max(GROUP, concept_tile // GROUP * GROUP)
+        k32 = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.float32)).to(device)
+        k16 = k32.half()
+        self.kmax = float(k32.norm(dim=1).max()) if self.V else 0.0
+        self.keys_exact = bool(torch.equal(k16.float(), k32))     # fp16 shards: always
+        pad = -self.V % GROUP
+        self.k16 = torch.cat([k16, k16.new_zeros(pad, k16.shape[1])]) if pad else k16
+        self.kx = self.k16 if self.keys_exact else k32              # the vectors rescoring reads
+        del k32
+        self.recomputed = 0                                         # rows the certificate sent to fp32
+        cuda = device.startswith("cuda")
+        self.copy_stream = torch.cuda.Stream(device) if cuda else None
+
+    # ------------------------------------------------------------------ one query tile
+    def submit(self, queries: np.ndarray):
+        import torch
+
+        q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
+        if self.copy_stream is not None:
+            q = q.pin_memory()
+            with torch.cuda.stream(self.copy_stream):
+                Q = q.to(self.device, non_blocking=True)
+            torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
+            Q.record_stream(torch.cuda.current_stream(self.device))
+        else:
+            Q = q.to(self.device)
+        with torch.inference_mode(), _Precise():
+            packed = self._tile(Q)
+            out = packed.to("cpu", non_blocking=True)
+        done = None
+        if self.copy_stream is not None:
+            done = torch.cuda.Event()
+            done.record()
+        return Q, out, done
+
+    def result(self, handle) -> tuple[np.ndarray, np.ndarray]:
+        Q, out, done = handle
+        if done is not None:
+            done.synchronize()
+        k = self.k
+        a = out.numpy()
+        s = np.ascontiguousarray(a[:, :k])
+        i = np.ascontiguousarray(a[:, k:2 * k]).view(np.int32).astype(np.int64)
+        doubt = np.flatnonzero(a[:, 2 * k] == 0)
+        if len(doubt):
+            self.recomputed += len(doubt)
+            import torch
+
+            s[doubt], i[doubt] = self.exact(Q[torch.as_tensor(doubt, device=Q.device)])
+        return s, i
+
+    def __call__(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.result(self.submit(queries))
+
+    def _tile(self, Q):
+        import torch
+
+        n, G, kp = len(Q), GROUP, self.kp
+        Q16 = Q.half()
+        best_s = best_i = None
+        for c in range(0, len(self.k16), self.tile):
+            s = Q16 @ self.k16[c:c + self.tile].T                 # [n, T] fp16, the GEMM's precision
+            T = s.shape[1]
+            if c + T > self.V:
+                s[:, self.V - c:] = float("-inf")                   # the padding rows
+            groups = s.view(n, T // G, G)
+            kg = min(kp, T // G)
+            _, gi = groups.amax(2).topk(kg, dim=1, sorted=False)
+            members = groups.gather(1, gi[:, :, None].expand(n, kg, G)).view(n, kg * G)
+            ts, ti = members.topk(min(kp, kg * G), dim=1, sorted=False)
+            ids = gi.gather(1, ti // G) * G + ti % G + c
+            if best_s is None:
+                best_s, best_i = ts, ids
+            else:
+                cs, ci = torch.cat([best_s, ts], 1), torch.cat([best_i, ids], 1)
+                best_s, pos = cs.topk(min(kp, cs.shape[1]), dim=1, sorted=False)
+                best_i = ci.gather(1, pos)
+        # rescore the K' candidates in fp32 from the original vectors, keep the top K
+        ex = torch.empty(best_i.shape, dtype=torch.float32, device=Q.device)
+        for a in range(0, n, 4096):
+            kv = self.kx[best_i[a:a + 4096]].float()               # [r, K', d]
+            ex[a:a + 4096] = torch.bmm(kv, Q[a:a + 4096, :, None]).squeeze(2)
+        es, pos = ex.topk(self.k, dim=1)
+        ei = best_i.gather(1, pos)
+        if self.kp < self.V:                                       # else every concept was a candidate
+            t = best_s.min(1).values.float()
+            eps = ACC_EPS
+            if not self.keys_exact:
+                eps = eps + INPUT_EPS
+            q_inexact = (Q16.float() != Q).any(1)
+            bound = (t + t.abs() * 2.0 ** -11 + 2.0 ** -24
+                     + Q.norm(dim=1) * self.kmax * (eps + INPUT_EPS * q_inexact.float()))
+            sure = es[:, -1] > bound
+        else:
+            sure = torch.ones(n, dtype=torch.bool, device=Q.device)
+        return torch.cat([es, ei.to(torch.int32).view(torch.float32), sure.float()[:, None]], 1)
+
+    def exact(self, Q) -> tuple[np.ndarray, np.ndarray]:
+        """fp32 top-k of ``Q`` against every key (the rows the certificate could not vouch for)."""
+        import torch
+
+        best_s = best_i = None
+        with torch.inference_mode(), _Precise():
+            for c in range(0, self.V, self.tile):
+                s = Q @ self.kx[c:c + self.tile].float().T
+                ts, ti = s.topk(min(self.k, s.shape[1]), dim=1)
+                ti = ti + c
+                if best_s is None:
+                    best_s, best_i = ts, ti
+                else:
+                    best_s, pos = torch.cat([best_s, ts], 1).topk(self.k, dim=1)
+                    best_i = torch.cat([best_i, ti], 1).gather(1, pos)
+        return best_s.cpu().numpy(), best_i.cpu().numpy()
+
+
+def topk_tiles(search: GpuTopK, queries: np.ndarray, image_tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """All of ``queries`` in tiles of ``image_tile``, the next tile queued before the last is read."""
+    out_s = np.empty((len(queries), search.k), np.float32)
+    out_i = np.empty((len(queries), search.k), np.int64)
+    pending = None
+    for a in range(0, len(queries) + image_tile, image_tile):
+        handle = search.submit(queries[a:a + image_tile]) if a < len(queries) else None
+        if pending is not None:
+            b, h = pending
+            s, i = search.result(h)
+            out_s[b:b + len(s)], out_i[b:b + len(s)] = s, i
+        pending = (a, handle) if handle is not None else None
+    return out_s, out_i
