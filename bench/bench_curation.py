@@ -2,6 +2,8 @@
 
     python -m bench.bench_curation            # assign 100K × 50K, d=512, K=10; balance 10M × K=10 over 500K
     python -m bench.bench_curation --quick    # 20K × 10K; 1M samples
+    python -m bench.bench_curation --gpu      # on one GPU: embed-images and assign vs the model / GEMM floor
+                                              # (bench.bench_curation_gpu; its --help)
 
 ``assign``: queries/s of the tiled torch path vs faiss-cpu ``IndexFlatIP`` on the same inputs, and
 each against the *matmul floor* = 2·n·V·d FLOPs / the best GEMM throughput measured in this process,
@@ -122,6 +124,10 @@ def bench_balance(n: int, V: int, k: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv and "--gpu" in argv:
+        from bench.bench_curation_gpu import main as gpu_main
+
+        return gpu_main(argv)
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args(argv or [])

@@ -1,0 +1,315 @@
+"""Curation on one GPU: embed-images and assign against the model-only rate and the GEMM floor.
+
+    python -m bench.bench_curation --gpu [--before DIR] [--json bench/results/bench_curation_gpu.json]
+
+* **GEMM probe**: bf16 and fp16 8192³ products (3 warm-ups, the mean of 10), the floor for assign.
+* **embed-images**: each model (random weights: a timing needs none) alone, ``encode_image`` under bf16
+  autocast on a ready batch; then through ``curation.embed.embed_rows`` on JPEGs made here (0.3–1 MP,
+  smooth content plus sensor-like noise, quality 90: about the bytes per pixel of web photos), decoded in
+  ``--decode-workers`` worker processes, and again with nvJPEG. Rates are rows / wall time of the whole
+  call (worker start-up included).
+* **assign**: 1M × 500K × 1024, K = 10, fp16-exact unit vectors (what the ``.npy`` shards hold), through
+  ``curation.assign.topk_torch`` on the GPU, against the floor ``2·n·V·d / fp16 GEMM rate``; the ids
+  are compared with the fp32 CPU path on the first ``--cpu-check`` queries.
+
+``--before DIR`` times the previous ``embed_rows`` / ``topk_torch`` too, loaded from ``DIR/curation/``
+(e.g. ``git show main:curation/embed.py``), in the same process on the same card.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS: dict = {}
+
+
+def _save(path):
+    if path:
+        Path(path).write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
+def _sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def gemm_probe(device: str, n: int = 8192) -> dict:
+    import torch
+
+    out = {}
+    for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        a = torch.randn(n, n, device=device, dtype=dt)
+        b = torch.randn(n, n, device=device, dtype=dt)
+        for _ in range(3):
+            a @ b
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        _sync()
+        out[name] = 2 * n ** 3 * 10 / (time.perf_counter() - t0) / 1e12
+        del a, b
+    return out
+
+
+def _load_before(before: str | None, name: str):
+    if not before:
+        return None
+    path = Path(before) / "curation" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"before_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod                 # (dataclasses look their module up there)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ------------------------------------------------------------------------------------- JPEGs
+
+SIZES = [(640, 480), (800, 600), (1024, 768), (1200, 800), (720, 960), (900, 900), (1280, 720), (600, 800)]
+
+
+def _jpeg(args):
+    from PIL import Image
+
+    i, folder = args
+    rng = np.random.default_rng(i)
+    w, h = SIZES[i % len(SIZES)]
+    small = rng.integers(0, 255, (h // 24, w // 24, 3), dtype=np.uint8)
+    im = np.asarray(Image.fromarray(small).resize((w, h), Image.BICUBIC), dtype=np.float32)
+    im += rng.normal(0, 6, im.shape).astype(np.float32)
+    p = Path(folder) / f"{i:06d}.jpg"
+    Image.fromarray(np.clip(im, 0, 255).astype(np.uint8)).save(p, "JPEG", quality=90)
+    return str(p)
+
+
+def make_jpegs(folder: Path, distinct: int, rows: int) -> tuple[list[dict], dict]:
+    from multiprocessing import Pool
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with Pool(os.cpu_count()) as pool:
+        paths = pool.map(_jpeg, [(i, str(folder)) for i in range(distinct)])
+    sizes = [os.path.getsize(p) for p in paths]
+    mp = [SIZES[i % len(SIZES)][0] * SIZES[i % len(SIZES)][1] / 1e6 for i in range(distinct)]
+    rows_ = [{"sample_id": f"{j:016x}", "status": "ok", "error": None,
+              "images": [{"container": "file", "file": paths[j % distinct]}]} for j in range(rows)]
+    return rows_, {"distinct": distinct, "rows": rows, "mean_megapixels": float(np.mean(mp)),
+                   "mean_kb": float(np.mean(sizes) / 1e3), "kb_per_megapixel": float(np.sum(sizes) / np.sum(mp) / 1e3)}
+
+
+# ------------------------------------------------------------------------------------- embed
+
+def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: int, before, json_path) -> None:
+    import open_clip
+    import torch
+
+    from curation.clip import autocast
+    from curation.embed import embed_rows
+
+    torch.manual_seed(0)
+    try:
+        with torch.device(device):   # random init straight on the GPU (seconds, not a CPU minute)
+            net, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=None)
+    except Exception:
+        net, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=None)
+    net = net.to(device).eval()
+    res = RESULTS.setdefault("embed", {}).setdefault(model, {})
+    size = net.visual.image_size
+    size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+    x = torch.randn(batch, 3, *size, device=device)
+    with torch.inference_mode(), autocast(device):
+        for _ in range(2):
+            net.encode_image(x)
+        _sync()
+        reps = 8
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            net.encode_image(x)
+        _sync()
+    res["model_only"] = batch * reps / (time.perf_counter() - t0)
+    print(f"{model}: model only {res['model_only']:,.0f} img/s (batch {batch})", flush=True)
+    _save(json_path)
+    runs = []
+    if before is not None:
+        runs.append(("before: threads (main)", lambda: before.embed_rows(rows, net, preprocess, device, batch, workers)))
+    runs.append((f"after: {workers} worker processes",
+                 lambda: embed_rows(rows, net, preprocess, device, batch, workers, decode="processes")))
+    runs.append((f"after: {workers} worker processes + nvJPEG",
+                 lambda: embed_rows(rows, net, preprocess, device, batch, workers, decode="processes",
+                                    jpeg_decode="nvjpeg")))
+    ref = None
+    for name, fn in runs:
+        try:
+            embed_rows(rows[:2 * batch], net, preprocess, device, batch, 2, decode="threads")   # warm
+            _sync()
+            t0 = time.perf_counter()
+            emb, errors = fn()
+            _sync()
+            dt = time.perf_counter() - t0
+            res[name] = {"img_s": len(rows) / dt, "of_model": len(rows) / dt / res["model_only"],
+                         "errors": sum(e is not None for e in errors)}
+            if ref is None:
+                ref = emb
+            else:
+                res[name]["min_cos_vs_first"] = float((ref * emb).sum(1).min())
+            print(f"  {name}: {res[name]}", flush=True)
+        except Exception as e:       # one path failing must not lose the others' figures
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"  {name}: FAILED {res[name]['error']}", flush=True)
+        _save(json_path)
+    del net
+    torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------- assign
+
+def _unit16(n, d, device, seed):
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(n, d, device=device, generator=g)
+    x = torch.nn.functional.normalize(x, dim=1).half().float()
+    return x.cpu().numpy()
+
+
+def bench_assign(n: int, V: int, d: int, k: int, device: str, before, floor_tflops: float, cpu_check: int,
+                 json_path) -> None:
+    from curation.assign import topk_torch
+    from curation.assign_gpu import GpuTopK, topk_tiles
+
+    X, C = _unit16(n, d, device, 0), _unit16(V, d, device, 1)
+    floor = 2 * n * V * d / (floor_tflops * 1e12)
+    res = RESULTS.setdefault("assign", {"n": n, "V": V, "d": d, "k": k, "floor_s": floor})
+    print(f"assign {n:,} × {V:,} × {d}, K={k}: GEMM floor {floor:.2f} s at {floor_tflops:.0f} TFLOP/s (fp16)",
+          flush=True)
+    runs = []
+    if before is not None:
+        runs.append(("before: topk_torch (main), tiles 16384 × 65536",
+                     lambda: before.topk_torch(X, C, k, 16384, 65536, device)))
+    searches = {}
+
+    def after(tq, tc):
+        def go():
+            s = searches[(tq, tc)] = GpuTopK(C, k, device, tc)
+            return topk_tiles(s, X, tq)
+        return go
+
+    for tq, tc in ((16384, 65536), (32768, 131072)):
+        runs.append((f"after: topk_torch, tiles {tq} × {tc}", after(tq, tc)))
+    s_cpu, i_cpu = topk_torch(X[:cpu_check], C, k, 4096, 65536, "cpu")
+    ref = None
+    for name, fn in runs:
+        try:
+            _sync()
+            t0 = time.perf_counter()
+            s, i = fn()
+            _sync()
+            dt = time.perf_counter() - t0
+            r = {"s": dt, "queries_s": n / dt, "of_floor": floor / dt,
+                 "same_ids_as_cpu": float((i[:cpu_check] == i_cpu).mean()),
+                 "max_score_diff_vs_cpu": float(np.abs(s[:cpu_check] - s_cpu).max())}
+            if ref is not None:
+                r["same_ids_as_first"] = float((i == ref).mean())
+            ref = i if ref is None else ref
+            res[name] = r
+            print(f"  {name}: {r}", flush=True)
+        except Exception as e:
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"  {name}: FAILED {res[name]['error']}", flush=True)
+        _save(json_path)
+    res["recomputed_rows"] = {f"{a}x{b}": s.recomputed for (a, b), s in searches.items()}
+    _save(json_path)
+
+
+# ------------------------------------------------------------------------------------- table
+
+def table() -> str:
+    lines = []
+    g = RESULTS.get("gemm_tflops", {})
+    card = RESULTS.get("card", "?")
+    lines.append(f"GPU curation bench on {card} — GEMM probe 8192³: bf16 {g.get('bf16', 0):.0f} TFLOP/s, "
+                 f"fp16 {g.get('fp16', 0):.0f} TFLOP/s")
+    if "jpegs" in RESULTS:
+        j = RESULTS["jpegs"]
+        lines.append(f"JPEGs: {j['distinct']:,} distinct, {j['rows']:,} rows, {j['mean_megapixels']:.2f} MP and "
+                     f"{j['mean_kb']:.0f} kB on average")
+    lines.append("\n| what | images or queries per second | share of the model / of the GEMM floor |\n| --- | ---: | ---: |")
+    for model, res in RESULTS.get("embed", {}).items():
+        if "model_only" not in res:
+            lines.append(f"| {model} | failed: {res.get('error')} | — |")
+            continue
+        lines.append(f"| {model} `encode_image`, bf16, model only | {res['model_only']:,.0f} | 100% |")
+        for name, r in res.items():
+            if name == "model_only":
+                continue
+            cell = f"{r['img_s']:,.0f} | {r['of_model']:.0%}" if "img_s" in r else f"failed: {r['error']} | —"
+            lines.append(f"| {model} through `embed_rows`, {name} | {cell} |")
+    a = RESULTS.get("assign")
+    if a:
+        lines.append(f"| assign {a['n']:,} × {a['V']:,}, d = {a['d']}, K = {a['k']}: GEMM floor at fp16 | "
+                     f"{a['n'] / a['floor_s']:,.0f} ({a['floor_s']:.2f} s) | 100% |")
+        for name, r in a.items():
+            if not isinstance(r, dict) or name == "recomputed_rows":
+                continue
+            cell = (f"{r['queries_s']:,.0f} ({r['s']:.2f} s; ids = CPU on {r['same_ids_as_cpu']:.5f}) | "
+                    f"{r['of_floor']:.0%}") if "s" in r else f"failed: {r['error']} | —"
+            lines.append(f"| assign, {name} | {cell} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.bench_curation --gpu")
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--before", help="a folder holding the previous curation/embed.py and curation/assign.py")
+    ap.add_argument("--models", nargs="+", default=["ViT-H-14-quickgelu", "ViT-L-14-quickgelu"])
+    ap.add_argument("--images", type=int, default=6144, help="rows embedded per run")
+    ap.add_argument("--distinct", type=int, default=2048, help="distinct JPEGs among them")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--decode-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--queries", type=int, default=1_000_000)
+    ap.add_argument("--concepts", type=int, default=500_000)
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--cpu-check", type=int, default=2048, help="queries compared with the fp32 CPU path")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["embed", "assign"])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bench-curation-gpu"))
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--command", default="", help="the command line, recorded with the figures")
+    a = ap.parse_args(argv or [])
+    import torch
+
+    from curation.clip import register_configs
+
+    register_configs()
+    RESULTS.update({"card": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
+                    "torch": torch.__version__, "cpus": os.cpu_count(), "command": a.command,
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    RESULTS["gemm_tflops"] = gemm_probe(a.device, 8192 if a.device.startswith("cuda") else 512)
+    print(RESULTS["gemm_tflops"], flush=True)
+    _save(a.json)
+    if "embed" not in a.skip:
+        rows, RESULTS["jpegs"] = make_jpegs(a.work / "jpegs", a.distinct, a.images)
+        print(RESULTS["jpegs"], flush=True)
+        before = _load_before(a.before, "embed")
+        for m in a.models:
+            try:
+                bench_embed(m, rows, a.device, a.batch_size, a.decode_workers, before, a.json)
+            except Exception as e:
+                RESULTS.setdefault("embed", {})[m + " (failed)"] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"{m}: FAILED {e}", flush=True)
+    if "assign" not in a.skip:
+        bench_assign(a.queries, a.concepts, a.dim, a.k, a.device, _load_before(a.before, "assign"),
+                     RESULTS["gemm_tflops"]["fp16"], a.cpu_check, a.json)
+    RESULTS["table"] = table()
+    _save(a.json)
+    print("\n" + RESULTS["table"])
+    return 0
