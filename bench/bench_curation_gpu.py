@@ -107,8 +107,19 @@ def make_jpegs(folder: Path, distinct: int, rows: int) -> tuple[list[dict], dict
 
 # ------------------------------------------------------------------------------------- embed
 
+def embed_variant(spec: str) -> dict:
+    """``threads`` | ``processes`` | ``nvjpeg[:share]``, each ``+draft`` optionally: ``embed_rows`` keywords."""
+    base, *flags = spec.split("+")
+    kw = {"decode": "threads" if base == "threads" else "processes", "jpeg_draft": "draft" in flags}
+    if base.startswith("nvjpeg"):
+        kw.update(jpeg_decode="nvjpeg", nvjpeg_share=float(base.partition(":")[2] or 1))
+    elif base not in ("threads", "processes"):
+        raise ValueError(f"unknown embed variant {spec!r}")
+    return kw
+
+
 def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: int, before, json_path,
-                reps_e: int = 1) -> None:
+                reps_e: int = 1, variants=("processes", "nvjpeg")) -> None:
     import open_clip
     import torch
 
@@ -141,15 +152,10 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
     runs = []
     if before is not None:
         runs.append(("before: threads (main)", lambda: before.embed_rows(rows, net, preprocess, device, batch, workers)))
-    if not device.startswith("cuda"):
-        runs.append((f"after: {workers} threads (the CPU default)",
-                     lambda: embed_rows(rows, net, preprocess, device, batch, workers, decode="threads")))
-    runs.append((f"after: {workers} worker processes",
-                 lambda: embed_rows(rows, net, preprocess, device, batch, workers, decode="processes")))
-    if device.startswith("cuda"):
-        runs.append((f"after: {workers} worker processes + nvJPEG",
-                     lambda: embed_rows(rows, net, preprocess, device, batch, workers, decode="processes",
-                                        jpeg_decode="nvjpeg")))
+    for spec in variants:
+        kw = embed_variant(spec)
+        runs.append((f"after: {spec}, {workers} workers",
+                     lambda kw=kw: embed_rows(rows, net, preprocess, device, batch, workers, **kw)))
     ref = None
     for name, fn in runs:
         try:
@@ -189,7 +195,7 @@ def _unit16(n, d, device, seed):
 
 
 def bench_assign(n: int, V: int, d: int, k: int, device: str, before, floor_tflops: float, cpu_check: int,
-                 json_path) -> None:
+                 json_path, layouts=("strided",)) -> None:
     from curation.assign import topk_torch
     from curation.assign_gpu import GpuTopK, topk_tiles
 
@@ -204,14 +210,19 @@ def bench_assign(n: int, V: int, d: int, k: int, device: str, before, floor_tflo
                      lambda: before.topk_torch(X, C, k, 16384, 65536, device)))
     searches = {}
 
-    def after(tq, tc):
+    def after(tq, tc, layout):
         def go():
-            s = searches[(tq, tc)] = GpuTopK(C, k, device, tc)
+            t0 = time.perf_counter()
+            s = searches[(tq, tc, layout)] = GpuTopK(C, k, device, tc, layout)
+            _sync()
+            setup[(tq, tc, layout)] = time.perf_counter() - t0
             return topk_tiles(s, X, tq)
         return go
 
-    for tq, tc in ((16384, 65536), (32768, 131072)):
-        runs.append((f"after: topk_torch, tiles {tq} × {tc}", after(tq, tc)))
+    setup = {}
+    for layout in layouts:
+        for tq, tc in ((16384, 65536), (32768, 131072)):
+            runs.append((f"after: topk_torch, {layout} groups, tiles {tq} × {tc}", after(tq, tc, layout)))
     s_cpu, i_cpu = topk_torch(X[:cpu_check], C, k, 4096, 65536, "cpu")
     ref = None
     for name, fn in runs:
@@ -221,7 +232,10 @@ def bench_assign(n: int, V: int, d: int, k: int, device: str, before, floor_tflo
             s, i = fn()
             _sync()
             dt = time.perf_counter() - t0
-            r = {"s": dt, "queries_s": n / dt, "of_floor": floor / dt,
+            key = next(iter(setup)) if setup else None
+            su = setup.pop(key) if key else 0.0       # the keys' upload, once per task: reported apart
+            r = {"s": dt, "setup_s": su, "queries_s": n / dt, "of_floor": floor / dt,
+                 "search_s": dt - su, "search_of_floor": floor / (dt - su),
                  "same_ids_as_cpu": float((i[:cpu_check] == i_cpu).mean()),
                  "max_score_diff_vs_cpu": float(np.abs(s[:cpu_check] - s_cpu).max())}
             if ref is not None:
@@ -233,7 +247,7 @@ def bench_assign(n: int, V: int, d: int, k: int, device: str, before, floor_tflo
             res[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"  {name}: FAILED {res[name]['error']}", flush=True)
         _save(json_path)
-    res["recomputed_rows"] = {f"{a}x{b}": s.recomputed for (a, b), s in searches.items()}
+    res["recomputed_rows"] = {f"{a}x{b} {c}": s.recomputed for (a, b, c), s in searches.items()}
     _save(json_path)
 
 
@@ -267,8 +281,15 @@ def table() -> str:
         for name, r in a.items():
             if not isinstance(r, dict) or name == "recomputed_rows":
                 continue
-            cell = (f"{r['queries_s']:,.0f} ({r['s']:.2f} s; ids = CPU on {r['same_ids_as_cpu']:.5f}) | "
-                    f"{r['of_floor']:.0%}") if "s" in r else f"failed: {r['error']} | —"
+            if "s" not in r:
+                cell = f"failed: {r['error']} | —"
+            elif r.get("setup_s"):
+                cell = (f"{r['queries_s']:,.0f} ({r['s']:.2f} s, of which {r['setup_s']:.2f} s uploading the keys; "
+                        f"ids = CPU on {r['same_ids_as_cpu']:.5f}) | {r['of_floor']:.0%} "
+                        f"({r['search_of_floor']:.0%} without the upload)")
+            else:
+                cell = (f"{r['queries_s']:,.0f} ({r['s']:.2f} s; ids = CPU on {r['same_ids_as_cpu']:.5f}) | "
+                        f"{r['of_floor']:.0%}")
             lines.append(f"| assign, {name} | {cell} |")
     return "\n".join(lines)
 
@@ -283,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--distinct", type=int, default=2048, help="distinct JPEGs among them")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--decode-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--embed", nargs="+", default=["processes", "nvjpeg", "processes+draft", "nvjpeg:0.5",
+                                                    "nvjpeg:0.5+draft"],
+                    help="embed_rows paths to time: threads | processes | nvjpeg[:share], each +draft optionally")
+    ap.add_argument("--layouts", nargs="+", default=["strided", "contiguous"], help="assign group layouts to time")
     ap.add_argument("--reps", type=int, default=1, help="embed runs per path (the best counts)")
     ap.add_argument("--queries", type=int, default=1_000_000)
     ap.add_argument("--concepts", type=int, default=500_000)
@@ -311,13 +336,13 @@ def main(argv: list[str] | None = None) -> int:
         before = _load_before(a.before, "embed")
         for m in a.models:
             try:
-                bench_embed(m, rows, a.device, a.batch_size, a.decode_workers, before, a.json, a.reps)
+                bench_embed(m, rows, a.device, a.batch_size, a.decode_workers, before, a.json, a.reps, a.embed)
             except Exception as e:
                 RESULTS.setdefault("embed", {})[m + " (failed)"] = {"error": f"{type(e).__name__}: {e}"}
                 print(f"{m}: FAILED {e}", flush=True)
     if "assign" not in a.skip:
         bench_assign(a.queries, a.concepts, a.dim, a.k, a.device, _load_before(a.before, "assign"),
-                     RESULTS["gemm_tflops"]["fp16"], a.cpu_check, a.json)
+                     RESULTS["gemm_tflops"]["fp16"], a.cpu_check, a.json, a.layouts)
     RESULTS["table"] = table()
     _save(a.json)
     print("\n" + RESULTS["table"])

@@ -34,9 +34,11 @@ group when the whole tree's RSS passes ``--guard-gib`` (the machine is shared) a
 (linear: every map task's cost is linear in its share; a reduce that sorts is n log n, so its
 line is a lower bound). GPU-hours for ``embed-images`` and ``assign`` at MetaCLIP ViT-H-14 from
 its FLOPs per image, counted here by ``torch.utils.flop_counter`` on a randomly initialised
-``open_clip`` ViT-H-14 (no weights needed for a count or a timing), and an assumed GPU throughput
-(``--gpu-tflops``, ``--gpu-mfu``: stated in the table; ``--gpu-measured`` replaces them by a
-measured images/s). The CPU forward of the image tower at 224 px is timed here too (``--vit``).
+``open_clip`` ViT-H-14 (no weights needed for a count or a timing), and the GPU rates: measured
+(``--gpu-json bench/results/bench_curation_gpu.json``, written by ``python -m bench.bench_curation
+--gpu``: ViT-H-14 images/s end to end through ``embed_rows`` and assign's effective FLOP/s, with the
+card and command) or, without it, assumed (``--gpu-tflops``, ``--gpu-mfu``, ``--assign-eff``: stated
+in the table; ``--gpu-measured`` gives the ViT's images/s alone). The CPU forward of the image tower at 224 px is timed here too (``--vit``).
 """
 from __future__ import annotations
 
@@ -631,15 +633,25 @@ def projection(results: list[dict], a, vit: dict | None) -> None:
     if vit.get("preprocess_s_per_image"):
         print(f"Decode + preprocess (PIL JPEG decode of a {vit['preprocess_image']} image + open_clip's 224-px "
               f"transform), one core: {vit['preprocess_s_per_image'] * 1e3:.1f} ms/image.")
+    measured = gpu_measured_rates(a.gpu_json) if a.gpu_json else None
     if a.gpu_measured:
         img_s = a.gpu_measured
         basis = f"{img_s:,.0f} images/s measured ({a.gpu_measured_note})"
+    elif measured and measured.get("img_s"):
+        img_s = measured["img_s"]
+        basis = (f"measured: {img_s:,.0f} images/s end to end through `embed_rows` ({measured['embed_path']}) on "
+                 f"{measured['card']}, `{measured['command']}` ({measured['date']})")
     else:
         img_s = a.gpu_tflops * 1e12 * a.gpu_mfu / fl
         basis = (f"assumed: {a.gpu_tflops:g} TFLOP/s dense bf16 (H100 SXM spec) × {a.gpu_mfu:.0%} model FLOPs "
                  f"utilisation = {img_s:,.0f} images/s per GPU")
     assign_flops = 2 * V * d                  # per image: one row of the image × concept product
     assign_rate = a.gpu_tflops * 1e12 * a.assign_eff
+    assign_basis = f"assumed {a.gpu_tflops:g} TFLOP/s × {a.assign_eff:.0%} (fp16 GEMM + top-k merge)"
+    if measured and measured.get("assign_flops_s"):
+        assign_rate = measured["assign_flops_s"]
+        assign_basis = (f"measured {assign_rate / 1e12:,.0f} TFLOP/s effective ({measured['assign_shape']}, "
+                        f"{measured['assign_path']}) on {measured['card']}")
     pre = vit.get("preprocess_s_per_image")
     print(f"\n| job | basis | GPU-hours at 85M | GPU-hours at 500M | CPU core-hours at 85M | at 500M |\n"
           f"| --- | --- | ---: | ---: | ---: | ---: |")
@@ -651,15 +663,35 @@ def projection(results: list[dict], a, vit: dict | None) -> None:
         print(f"| embed-images: decode + preprocess | CPU, overlapped with the GPU by the decode pool (measured "
               f"above) | — | — | {85e6 * pre / 3600:,.0f} | {500e6 * pre / 3600:,.0f} |")
     print(f"| assign: exact top-{a.k}, V={V:,}, d={d} | 2·V·d = {assign_flops / 1e9:.2f} GFLOP per image; "
-          f"assumed {a.gpu_tflops:g} TFLOP/s × {a.assign_eff:.0%} (fp16 GEMM + top-k merge); reading the "
+          f"{assign_basis}; reading the "
           f"fp16 vectors ({85e6 * d * 2 / 1e9:,.0f} GB at 85M) not counted | "
           f"{85e6 * assign_flops / assign_rate / 3600:,.2f} | {500e6 * assign_flops / assign_rate / 3600:,.2f} | "
           f"{85e6 * assign_flops / (cpu_gflops * 1e9) / 3600:,.0f} | "
           f"{500e6 * assign_flops / (cpu_gflops * 1e9) / 3600:,.0f} |")
     print(f"\nCPU columns: the ViT forward at its measured best s/image × {vit['threads']} cores; assign at "
           f"{cpu_gflops:.0f} GFLOP/s per core (`--cpu-gflops`; default: the ViT forward's measured rate). "
-          f"GPU columns: FLOPs ÷ the assumed rate (`--gpu-tflops`, `--gpu-mfu`, `--assign-eff`; "
-          f"`--gpu-measured` replaces the ViT assumption by a measured images/s).")
+          f"GPU columns: FLOPs ÷ the rate named in the row: measured (`--gpu-json`, a `bench_curation --gpu` "
+          f"result; `--gpu-measured` for the ViT alone) or assumed (`--gpu-tflops`, `--gpu-mfu`, `--assign-eff`).")
+
+
+def gpu_measured_rates(path: Path) -> dict:
+    """The rates a ``python -m bench.bench_curation --gpu`` JSON measured: ViT-H-14 images/s end to end
+    through ``embed_rows`` (its fastest path), assign's effective FLOP/s (2·n·V·d ÷ seconds, fastest path),
+    with the card, command and date they were measured with."""
+    r = json.loads(Path(path).read_text())
+    out = {"card": r.get("card", "?"), "command": r.get("command", "?"), "date": r.get("date", "?")}
+    vit = next((v for k, v in r.get("embed", {}).items() if k.startswith("ViT-H-14")), {})
+    runs = {k: v for k, v in vit.items() if k.startswith("after") and isinstance(v, dict) and "img_s" in v}
+    if runs:
+        out["embed_path"], best = max(runs.items(), key=lambda kv: kv[1]["img_s"])
+        out["img_s"] = best["img_s"]
+    asg = r.get("assign", {})
+    runs = {k: v for k, v in asg.items() if k.startswith("after") and isinstance(v, dict) and "s" in v}
+    if runs:
+        out["assign_path"], best = min(runs.items(), key=lambda kv: kv[1]["s"])
+        out["assign_flops_s"] = 2 * asg["n"] * asg["V"] * asg["d"] / best["s"]
+        out["assign_shape"] = f"{asg['n']:,} × {asg['V']:,} × {asg['d']}, K = {asg['k']}"
+    return out
 
 
 # ------------------------------------------------------------------------------------- main
@@ -699,6 +731,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--assign-eff", type=float, default=0.5, help="assumed fraction of peak for assign's fp16 GEMM")
     ap.add_argument("--gpu-measured", type=float, help="measured ViT-H-14 images/s per GPU (replaces the assumption)")
     ap.add_argument("--gpu-measured-note", default="", help="where --gpu-measured comes from")
+    ap.add_argument("--gpu-json", type=Path, help="rates measured by `python -m bench.bench_curation --gpu --json F` "
+                    "(ViT-H-14 through embed_rows, assign): replace the assumed GPU rates")
     ap.add_argument("--cpu-gflops", type=float,
                     help="fp32 GFLOP/s per core for assign on CPU (default: the ViT forward's measured rate)")
     a = ap.parse_args(argv or [])

@@ -3,8 +3,8 @@
 The concept matrix lives on the GPU in fp16 (500K × 1024 = 1 GB), padded to a multiple of ``GROUP``
 rows. A query tile is uploaded on a side stream (pinned, overlapping the previous tile's work), and per
 concept tile ``s = Q16 @ K16[c:c+T].T`` stays in fp16 (the GEMM's own output: no fp32 copy of the tile):
-the maximum of each group of ``GROUP`` consecutive scores (one pass over the tile), the ``K'`` best
-groups, the ``K'`` best scores among their ``K' × GROUP`` members (every score left out is ≤ the
+the maximum of each of ``T / GROUP`` groups of ``GROUP`` scores (columns ``g, g + T/GROUP, …``: one pass
+over the tile, coalesced), the ``K'`` best groups, the ``K'`` best scores among their ``K' × GROUP`` members (every score left out is ≤ the
 ``K'``-th kept), merged into a running ``[n, K']`` on the GPU. Then the ``K' = max(2K, K+16)``
 candidates are rescored in fp32 from the original vectors (one batched matrix-vector product) and the
 top K of those is the answer: what the fp32 CPU paths give, float ties aside.
@@ -52,10 +52,12 @@ class GpuTopK:
     ``submit(queries)`` queues one query tile and returns at once; ``result(handle)`` waits for it. So a
     caller can gather the next tile on the host while the GPU works (``Searcher``, ``topk_torch``)."""
 
-    def __init__(self, keys: np.ndarray, k: int, device: str, concept_tile: int = 65536):
+    def __init__(self, keys: np.ndarray, k: int, device: str, concept_tile: int = 65536, layout: str = "strided"):
         import torch
 
-        self.device, self.V = device, len(keys)
+        if layout not in ("strided", "contiguous"):
+            raise ValueError(f"layout must be 'strided' or 'contiguous', got {layout!r}")
+        self.device, self.V, self.layout = device, len(keys), layout
         self.k = min(k, self.V)
         self.kp = min(candidates(self.k), self.V)
         self.tile = max(GROUP, concept_tile // GROUP * GROUP)
@@ -123,12 +125,19 @@ class GpuTopK:
             T = s.shape[1]
             if c + T > self.V:
                 s[:, self.V - c:] = float("-inf")                   # the padding rows
-            groups = s.view(n, T // G, G)
             kg = min(kp, T // G)
-            _, gi = groups.amax(2).topk(kg, dim=1, sorted=False)
-            members = groups.gather(1, gi[:, :, None].expand(n, kg, G)).view(n, kg * G)
-            ts, ti = members.topk(min(kp, kg * G), dim=1, sorted=False)
-            ids = gi.gather(1, ti // G) * G + ti % G + c
+            if self.layout == "contiguous":                         # group g: columns g·G … g·G + G-1
+                groups = s.view(n, T // G, G)
+                _, gi = groups.amax(2).topk(kg, dim=1, sorted=False)
+                members = groups.gather(1, gi[:, :, None].expand(n, kg, G)).view(n, kg * G)
+                ts, ti = members.topk(min(kp, kg * G), dim=1, sorted=False)
+                ids = gi.gather(1, ti // G) * G + ti % G + c
+            else:                                                   # group g: columns g, g + T/G, g + 2T/G, …
+                groups = s.view(n, G, T // G)                       # (a max over a strided dim reads coalesced)
+                _, gi = groups.amax(1).topk(kg, dim=1, sorted=False)
+                members = groups.gather(2, gi[:, None, :].expand(n, G, kg)).reshape(n, G * kg)
+                ts, ti = members.topk(min(kp, kg * G), dim=1, sorted=False)
+                ids = (ti // kg) * (T // G) + gi.gather(1, ti % kg) + c
             if best_s is None:
                 best_s, best_i = ts, ids
             else:

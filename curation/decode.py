@@ -21,13 +21,18 @@ CPU output is bit-identical to ``preprocess(image)``).
 ``jpeg_decode = "nvjpeg"`` leaves a JPEG's pixels to the GPU: the workers read the bytes (and the
 header, to send CMYK or EXIF-rotated files to the CPU path), ``torchvision.io.decode_jpeg(...,
 device="cuda")`` decodes the batch, and the resize (bicubic, antialiased, shortest side) and centre
-crop run on the GPU. Other formats, and a JPEG nvJPEG refuses, take the CPU path; a file neither
-decodes is a ``decode_error`` row either way. The GPU resize is not PIL's, so the embeddings match the
-CPU path's within bf16 tolerance, not bit for bit (``tests/curation/test_embed_decode.py``).
+crop run on the GPU. ``nvjpeg_share`` < 1 splits the JPEGs between nvJPEG and the CPU workers by a hash
+of the ``sample_id`` (both then work; the split is the same whatever the task count). Other formats,
+and a JPEG nvJPEG refuses, take the CPU path; a file neither decodes is a ``decode_error`` row either
+way. The GPU resize is not PIL's, so the embeddings match the CPU path's within bf16 tolerance, not bit
+for bit (``tests/curation/test_embed_decode.py``). ``jpeg_draft`` lets libjpeg decode a JPEG at the
+smallest DCT scale (1/2, 1/4, 1/8) that still covers the crop, before the same resize: far less
+decode and resize work on the CPU, and again within bf16 tolerance of the full decode, not bit for bit.
 """
 from __future__ import annotations
 
 import io
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
@@ -100,20 +105,45 @@ def _error(e: Exception) -> str:
     return f"{type(e).__name__}: {e}"[:300]
 
 
-def decode_cpu(row: dict, to_uint8):
-    """(uint8 CHW tensor, None) or (None, error): PIL decode, upright, RGB, then the transform's head."""
+def decode_cpu(row: dict, to_uint8, draft: int | None = None):
+    """(uint8 CHW tensor, None) or (None, error): PIL decode, upright, RGB, then the transform's head.
+    ``draft``: a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that keeps both sides ≥ it."""
     from PIL import Image, ImageOps
 
     from curation.ingest import read_image_bytes
 
     try:
         with Image.open(io.BytesIO(read_image_bytes(row))) as im:   # upright, as ingest sized it
+            if draft:
+                im.draft("RGB", (draft, draft))
             return to_uint8(ImageOps.exif_transpose(im).convert("RGB")), None
     except Exception as e:  # corrupt data that passed ingest's header check
         return None, _error(e)
 
 
-def read_jpeg(row: dict, to_uint8):
+@dataclass(frozen=True)
+class RowDecoder:
+    """What a worker does with one row: ``("pixels", uint8 tensor)``, ``("jpeg", byte tensor)`` (left for
+    nvJPEG) or ``("error", message)``. ``nvjpeg_share`` of the JPEG rows, chosen by a hash of the
+    ``sample_id`` (so the same rows whatever the task count), go to nvJPEG; the rest, and the JPEGs
+    nvJPEG cannot take (CMYK, EXIF-rotated), are decoded here."""
+    to_uint8: object
+    draft: int | None = None
+    nvjpeg_share: float = 0.0
+
+    def to_gpu(self, row: dict) -> bool:
+        if self.nvjpeg_share >= 1 or self.nvjpeg_share <= 0:
+            return self.nvjpeg_share >= 1
+        return zlib.crc32(str(row.get("sample_id")).encode()) % 10_000 < self.nvjpeg_share * 10_000
+
+    def __call__(self, row: dict):
+        if self.to_gpu(row):
+            return read_jpeg(row, self.to_uint8, self.draft)
+        x, err = decode_cpu(row, self.to_uint8, self.draft)
+        return ("pixels", x) if err is None else ("error", err)
+
+
+def read_jpeg(row: dict, to_uint8, draft: int | None = None):
     """nvJPEG path: ("jpeg", uint8 byte tensor) for a baseline RGB / grey JPEG with no EXIF rotation,
     else the CPU decode's ("pixels", tensor) / ("error", message)."""
     import torch
@@ -129,7 +159,7 @@ def read_jpeg(row: dict, to_uint8):
         return "error", _error(e)
     if gpu_ok:
         return "jpeg", torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    x, err = decode_cpu(row, to_uint8)
+    x, err = decode_cpu(row, to_uint8, draft)
     return ("pixels", x) if err is None else ("error", err)
 
 
@@ -150,17 +180,13 @@ def _todo(rows: list[dict]) -> list[int]:
     return todo
 
 
-def _assemble(rows, todo, results, nvjpeg: bool) -> dict:
+def _assemble(rows, todo, results) -> dict:
     """One prepared batch: ``rows``; ``pos`` / ``x``: the CPU-decoded images and their positions;
     ``jpeg_pos`` / ``jpeg``: JPEG bytes left for nvJPEG; ``errors``: {position: message}."""
     import torch
 
     pos, xs, jpeg_pos, jpeg, errors = [], [], [], [], {}
-    for j, res in zip(todo, results):
-        if nvjpeg:
-            kind, v = res
-        else:
-            kind, v = ("pixels", res[0]) if res[1] is None else ("error", res[1])
+    for j, (kind, v) in zip(todo, results):
         if kind == "pixels":
             pos.append(j)
             xs.append(v)
@@ -173,12 +199,11 @@ def _assemble(rows, todo, results, nvjpeg: bool) -> dict:
             "jpeg": jpeg, "errors": errors}
 
 
-def prepare_batch(batch, to_uint8, nvjpeg: bool = False) -> dict:
+def prepare_batch(batch, decoder: RowDecoder) -> dict:
     """Decode one batch in this process (a DataLoader worker)."""
     rows = _rows(batch)
     todo = _todo(rows)
-    one = read_jpeg if nvjpeg else decode_cpu
-    return _assemble(rows, todo, [one(rows[j], to_uint8) for j in todo], nvjpeg)
+    return _assemble(rows, todo, [decoder(rows[j]) for j in todo])
 
 
 def list_batches(rows: list[dict], batch_size: int):
@@ -228,33 +253,32 @@ def _iterable_dataset():
     return StridedBatches
 
 
-def decoded_batches(source, pre: SplitPreprocess, mode: str, workers: int, prefetch: int = 2,
-                    nvjpeg: bool = False, pin_memory: bool = False):
+def decoded_batches(source, decoder: RowDecoder, mode: str, workers: int, prefetch: int = 2,
+                    pin_memory: bool = False):
     """Prepared batches of ``source()`` (a picklable callable yielding row batches), in order, with at
     most ``workers × prefetch`` (processes) or ``prefetch`` (threads) batches in flight."""
     if mode == "processes":
         import torch
 
-        ds = _iterable_dataset()(source, partial(prepare_batch, to_uint8=pre.to_uint8, nvjpeg=nvjpeg))
+        ds = _iterable_dataset()(source, partial(prepare_batch, decoder=decoder))
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, prefetch_factor=prefetch,
                                              pin_memory=pin_memory)
         yield from loader
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    one = partial(read_jpeg if nvjpeg else decode_cpu, to_uint8=pre.to_uint8)
     with ThreadPoolExecutor(workers) as pool:
         pending = deque()
         for batch in source():
             rows = _rows(batch)
             todo = _todo(rows)
-            pending.append((rows, todo, pool.map(one, [rows[j] for j in todo])))   # submitted now
+            pending.append((rows, todo, pool.map(decoder, [rows[j] for j in todo])))   # submitted now
             if len(pending) > prefetch:
                 rows, todo, fut = pending.popleft()
-                yield _assemble(rows, todo, list(fut), nvjpeg)
+                yield _assemble(rows, todo, list(fut))
         while pending:
             rows, todo, fut = pending.popleft()
-            yield _assemble(rows, todo, list(fut), nvjpeg)
+            yield _assemble(rows, todo, list(fut))
 
 
 def nvjpeg_decode(datas: list, pre: SplitPreprocess, device: str):
@@ -298,7 +322,17 @@ def check_nvjpeg(pre: SplitPreprocess, device: str) -> None:
                          "ToTensor, Normalize) to redo on the GPU; this model's preprocess has another shape")
 
 
-def model_input(batch: dict, pre: SplitPreprocess, device: str, nvjpeg: bool):
+def make_decoder(pre: SplitPreprocess, device: str, jpeg_decode: str = "cpu", nvjpeg_share: float = 1.0,
+                 jpeg_draft: bool = False) -> RowDecoder:
+    if jpeg_decode not in JPEG_DECODERS:
+        raise ValueError(f"jpeg_decode must be one of {JPEG_DECODERS}, got {jpeg_decode!r}")
+    if jpeg_decode == "nvjpeg":
+        check_nvjpeg(pre, device)
+    draft = min(pre.crop) if jpeg_draft and pre.crop else (pre.resize if jpeg_draft else None)
+    return RowDecoder(pre.to_uint8, draft, nvjpeg_share if jpeg_decode == "nvjpeg" else 0.0)
+
+
+def model_input(batch: dict, pre: SplitPreprocess, device: str):
     """(normalised float batch on ``device`` or None, positions of its images in ``batch["rows"]``);
     nvJPEG failures fall back to the CPU decode, whose error (if any) goes into ``batch["errors"]``."""
     import torch
@@ -306,7 +340,7 @@ def model_input(batch: dict, pre: SplitPreprocess, device: str, nvjpeg: bool):
     pos, parts = list(batch["pos"]), []
     if batch["x"] is not None:
         parts.append(batch["x"].to(device, non_blocking=True))
-    if nvjpeg and batch["jpeg"]:
+    if batch["jpeg"]:
         gpu = []
         for j, (im, err) in zip(batch["jpeg_pos"], nvjpeg_decode(batch["jpeg"], pre, device)):
             if im is None:
@@ -328,7 +362,7 @@ def model_input(batch: dict, pre: SplitPreprocess, device: str, nvjpeg: bool):
     return pre.finish(x), [pos[i] for i in order]
 
 
-def embed_batches(batches, net, pre: SplitPreprocess, device: str, nvjpeg: bool = False, stats=None):
+def embed_batches(batches, net, pre: SplitPreprocess, device: str, stats=None):
     """(prepared batch, positions embedded, float32 [n, d] L2-normalised embeddings) per batch, in order.
     The copy of a batch's embeddings to the host waits for the next batch's forward to be queued, so the
     GPU never idles on the host between batches."""
@@ -339,7 +373,7 @@ def embed_batches(batches, net, pre: SplitPreprocess, device: str, nvjpeg: bool 
     pending = None
     with torch.inference_mode():
         for batch in batches:
-            x, pos = model_input(batch, pre, device, nvjpeg)
+            x, pos = model_input(batch, pre, device)
             e = None
             if x is not None:
                 with autocast(device):

@@ -33,6 +33,8 @@ class EmbedImagesConfig:
     decode: str = "auto"                       # auto: processes on a GPU, threads on a CPU
     prefetch: int = 2                          # batches decoded ahead, per worker process (per pool for threads)
     jpeg_decode: str = "cpu"                   # nvjpeg: JPEGs decoded on the GPU (torchvision.io.decode_jpeg)
+    nvjpeg_share: float = 1.0                  # with nvjpeg: the share of JPEG rows it takes (the rest: CPU workers)
+    jpeg_draft: bool = False                   # CPU: decode a JPEG at the smallest DCT scale covering the crop
     device: str = "auto"
     samples_step: str = "ingest"               # the ingest step folder whose images are embedded
 
@@ -45,6 +47,8 @@ class EmbedImagesConfig:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
         if self.jpeg_decode not in JPEG_DECODERS:
             raise ValueError(f"jpeg_decode must be one of {JPEG_DECODERS}, got {self.jpeg_decode!r}")
+        if not 0 <= self.nvjpeg_share <= 1:
+            raise ValueError(f"nvjpeg_share must be in [0, 1], got {self.nvjpeg_share}")
         if self.jpeg_decode == "nvjpeg" and self.device == "cpu":
             raise ValueError("jpeg_decode='nvjpeg' needs a CUDA device, got device='cpu'")
         check_step_folder("samples_step", self.samples_step)
@@ -54,21 +58,18 @@ class EmbedImagesConfig:
 
 
 def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, workers: int, stats=None,
-               decode: str = "auto", prefetch: int = 2, jpeg_decode: str = "cpu"):
+               decode: str = "auto", prefetch: int = 2, jpeg_decode: str = "cpu", nvjpeg_share: float = 1.0,
+               jpeg_draft: bool = False):
     """Embeddings (float32, L2-normalised) of the rows that decode, in order, plus per-row errors
     (None where the row was embedded)."""
-    from curation.decode import (check_nvjpeg, decoded_batches, embed_batches, list_batches, resolve_decode,
-                                 split_preprocess)
+    from curation.decode import decoded_batches, embed_batches, list_batches, make_decoder, resolve_decode, split_preprocess
 
     pre = split_preprocess(preprocess)
-    nvjpeg = jpeg_decode == "nvjpeg"
-    if nvjpeg:
-        check_nvjpeg(pre, device)
-    mode = resolve_decode(decode, device)
-    batches = decoded_batches(partial(list_batches, rows, batch_size), pre, mode, workers, prefetch, nvjpeg,
-                              pin_memory=device.startswith("cuda"))
+    decoder = make_decoder(pre, device, jpeg_decode, nvjpeg_share, jpeg_draft)
+    batches = decoded_batches(partial(list_batches, rows, batch_size), decoder, resolve_decode(decode, device), workers,
+                              prefetch, pin_memory=device.startswith("cuda"))
     out, errors = [], [None] * len(rows)
-    for b, (batch, pos, e) in enumerate(embed_batches(batches, net, pre, device, nvjpeg, stats)):
+    for b, (batch, pos, e) in enumerate(embed_batches(batches, net, pre, device, stats)):
         for j, err in batch["errors"].items():
             errors[b * batch_size + j] = err
         if e is not None:
@@ -138,8 +139,7 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     import pyarrow as pa
 
     from curation.clip import load_clip
-    from curation.decode import (check_nvjpeg, decoded_batches, embed_batches, manifest_batches, resolve_decode,
-                                 split_preprocess)
+    from curation.decode import decoded_batches, embed_batches, make_decoder, manifest_batches, resolve_decode, split_preprocess
     from manifests.io import manifest_num_rows
     from manifests.schemas import schema_for
     from ovpipe.step import slice_bounds
@@ -149,13 +149,11 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     lo, hi = slice_bounds(n, task.rank, task.world_size)
     net, preprocess, _, device = load_clip(cfg.model, cfg.pretrained, cfg.device)
     pre = split_preprocess(preprocess)
-    nvjpeg = cfg.jpeg_decode == "nvjpeg"
-    if nvjpeg:
-        check_nvjpeg(pre, device)
+    decoder = make_decoder(pre, device, cfg.jpeg_decode, cfg.nvjpeg_share, cfg.jpeg_draft)
     mode = resolve_decode(cfg.decode, device)
-    task.stats.info["decode"] = mode + (" + nvjpeg" if nvjpeg else "")
+    task.stats.info["decode"] = f"{mode}, jpeg {cfg.jpeg_decode}" + (" (draft)" if cfg.jpeg_draft else "")
     source = partial(manifest_batches, str(task.run_dir), cfg.samples_step, SAMPLE_COLUMNS, lo, hi, cfg.batch_size)
-    batches = decoded_batches(source, pre, mode, cfg.decode_workers, cfg.prefetch, nvjpeg,
+    batches = decoded_batches(source, decoder, mode, cfg.decode_workers, cfg.prefetch,
                               pin_memory=device.startswith("cuda"))
     name = f"emb-{task.rank:05d}.npy"
     rel = f"{task.step}/data/{name}"
@@ -163,7 +161,7 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     try:
         with task.part_writer("image_embeddings") as out:
             with task.stats.timer("embed"):
-                for batch, pos, emb in embed_batches(batches, net, pre, device, nvjpeg, task.stats):
+                for batch, pos, emb in embed_batches(batches, net, pre, device, task.stats):
                     at = dict(zip(pos, range(vecs.rows, vecs.rows + len(pos))))
                     rows = []
                     for j, r in enumerate(batch["rows"]):

@@ -25,14 +25,15 @@ def _check_exact(X, C, s, i, k):
     return ties.mean()
 
 
+@pytest.mark.parametrize("layout", ["strided", "contiguous"])
 @pytest.mark.parametrize("fp16_inputs", [True, False])
 @pytest.mark.parametrize("V,tile", [(2000, 512), (1000, 65536), (77, 64), (20, 64)])
-def test_certified_fp16_candidates_give_the_fp32_top_k(fp16_inputs, V, tile):
+def test_certified_fp16_candidates_give_the_fp32_top_k(fp16_inputs, V, tile, layout):
     from curation.assign_gpu import GpuTopK, topk_tiles
 
     rng = np.random.default_rng(V)
     X, C = _unit(rng, 300, 48, fp16_inputs), _unit(rng, V, 48, fp16_inputs)
-    search = GpuTopK(C, 10, "cpu", concept_tile=tile)
+    search = GpuTopK(C, 10, "cpu", concept_tile=tile, layout=layout)
     assert search.keys_exact == fp16_inputs
     s, i = topk_tiles(search, X, image_tile=128)
     assert s.shape == i.shape == (300, min(10, V))

@@ -123,6 +123,39 @@ def test_embed_rows_keeps_a_corrupt_image_as_an_error_row(tmp_path):
             np.testing.assert_array_equal(ref, emb)
 
 
+def test_jpeg_draft_stays_within_bf16_of_the_full_decode(tmp_path):
+    import open_clip
+
+    from curation.clip import register_configs
+    from curation.embed import embed_rows
+
+    register_configs()
+    torch.manual_seed(0)
+    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
+    net.eval()
+    rng = np.random.default_rng(4)
+    rows = []
+    for i, (w, h) in enumerate([(640, 480), (1024, 768), (300, 500), (90, 60)]):
+        p = tmp_path / f"{i}.jpg"
+        _photo(rng, w, h).save(p, "JPEG", quality=90)
+        rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
+    full, _ = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="threads")
+    draft, _ = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="threads", jpeg_draft=True)
+    assert (full * draft).sum(1).min() > 0.99
+    assert np.array_equal(full[3], draft[3])          # smaller than the crop: no DCT scaling
+
+
+def test_nvjpeg_share_splits_rows_by_sample_id():
+    from curation.decode import RowDecoder
+
+    rows = [{"sample_id": f"{i:016x}"} for i in range(4000)]
+    half = RowDecoder(None, None, 0.5)
+    picked = [half.to_gpu(r) for r in rows]
+    assert 0.45 < np.mean(picked) < 0.55 and picked == [half.to_gpu(r) for r in rows]
+    assert not any(RowDecoder(None, None, 0.0).to_gpu(r) for r in rows)
+    assert all(RowDecoder(None, None, 1.0).to_gpu(r) for r in rows)
+
+
 @pytest.mark.gpu
 def test_nvjpeg_decode_matches_the_cpu_decode_within_bf16(tmp_path):
     import open_clip
@@ -146,7 +179,11 @@ def test_nvjpeg_decode_matches_the_cpu_decode_within_bf16(tmp_path):
     cpu, err_cpu = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="threads")
     gpu, err_gpu = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="processes",
                               jpeg_decode="nvjpeg")
-    assert [e is None for e in err_cpu] == [e is None for e in err_gpu] == [True] * 18 + [False]
-    cos = (cpu * gpu).sum(1)
-    assert cos.min() > 0.99, cos
-    np.testing.assert_allclose(cpu, gpu, atol=3e-2)
+    half, err_half = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="processes",
+                                jpeg_decode="nvjpeg", nvjpeg_share=0.5)
+    assert [e is None for e in err_cpu] == [e is None for e in err_gpu] == [e is None for e in err_half] \
+        == [True] * 18 + [False]
+    for got in (gpu, half):
+        cos = (cpu * got).sum(1)
+        assert cos.min() > 0.99, cos
+        np.testing.assert_allclose(cpu, got, atol=3e-2)
