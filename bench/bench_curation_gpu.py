@@ -110,7 +110,8 @@ def make_jpegs(folder: Path, distinct: int, rows: int) -> tuple[list[dict], dict
 def embed_variant(spec: str) -> dict:
     """``threads`` | ``processes`` | ``nvjpeg[:share]``, each ``+draft`` optionally: ``embed_rows`` keywords."""
     base, *flags = spec.split("+")
-    kw = {"decode": "threads" if base == "threads" else "processes", "jpeg_draft": "draft" in flags}
+    kw = {"decode": "threads" if base == "threads" else "processes", "jpeg_draft": "draft" in flags,
+          "jpeg_decode": "cpu"}
     if base.startswith("nvjpeg"):
         kw.update(jpeg_decode="nvjpeg", nvjpeg_share=float(base.partition(":")[2] or 1))
     elif base not in ("threads", "processes"):

@@ -40,7 +40,7 @@ from functools import partial
 import numpy as np
 
 DECODE_MODES = ("auto", "threads", "processes")
-JPEG_DECODERS = ("cpu", "nvjpeg")
+JPEG_DECODERS = ("auto", "cpu", "nvjpeg")
 
 
 def resolve_decode(mode: str, device: str) -> str:
@@ -324,8 +324,13 @@ def check_nvjpeg(pre: SplitPreprocess, device: str) -> None:
 
 def make_decoder(pre: SplitPreprocess, device: str, jpeg_decode: str = "cpu", nvjpeg_share: float = 1.0,
                  jpeg_draft: bool = False) -> RowDecoder:
+    """``jpeg_decode = auto``: nvJPEG on a GPU when the transform can be redone there (the faster path on
+    both ViT-H-14 and ViT-L-14, ``bench/results/bench_curation_gpu.txt``), the CPU otherwise."""
     if jpeg_decode not in JPEG_DECODERS:
         raise ValueError(f"jpeg_decode must be one of {JPEG_DECODERS}, got {jpeg_decode!r}")
+    if jpeg_decode == "auto":
+        gpu_ok = device.startswith("cuda") and None not in (pre.mean, pre.resize, pre.crop)
+        jpeg_decode = "nvjpeg" if gpu_ok else "cpu"
     if jpeg_decode == "nvjpeg":
         check_nvjpeg(pre, device)
     draft = min(pre.crop) if jpeg_draft and pre.crop else (pre.resize if jpeg_draft else None)

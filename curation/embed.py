@@ -6,8 +6,8 @@ numbers (``curation.decode``): the vectors go to the ``.npy`` shard batch by bat
 and the rows to the manifest part (``TaskContext.part_writer``), so a task holds the model and the
 batches in flight, whatever its slice. Decoding runs ahead of the model, off its thread's GIL:
 ``decode = threads`` (a thread pool, the CPU default) or ``processes`` (DataLoader workers with
-pinned memory, the GPU default), ``prefetch`` batches deep; ``jpeg_decode = nvjpeg`` decodes JPEGs on
-the GPU. Output: ``RUN/embed-images/data/emb-{rank:05d}.npy`` (float16, [n_ok, d]) and the
+pinned memory, the GPU default), ``prefetch`` batches deep; ``jpeg_decode = nvjpeg`` (the GPU default)
+decodes JPEGs on the GPU. Output: ``RUN/embed-images/data/emb-{rank:05d}.npy`` (float16, [n_ok, d]) and the
 ``image_embeddings`` manifest (sample_id, file, row, status, error), row-aligned. A sample that fails
 to decode here becomes ``status = decode_error`` with the message.
 """
@@ -32,7 +32,8 @@ class EmbedImagesConfig:
     decode_workers: int = 8                    # threads or processes that decode (``decode``)
     decode: str = "auto"                       # auto: processes on a GPU, threads on a CPU
     prefetch: int = 2                          # batches decoded ahead, per worker process (per pool for threads)
-    jpeg_decode: str = "cpu"                   # nvjpeg: JPEGs decoded on the GPU (torchvision.io.decode_jpeg)
+    jpeg_decode: str = "auto"                  # nvjpeg: JPEGs decoded on the GPU (torchvision.io.decode_jpeg);
+                                               # auto: nvjpeg on a GPU, cpu on a CPU
     nvjpeg_share: float = 1.0                  # with nvjpeg: the share of JPEG rows it takes (the rest: CPU workers)
     jpeg_draft: bool = False                   # CPU: decode a JPEG at the smallest DCT scale covering the crop
     device: str = "auto"
@@ -58,7 +59,7 @@ class EmbedImagesConfig:
 
 
 def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, workers: int, stats=None,
-               decode: str = "auto", prefetch: int = 2, jpeg_decode: str = "cpu", nvjpeg_share: float = 1.0,
+               decode: str = "auto", prefetch: int = 2, jpeg_decode: str = "auto", nvjpeg_share: float = 1.0,
                jpeg_draft: bool = False):
     """Embeddings (float32, L2-normalised) of the rows that decode, in order, plus per-row errors
     (None where the row was embedded)."""
@@ -151,7 +152,8 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     pre = split_preprocess(preprocess)
     decoder = make_decoder(pre, device, cfg.jpeg_decode, cfg.nvjpeg_share, cfg.jpeg_draft)
     mode = resolve_decode(cfg.decode, device)
-    task.stats.info["decode"] = f"{mode}, jpeg {cfg.jpeg_decode}" + (" (draft)" if cfg.jpeg_draft else "")
+    task.stats.info["decode"] = (f"{mode}, jpeg {'nvjpeg' if decoder.nvjpeg_share else 'cpu'}"
+                                 + (" (draft)" if cfg.jpeg_draft else ""))
     source = partial(manifest_batches, str(task.run_dir), cfg.samples_step, SAMPLE_COLUMNS, lo, hi, cfg.batch_size)
     batches = decoded_batches(source, decoder, mode, cfg.decode_workers, cfg.prefetch,
                               pin_memory=device.startswith("cuda"))

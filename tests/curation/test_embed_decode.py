@@ -176,7 +176,8 @@ def test_nvjpeg_decode_matches_the_cpu_decode_within_bf16(tmp_path):
         rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
     rows.append({"sample_id": "bad", "images": [{"container": "file", "file": str(tmp_path / "bad.jpg")}]})
-    cpu, err_cpu = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="threads")
+    cpu, err_cpu = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="threads",
+                              jpeg_decode="cpu")
     gpu, err_gpu = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="processes",
                               jpeg_decode="nvjpeg")
     half, err_half = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="processes",
@@ -187,3 +188,40 @@ def test_nvjpeg_decode_matches_the_cpu_decode_within_bf16(tmp_path):
         cos = (cpu * got).sum(1)
         assert cos.min() > 0.99, cos
         np.testing.assert_allclose(cpu, got, atol=3e-2)
+
+
+def test_a_batch_split_between_nvjpeg_and_cpu_workers_keeps_row_order(tmp_path):
+    """The nvJPEG path's assembly, run with torchvision's CPU JPEG decoder in nvJPEG's place: every row
+    of a half-and-half run equals the same row of the all-CPU or the all-'GPU' run, whichever decoded it."""
+    import open_clip
+
+    from curation.clip import register_configs
+    from curation.decode import RowDecoder, decoded_batches, embed_batches, list_batches, split_preprocess
+
+    register_configs()
+    torch.manual_seed(0)
+    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
+    net.eval()
+    pre = split_preprocess(preprocess)
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(20):
+        p = tmp_path / f"{i}.{'png' if i % 7 == 6 else 'jpg'}"
+        im = _photo(rng, 200 + 13 * i, 150 + 7 * i)
+        im.save(p, "PNG") if p.suffix == ".png" else im.save(p, "JPEG", quality=90)
+        rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
+
+    def run(share):
+        dec = RowDecoder(pre.to_uint8, None, share)
+        out = [e for _, _, e in embed_batches(decoded_batches(lambda: list_batches(rows, 8), dec, "threads", 2), net,
+                                              pre, "cpu")]
+        return np.concatenate(out), dec
+
+    cpu, _ = run(0.0)
+    gpu, _ = run(1.0)
+    half, dec = run(0.5)
+    picked = [dec.to_gpu(r) and i % 7 != 6 for i, r in enumerate(rows)]
+    assert 0 < sum(picked) < len(rows)
+    assert not np.allclose(cpu, gpu, atol=1e-6)          # the two decoders differ, so the check means something
+    for i, g in enumerate(picked):
+        np.testing.assert_allclose(half[i], (gpu if g else cpu)[i], atol=1e-6, err_msg=f"row {i}")
