@@ -152,7 +152,8 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
     _save(json_path)
     runs = []
     if before is not None:
-        runs.append(("before: threads (main)", lambda: before.embed_rows(rows, net, preprocess, device, batch, workers)))
+        runs.append(("before: threads (main)",
+                     lambda: before.embed_rows(rows, net, preprocess, device, batch, workers)))
     for spec in variants:
         kw = embed_variant(spec)
         runs.append((f"after: {spec}, {workers} workers",
@@ -264,7 +265,8 @@ def table() -> str:
         j = RESULTS["jpegs"]
         lines.append(f"JPEGs: {j['distinct']:,} distinct, {j['rows']:,} rows, {j['mean_megapixels']:.2f} MP and "
                      f"{j['mean_kb']:.0f} kB on average")
-    lines.append("\n| what | images or queries per second | share of the model / of the GEMM floor |\n| --- | ---: | ---: |")
+    lines.append("\n| what | images or queries per second | share of the model / of the GEMM floor |\n"
+                 "| --- | ---: | ---: |")
     for model, res in RESULTS.get("embed", {}).items():
         if "model_only" not in res:
             lines.append(f"| {model} | failed: {res.get('error')} | — |")

@@ -38,7 +38,8 @@ its FLOPs per image, counted here by ``torch.utils.flop_counter`` on a randomly 
 (``--gpu-json bench/results/bench_curation_gpu.json``, written by ``python -m bench.bench_curation
 --gpu``: ViT-H-14 images/s end to end through ``embed_rows`` and assign's effective FLOP/s, with the
 card and command) or, without it, assumed (``--gpu-tflops``, ``--gpu-mfu``, ``--assign-eff``: stated
-in the table; ``--gpu-measured`` gives the ViT's images/s alone). The CPU forward of the image tower at 224 px is timed here too (``--vit``).
+in the table; ``--gpu-measured`` gives the ViT's images/s alone). The CPU forward of the image tower at
+224 px is timed here too (``--vit``).
 """
 from __future__ import annotations
 

@@ -63,7 +63,8 @@ def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, 
                jpeg_draft: bool = False):
     """Embeddings (float32, L2-normalised) of the rows that decode, in order, plus per-row errors
     (None where the row was embedded)."""
-    from curation.decode import decoded_batches, embed_batches, list_batches, make_decoder, resolve_decode, split_preprocess
+    from curation.decode import (decoded_batches, embed_batches, list_batches, make_decoder, resolve_decode,
+                                 split_preprocess)
 
     pre = split_preprocess(preprocess)
     decoder = make_decoder(pre, device, jpeg_decode, nvjpeg_share, jpeg_draft)
@@ -140,7 +141,8 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     import pyarrow as pa
 
     from curation.clip import load_clip
-    from curation.decode import decoded_batches, embed_batches, make_decoder, manifest_batches, resolve_decode, split_preprocess
+    from curation.decode import (decoded_batches, embed_batches, make_decoder, manifest_batches, resolve_decode,
+                                 split_preprocess)
     from manifests.io import manifest_num_rows
     from manifests.schemas import schema_for
     from ovpipe.step import slice_bounds

@@ -48,7 +48,8 @@ def test_a_crowd_at_the_cut_is_recomputed_in_fp32():
 
     rng = np.random.default_rng(3)
     base = _unit(rng, 1, 64)[0]
-    C = np.stack([base + 1e-5 * rng.standard_normal(64).astype(np.float32) for _ in range(200)] + list(_unit(rng, 300, 64)))
+    crowd = [base + 1e-5 * rng.standard_normal(64).astype(np.float32) for _ in range(200)]
+    C = np.stack(crowd + list(_unit(rng, 300, 64)))
     X = np.stack([base, -base, _unit(rng, 1, 64)[0]]).astype(np.float32)
     search = GpuTopK(C, 10, "cpu", concept_tile=128)
     Q, out, _ = search.submit(X)
