@@ -10,7 +10,9 @@ Each batch is prepared by one of:
 * ``processes`` (the default on a GPU): a ``torch.utils.data.DataLoader`` with ``workers`` processes,
   pinned memory and ``prefetch`` batches per worker; worker ``w`` of ``W`` prepares the batches
   ``b ≡ w (mod W)``, which the loader hands back round-robin, i.e. in order. Each worker reads the
-  slice's manifest rows itself (the metadata columns only, not images).
+  slice's manifest rows itself (the metadata columns only, not images): cheap for ``samples`` parts in
+  canonical order (ingest's shuffle writes them so); parts that are not make each worker run
+  ``iter_manifest``'s DuckDB sort.
 
 Either way at most ``workers × prefetch`` batches are in flight, never the slice. The preprocess is
 open_clip's own transform, split before its ``ToTensor`` + ``Normalize`` tail: the workers produce
