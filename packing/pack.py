@@ -26,7 +26,8 @@ kept) and checks the length against the manifest; it writes all of the sample's 
 order, with their grids.
 ``finalize`` writes the packing report (``report.md``, ``fill_histogram.png``): bins vs the lower
 bound ⌈Σ lengths / seq_len⌉, fill rate, padding tokens, and padding compression against padding
-every sample to ``seq_len`` and against an online rolling-buffer packer (B = 64, 512, 4096).
+every sample to ``seq_len`` and against an online rolling-buffer packer (B = 64, 512, 4096); then, with
+shards, runs ``energon prepare`` so the step folder is a Megatron-Energon dataset (``packing.energon``).
 """
 from __future__ import annotations
 
@@ -321,9 +322,18 @@ class ShardWriter:
 
 
 def finalize(cfg: PackConfig, task: TaskContext) -> None:
+    """The packing report, then the shards as a prepared Megatron-Energon dataset (``packing.energon``):
+    energon's own ``prepare`` writes ``.nv-meta/`` into the step folder."""
     from packing.report import packing_report
 
     packing_report(cfg, task)
+    if cfg.write_shards:
+        from packing.energon import prepare
+        from packing.shards import packed_shards
+
+        with task.stats.timer("energon_prepare"):
+            prepare(task.step_dir, len(packed_shards(task.run_dir, task.step_dir.name)),
+                    task.step_dir / "logs" / "energon_prepare.log")
 
 
 STEP = Step("pack", PackConfig, map_nothing, inputs=("lengths",), outputs=("packs",), reduce=solve_once,

@@ -98,19 +98,27 @@ def iter_packed(path: str | Path) -> Iterator[PackedSequence]:
     keep_all = lambda urls: urls  # noqa: E731
     for s in wds.WebDataset(str(path), shardshuffle=False, empty_check=False, nodesplitter=keep_all,
                             workersplitter=keep_all):
-        meta = json.loads(s["json"])
-        ids = np.load(io.BytesIO(s["ids.npy"]), allow_pickle=False)
-        mask = np.load(io.BytesIO(s["mask.npy"]), allow_pickle=False)
-        lengths = np.asarray(meta["lengths"], np.int32)
-        cu = np.zeros(len(lengths) + 1, np.int32)
-        np.cumsum(lengths, out=cu[1:])
-        pos = (np.arange(len(ids), dtype=np.int32) - np.repeat(cu[:-1], lengths)).astype(np.int32)
-        images = [s[f"img{i:03d}.{ext}"] for i, ext in enumerate(meta["image_exts"])]
-        # Shards written before conversations held exactly one image per sample.
-        per_sample = meta.get("image_counts", [1] * len(lengths))
-        yield PackedSequence(meta["pack_id"], meta["sample_ids"], ids, mask, cu, pos, images,
-                             np.asarray(meta["image_grids"], np.int32).reshape(-1, 2), meta["seq_len"],
-                             [int(x) for x in per_sample])
+        yield decode_packed(s)
+
+
+def decode_packed(parts: dict) -> PackedSequence:
+    """One tar entry's members (``{"json": bytes, "ids.npy": bytes, "mask.npy": bytes, "img000.jpg": bytes,
+    ...}``, as webdataset or energon's ``CrudeWebdataset`` hands them over, undecoded) → a
+    :class:`PackedSequence`: the one decoding of a pack, shared by ``iter_packed`` and the energon cooker
+    (``packing.energon``)."""
+    meta = json.loads(parts["json"])
+    ids = np.load(io.BytesIO(parts["ids.npy"]), allow_pickle=False)
+    mask = np.load(io.BytesIO(parts["mask.npy"]), allow_pickle=False)
+    lengths = np.asarray(meta["lengths"], np.int32)
+    cu = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    pos = (np.arange(len(ids), dtype=np.int32) - np.repeat(cu[:-1], lengths)).astype(np.int32)
+    images = [parts[f"img{i:03d}.{ext}"] for i, ext in enumerate(meta["image_exts"])]
+    # Shards written before conversations held exactly one image per sample.
+    per_sample = meta.get("image_counts", [1] * len(lengths))
+    return PackedSequence(meta["pack_id"], meta["sample_ids"], ids, mask, cu, pos, images,
+                          np.asarray(meta["image_grids"], np.int32).reshape(-1, 2), meta["seq_len"],
+                          [int(x) for x in per_sample])
 
 
 def _shard_order(path: Path) -> tuple:
