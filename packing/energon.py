@@ -31,8 +31,6 @@ resizing belong to the trainer's image processor, on its own worker).
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -83,20 +81,29 @@ class PackedTaskEncoder(DefaultTaskEncoder):
 
 
 def prepare(step_dir: Path, n_shards: int, log_path: Path) -> None:
-    """Run ``energon prepare`` over the step folder's ``data/pack-*.tar``, in a subprocess (energon's indexer
-    switches the process-wide multiprocessing start method to ``fork``), its output to ``log_path``. Every
-    shard goes to the ``train`` split, in name (= pack_id) order; earlier metadata is overwritten."""
-    workers = max(1, min(n_shards, 8))
-    cmd = [sys.executable, "-m", "megatron.energon.cli.main", "prepare", str(step_dir), "--non-interactive",
-           "--force-overwrite", "--no-progress", "--split-parts", f"train:{SHARD_PATTERN}",
-           "--exclude", r"(^|/)\.tmp-", "--num-workers", str(workers), "--sample-type", "CrudeWebdataset"]
+    """Run energon's ``energon prepare`` command over the step folder's ``data/pack-*.tar``, its output to
+    ``log_path``. Every shard goes to the ``train`` split, in name (= pack_id) order; earlier metadata is
+    overwritten. In this process (a subprocess would pay energon's ~5 s import for every pack step); its
+    indexer forces the ``fork`` start method process-wide, so the caller's method is put back after."""
+    import contextlib
+    import multiprocessing
+
+    from megatron.energon.tools.prepare import command
+
+    args = [str(step_dir), "--non-interactive", "--force-overwrite", "--no-progress",
+            "--split-parts", f"train:{SHARD_PATTERN}", "--exclude", r"(^|/)\.tmp-",
+            "--num-workers", str(max(1, min(n_shards, 4))), "--sample-type", "CrudeWebdataset"]
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`energon prepare {step_dir}` failed (exit {proc.returncode}): see {log_path}")
+    method = multiprocessing.get_start_method(allow_none=True)
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        print("energon prepare " + " ".join(args), flush=True)
+        try:
+            command.main(args, prog_name="energon prepare", standalone_mode=False)
+        except (Exception, SystemExit) as e:  # click errors, and the sys.exit(1) of a duplicate-key shard
+            print(f"failed: {e!r}", flush=True)
+            raise RuntimeError(f"`energon prepare {step_dir}` failed ({e!r}): see {log_path}") from None
+        finally:
+            multiprocessing.set_start_method(method, force=True)
     meta = step_dir / ".nv-meta"
     missing = [f for f in ("dataset.yaml", "split.yaml", ".info.json", "index.sqlite") if not (meta / f).is_file()]
     if missing:

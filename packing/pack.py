@@ -327,13 +327,12 @@ def finalize(cfg: PackConfig, task: TaskContext) -> None:
     from packing.report import packing_report
 
     packing_report(cfg, task)
-    if cfg.write_shards:
+    n_shards = len(list(task.step_dir.glob("data/pack-*.tar")))
+    if cfg.write_shards and n_shards:  # no packs, no dataset: energon refuses a folder without tars
         from packing.energon import prepare
-        from packing.shards import packed_shards
 
         with task.stats.timer("energon_prepare"):
-            prepare(task.step_dir, len(packed_shards(task.run_dir, task.step_dir.name)),
-                    task.step_dir / "logs" / "energon_prepare.log")
+            prepare(task.step_dir, n_shards, task.step_dir / "logs" / "energon_prepare.log")
 
 
 STEP = Step("pack", PackConfig, map_nothing, inputs=("lengths",), outputs=("packs",), reduce=solve_once,
