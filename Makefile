@@ -40,6 +40,7 @@ lock: | $(UV)
 	$(UV) pip compile pyproject.toml --extra all $(LOCK_ARGS) $(LOCK_UPGRADE) -o $(LOCK)
 	$(UV) pip compile requirements/no-deps.in --no-deps $(LOCK_ARGS) -o requirements/no-deps.txt
 	$(UV) pip compile requirements/trainers.in --no-deps $(LOCK_ARGS) -o requirements/trainers.txt
+	$(UV) pip compile requirements/lmms-eval.in --no-deps $(LOCK_ARGS) -o requirements/lmms-eval.txt
 
 # The canary: the newest releases pyproject.toml's ranges allow, in a throwaway venv outside .venv; runs
 # the suite there and prints what differs from the lock. Not part of CI.

@@ -91,7 +91,7 @@ def test_two_ranks_two_workers_read_every_pack_once(pack_run, savable):
             assert isinstance(s, PackedSample)
             seen[s.pack_id] += 1
             p, m = packs[s.pack_id], members[s.pack_id]
-            assert s.__key__.endswith(f"{s.pack_id:012d}")
+            assert s.__key__ == f"{s.pack_id:012d}"
             # the manifest: sub-samples, their token counts and offsets, the pack's total
             assert s.sample_ids == p["sample_ids"]
             assert np.diff(s.cu_seqlens).tolist() == p["lengths"] == [lengths[x]["total_tokens"] for x in s.sample_ids]
