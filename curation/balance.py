@@ -235,8 +235,6 @@ def count_concepts(cfg: BalanceConfig, task: TaskContext) -> None:
 def reduce_counts(cfg: BalanceConfig, task: TaskContext) -> None:
     """Reduce: Σ bincounts → count_before; the global scalars (``solve``) by streaming the concept ids in
     canonical order through a temp file; ``reduced/balance.npz``."""
-    from manifests import read_manifest
-
     counts = np.zeros(0, np.int64)
     n, k = 0, 0
     for part in task.iter_partials("counts"):
@@ -249,7 +247,7 @@ def reduce_counts(cfg: BalanceConfig, task: TaskContext) -> None:
             if k and int(part["k"][0]) != k:
                 raise ValueError(f"assignments.concept_ids: map ranks saw {k} and {int(part['k'][0])} concepts per row")
             k = int(part["k"][0])
-    ct = read_manifest(task.run_dir, "concepts", columns=["concept_id"])
+    ct = task.read_input("concepts", columns=["concept_id"])
     n_concepts = int(max(ct.column("concept_id").to_numpy().max() + 1, len(counts)))
     counts = np.pad(counts, (0, n_concepts - len(counts)))
     with task.stats.timer("solve"):
@@ -354,21 +352,19 @@ def apply_weights(cfg: BalanceConfig, task: TaskContext) -> None:
 
 def write_concept_counts(cfg: BalanceConfig, task: TaskContext) -> None:
     """Finalize: ``concept_counts`` (before: the reduce's counts; after: Σ of the apply ranks' bincounts)."""
-    from manifests import read_manifest
-
     counts = task.read_reduced("balance")["counts"]
     after = np.zeros(len(counts), np.int64)
     for part in task.iter_partials("after"):
         after += part["after"]
     n_concepts = len(counts)
-    ct = read_manifest(task.run_dir, "concepts", columns=["concept_id", "text"])
+    ct = task.read_input("concepts", columns=["concept_id", "text"])
     text = dict(zip(ct.column("concept_id").to_pylist(), ct.column("text").to_pylist()))
     task.write_part("concept_counts", {"concept_id": np.arange(n_concepts, dtype=np.int32),
                                        "text": [text.get(c) for c in range(n_concepts)],
                                        "count_before": counts, "count_after": after})
 
 
-STEP = Step("balance", BalanceConfig, count_concepts, inputs=("assignments", "concepts"),
+STEP = Step("balance", BalanceConfig, count_concepts, inputs={"assignments": None, "concepts": None},
             outputs=("balanced", "concept_counts"), reduce=reduce_counts, apply=apply_weights,
             finalize=write_concept_counts,
             description="concept frequencies + inverse-frequency / MetaCLIP resampling")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ovpipe.config import check_local_path, check_range, check_step_folder
-from ovpipe.step import Step, TaskContext, require_manifest
+from ovpipe.step import Step, TaskContext
 
 
 @dataclass
@@ -50,7 +50,6 @@ class DemoClipConfig:
     def check(self, run_dir) -> None:
         check_local_path("ground_truth", self.ground_truth)
         check_local_path("vocabulary", self.vocabulary)
-        require_manifest(run_dir, "samples", self.samples_step, "samples_step")
 
 
 def recall_at_k(pred: np.ndarray, truth: list[list[int]]) -> float:
@@ -161,5 +160,5 @@ def run(cfg: DemoClipConfig, task: TaskContext) -> None:
         f"Contrastive loss {losses[0] if losses else float('nan'):.3f} → {np.mean(losses[-10:]) if losses else float('nan'):.3f}.\n")
 
 
-STEP = Step("demo-clip", DemoClipConfig, run, inputs=("samples",), max_tasks=1, check=DemoClipConfig.check,
+STEP = Step("demo-clip", DemoClipConfig, run, inputs={"samples": "samples_step"}, max_tasks=1, check=DemoClipConfig.check,
             description="train the demo's tiny open_clip model (ClipLoss) and score concept recall")

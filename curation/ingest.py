@@ -641,9 +641,9 @@ def finalize(cfg: IngestConfig, task: TaskContext) -> None:
 
     import pyarrow as pa
 
-    from manifests.io import manifest_files, read_part, write_part
+    from manifests.io import read_part, write_part
 
-    files = manifest_files(task.run_dir, "samples", step=task.step)
+    files = task.output_files("samples")
     by_status = _counts(task, files, "status")
     # stats.json sums the ranks' stats and this one's: make its status/<x> equal the manifest's
     # counts (computed, not counted per change, so a finalize rerun after a kill stays exact).

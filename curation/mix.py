@@ -70,7 +70,7 @@ from typing import Iterator, Literal
 import numpy as np
 
 from ovpipe.config import check_range, check_step_folder
-from ovpipe.step import Step, TaskContext, require_manifest
+from ovpipe.step import Step, TaskContext
 
 MIX_SALT = int.from_bytes(b"ovmix\x00\x00\x00", "big")  # separates mix keys from balance/pack keys
 U64 = (1 << 64) - 1
@@ -109,12 +109,6 @@ class MixConfig:
         if sum(self.proportions.values()) + self.rest <= 0:
             raise ValueError("proportions: give at least one proportion > 0 (e.g. {counting: 0.3, text: 0.1}), "
                              f"or rest > 0; got proportions={self.proportions!r}, rest={self.rest!r}")
-
-
-    def check(self, run_dir: Path) -> None:
-        """Before any work: every input step folder has a samples manifest."""
-        for s in self.inputs:
-            require_manifest(run_dir, "samples", s, "inputs")
 
 
 @dataclass
@@ -172,17 +166,17 @@ def plan_mix(available: dict[str, int], cfg: MixConfig) -> list[GroupPlan]:
 # Streaming scans over the input parts (only SCAN_COLUMNS; status filter pushed down).
 
 
-def input_files(run_dir: Path, inputs: list[str]) -> list[Path]:
-    """Every ``samples`` part of the input steps, after checking the columns mix reads."""
+def input_files(task: TaskContext) -> list[Path]:
+    """Every ``samples`` part of the input steps (``inputs``, in that order), after checking the columns
+    mix reads."""
     import pyarrow.parquet as pq
 
-    from manifests.io import manifest_files
     from manifests.schemas import ManifestSchemaError, schema_for
 
     files: list[Path] = []
-    for step in inputs:
+    for step in task.input_steps("samples"):
         try:
-            files.extend(manifest_files(run_dir, "samples", step=step))
+            files.extend(task.input_files("samples", step))
         except FileNotFoundError as e:
             raise FileNotFoundError(f"mix.inputs: {e}") from None
     want = schema_for("samples")
@@ -359,7 +353,7 @@ def draw_slice(files: list[Path], cfg: MixConfig, groups: _Groups, plans: list[G
 
 
 def run(cfg: MixConfig, task: TaskContext) -> None:
-    files = input_files(task.run_dir, cfg.inputs)
+    files = input_files(task)
     with task.stats.timer("plan"):
         groups, plans, cutoffs = global_plan(files, cfg)
     with task.stats.timer("draw"):
@@ -391,7 +385,7 @@ def run(cfg: MixConfig, task: TaskContext) -> None:
 def finalize(cfg: MixConfig, task: TaskContext) -> None:
     import duckdb
 
-    files = input_files(task.run_dir, cfg.inputs)
+    files = input_files(task)
     groups = _Groups(cfg.by)
     counts: dict[int, int] = {}
     for batch in scan(files):  # one streaming count (no keys) for the "before" column
@@ -456,5 +450,5 @@ def write_report(cfg: MixConfig, step_dir: Path, plans: list[GroupPlan], drawn: 
     plt.close(fig)
 
 
-STEP = Step("mix", MixConfig, run, inputs=("samples",), outputs=("mixed",), finalize=finalize, check=MixConfig.check,
+STEP = Step("mix", MixConfig, run, inputs={"samples": "inputs"}, outputs=("mixed",), finalize=finalize,
             description="seeded draw over ingested sources to target category/source proportions")

@@ -49,7 +49,8 @@ from typing import Any, Literal
 
 from ovpipe.config import check_local_path, check_range, check_step_folder, looks_like_local_path
 from ovpipe.vlm_generate import check_backend_fields, check_backend_runtime
-from ovpipe.step import Step, TaskContext, require_manifest, slice_bounds
+from ovpipe.inputs import Input
+from ovpipe.step import Step, TaskContext, slice_bounds
 
 DEFAULT_PROMPTS = {
     "en": "Describe this image in detail.",
@@ -131,13 +132,9 @@ class RecaptionConfig:
                 raise ValueError(f"min_length.{lang} must be >= 0, got {n}")
 
     def check(self, run_dir: Path) -> None:
-        """Before any work: a transformers that loads the remote code, the samples (and balanced)
-        manifests, the captions file, a local model folder."""
+        """Before any work: a transformers that loads the remote code, the captions file, a local model
+        folder (the inputs: ``STEP.inputs``)."""
         check_backend_runtime(self)
-        for s in self.samples_steps:
-            require_manifest(run_dir, "samples", s, "samples_steps")
-        if self.only_balanced:
-            require_manifest(run_dir, "balanced", self.balance_step, "balance_step")
         if self.backend == "file":
             check_local_path("file", self.file)
         elif looks_like_local_path(self.model):
@@ -259,13 +256,11 @@ def rank_images(task: TaskContext, cfg: RecaptionConfig, ids: list[str]) -> dict
     import duckdb
     import pyarrow as pa
 
-    from manifests.io import manifest_files
-
     con = duckdb.connect()
     con.register("want", pa.table({"sample_id": pa.array(ids, pa.string())}))
     out: dict = {}
     for step in cfg.samples_steps:
-        files = [str(f) for f in manifest_files(task.run_dir, "samples", step)]
+        files = [str(f) for f in task.input_files("samples", step)]
         rows = con.execute("""
             SELECT sample_id, images[1] AS image FROM read_parquet(?)
             WHERE status = 'ok' AND n_images = 1 AND sample_id IN (SELECT sample_id FROM want)
@@ -419,6 +414,7 @@ def finalize(cfg: RecaptionConfig, task: TaskContext) -> None:
     shutil.rmtree(task.step_dir / "chunks", ignore_errors=True)   # every rank's part is written
 
 
-STEP = Step("recaption", RecaptionConfig, run, inputs=("samples",), outputs=("captions",), finalize=finalize,
+STEP = Step("recaption", RecaptionConfig, run, outputs=("captions",), finalize=finalize,
+            inputs={"samples": "samples_steps", "balanced": Input("balance_step", when=lambda c: c.only_balanced)},
             check=RecaptionConfig.check,
             description="bilingual VLM captions of the (balanced) corpus, resumable, with quality checks")

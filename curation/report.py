@@ -76,5 +76,5 @@ def run(cfg: BalanceReportConfig, task: TaskContext) -> None:
     (task.step_dir / "report.md").write_text("\n".join(lines) + "\n\nPlot: concept_coverage.png" + extra + "\n")
 
 
-STEP = Step("balance-report", BalanceReportConfig, run, inputs=("concept_counts",), max_tasks=1,
+STEP = Step("balance-report", BalanceReportConfig, run, inputs={"concept_counts": None}, max_tasks=1,
             description="concept coverage before vs after balancing")

@@ -94,18 +94,25 @@ def find_manifest_dirs(run_dir: str | os.PathLike) -> dict[str, list[Path]]:
     return found
 
 
-def manifest_files(run_dir: str | os.PathLike, kind: str, step: str | None = None) -> list[Path]:
+def manifest_files(run_dir: str | os.PathLike, kind: str, step: str | Sequence[str] | None = None) -> list[Path]:
+    """The parts of ``kind`` under ``RUN/<step>/<kind>/`` — ``step`` one folder, a list of folders (every
+    one must hold parts), or None (every folder of the run) — in path order."""
     run_dir = Path(run_dir)
-    pattern = f"{step}/{kind}/part-*.parquet" if step else f"*/{kind}/part-*.parquet"
-    files = sorted(run_dir.glob(pattern))
-    if not files:
-        where = f"{run_dir}/{step or '*'}/{kind}/"
-        raise FileNotFoundError(
-            f"no {kind!r} manifest parts under {where} — did you run the step that writes it?")
-    return files
+    if step is None or isinstance(step, str):
+        pattern = f"{step}/{kind}/part-*.parquet" if step else f"*/{kind}/part-*.parquet"
+        files = sorted(run_dir.glob(pattern))
+        if not files:
+            where = f"{run_dir}/{step or '*'}/{kind}/"
+            raise FileNotFoundError(
+                f"no {kind!r} manifest parts under {where} — did you run the step that writes it?")
+        return files
+    if not step:
+        raise FileNotFoundError(f"no {kind!r} manifest parts under {run_dir}/*/{kind}/ — "
+                                f"did you run the step that writes it?")
+    return sorted(f for s in step for f in manifest_files(run_dir, kind, s))
 
 
-def read_manifest(run_dir: str | os.PathLike, kind: str, step: str | None = None,
+def read_manifest(run_dir: str | os.PathLike, kind: str, step: str | Sequence[str] | None = None,
                   columns: list[str] | None = None, sort: bool = True) -> pa.Table:
     """All parts of one manifest kind in a run folder, concatenated and (by default) in
     canonical order, so the result does not depend on how many tasks wrote it."""
@@ -136,7 +143,7 @@ def check_part_schema(path: Path, schema: pa.Schema, kind: str) -> None:
                 f"{path}: column {field.name!r} has type {got}, manifest {kind!r} expects {field.type}")
 
 
-def manifest_num_rows(run_dir: str | os.PathLike, kind: str, step: str | None = None) -> int:
+def manifest_num_rows(run_dir: str | os.PathLike, kind: str, step: str | Sequence[str] | None = None) -> int:
     """Rows of a manifest, from the Parquet footers only."""
     return sum(pq.ParquetFile(f).metadata.num_rows for f in manifest_files(run_dir, kind, step))
 
@@ -167,7 +174,7 @@ def parts_in_canonical_order(files: list[Path], kind: str) -> bool:
     return True
 
 
-def iter_manifest(run_dir: str | os.PathLike, kind: str, step: str | None = None,
+def iter_manifest(run_dir: str | os.PathLike, kind: str, step: str | Sequence[str] | None = None,
                   columns: list[str] | None = None, lo: int = 0, hi: int | None = None,
                   batch_rows: int = 65536):
     """Rows ``[lo, hi)`` of ``read_manifest(run_dir, kind, step, columns)`` (canonical order) as

@@ -95,7 +95,7 @@ def cmd_step(args) -> int:
                   f"{key_figures(step.name, done.get('counters', {}))} → {run_dir / name}")
         return 0
     try:
-        preflight(step, cfg, run_dir)
+        preflight(step, cfg, run_dir, name)
     except ValueError as e:
         raise UsageError(f"cannot start: {e}") from e
     try:

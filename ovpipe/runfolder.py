@@ -15,7 +15,8 @@ Run safety (what keeps two commands, a dead upstream or a killed parent from cor
   with ``wait=True`` (``--wait-lock``), waits. The lock file itself is never deleted (an
   ``--overwrite`` clears everything else), so a lock is always on the file others open.
   The lock is re-entrant within one process.
-* **Upstream.** ``input_steps`` resolves the step folders a step reads; ``prepare`` refuses to
+* **Upstream.** ``input_steps`` gives the step folders a step reads (``ovpipe.inputs.resolve``, the
+  resolver its reads go through too); ``prepare`` refuses to
   start until each is finalized, and records their config hashes in ``executor.json``
   (``{"inputs": {"ingest": "<config hash>"}}``). A rerun whose upstream config changed (or
   whose set of input folders changed) is refused unless ``overwrite``; each task re-checks at
@@ -46,7 +47,7 @@ import time
 from pathlib import Path
 
 from ovpipe.config import config_hash, config_json
-from ovpipe.step import Stats, holds, save_json
+from ovpipe.step import Stats, save_json
 
 FINALIZED = "finalized"
 REDUCED = "reduced"         # completions/reduced: the reduce ran; it holds the digest of reduced/
@@ -174,43 +175,13 @@ def _clear_step_dir(sdir: Path) -> None:
 
 # ------------------------------------------------------------------------------------ upstream
 
-def _named_folders(cfg, run_dir: Path) -> set[str]:
-    """Step folders named by the config: the values of fields ``*_step``, ``*_steps`` or ``inputs``
-    that are names of existing folders of the run (paths and globs, like ingest's ``inputs``, are not)."""
-    if dataclasses.is_dataclass(cfg):
-        items = [(f.name, getattr(cfg, f.name, None)) for f in dataclasses.fields(cfg)]
-    else:
-        items = list(getattr(cfg, "__dict__", {}).items())
-    out = set()
-    for key, value in items:
-        if not (key.endswith("_step") or key.endswith("_steps") or key == "inputs"):
-            continue
-        values = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
-        for v in values:
-            if isinstance(v, str) and v and "/" not in v and v not in (".", "..") and (run_dir / v).is_dir():
-                out.add(v)
-    return out
-
-
 def input_steps(run_dir: Path, step, cfg, name: str | None = None) -> list[Path]:
-    """The step folders ``step`` reads, by this rule:
+    """The step folders ``step`` reads under ``cfg``: every declared input, resolved by
+    ``ovpipe.inputs.resolve`` (the same folders its tasks read)."""
+    from ovpipe.inputs import input_folders
 
-    for each kind in ``step.inputs``, the folders ``RUN/*/`` holding that kind (parts under
-    ``RUN/<folder>/<kind>/``, or ``<kind>`` among the outputs recorded in its ``executor.json``),
-    narrowed to the folders the config names (fields ``*_step``, ``*_steps``, ``inputs``) when
-    any of those holds the kind. The step's own folder is never its input. Kinds a step reads
-    without declaring them in ``Step.inputs`` (pack's ``balanced``/``mixed``) are not checked."""
     run_dir = Path(run_dir)
-    own = name or step.name
-    if not run_dir.is_dir():
-        return []
-    folders = [d for d in sorted(run_dir.iterdir()) if d.is_dir() and d.name != own]
-    named = _named_folders(cfg, run_dir)
-    out: set[Path] = set()
-    for kind in step.inputs:
-        cands = [d for d in folders if holds(d, kind)]
-        out.update([d for d in cands if d.name in named] or cands)
-    return sorted(out)
+    return [run_dir / f for f in input_folders(step, cfg, run_dir, name) if (run_dir / f).is_dir()]
 
 
 def _slurm_pending(d: Path) -> bool:
@@ -219,7 +190,7 @@ def _slurm_pending(d: Path) -> bool:
     if not f.exists():
         return False
     try:
-        from ovpipe.executors.slurm import job_active
+        from ovpipe.slurm_jobs import job_active
 
         merge = json.loads(f.read_text()).get("merge")
         return bool(merge) and job_active(merge)
@@ -258,6 +229,39 @@ def _upstream_changes(have: dict, want: dict) -> list[str]:
         elif have[k] != want[k]:
             msgs.append(f"input step {k!r} was rerun with another config (config hash {have[k]} → {want[k]})")
     return msgs
+
+
+def stale_inputs(run_dir: Path, folder: str, _seen: dict | None = None) -> list[str]:
+    """Why step folder ``folder`` no longer matches what it read: an input step rerun with another config,
+    gone, new or not finalized (its inputs resolved now, ``ovpipe.inputs.resolve``, against the config
+    hashes ``executor.json`` recorded), or an input that is itself stale. ``[]`` when it is current, or
+    when it cannot be judged (no recorded inputs, a step not in the registry)."""
+    from ovpipe.inputs import upstream_config
+
+    seen = {} if _seen is None else _seen
+    if folder in seen:
+        return seen[folder]
+    seen[folder] = []                      # a cycle (hand-made folders) ends here
+    run_dir = Path(run_dir)
+    try:
+        recorded = json.loads((run_dir / folder / "executor.json").read_text())["inputs"]
+        step, cfg = upstream_config(run_dir, folder)
+    except (OSError, ValueError, KeyError, ImportError):
+        return []
+    try:
+        reasons = _upstream_changes(recorded, upstream_hashes(run_dir, step, cfg, folder))
+    except RunFolderError as e:
+        reasons = [str(e).split(": ", 1)[-1]]
+    for k, h in sorted(recorded.items()):
+        if h != EXTERNAL and (run_dir / k / "executor.json").exists() and stale_inputs(run_dir, k, seen):
+            reasons.append(f"input step {k!r} is stale")
+    seen[folder] = reasons
+    return reasons
+
+
+def _stale_input_steps(run_dir: Path, inputs: dict) -> list[str]:
+    return [f"its input step {k!r} is stale ({'; '.join(r)}); rerun {k!r} first"
+            for k, h in sorted(inputs.items()) if h != EXTERNAL and (r := stale_inputs(run_dir, k))]
 
 
 def check_inputs_current(run_dir: Path, sdir: Path) -> None:
@@ -307,6 +311,9 @@ def prepare(run_dir: Path, step, cfg, tasks: int, overwrite: bool = False, name:
                                  f"({'; '.join(_describe_running(v) for _, v in sorted(live.items()))}); "
                                  f"wait for them or stop them first")
         inputs = upstream_hashes(run_dir, step, cfg, name)
+        stale = _stale_input_steps(Path(run_dir), inputs)
+        if stale:    # rebuilding on a stale input would make an output that matches neither version
+            raise RunFolderError(f"{sdir}: {'; '.join(stale)}")
         meta_path = sdir / "executor.json"
         want = {"step": step.name, "tasks": tasks, "config_hash": config_hash(cfg),
                 "outputs": list(step.outputs), "inputs": inputs, "phases": list(step.phases)}
@@ -352,6 +359,8 @@ def up_to_date(run_dir: Path, step, cfg, tasks: int, name: str | None = None) ->
         if step.apply is not None and (not is_reduced(sdir) or pending_ranks(sdir, tasks, "apply")):
             return None
         if "inputs" in meta and meta["inputs"] != upstream_hashes(run_dir, step, cfg, name, allow_pending=False):
+            return None
+        if _stale_input_steps(Path(run_dir), meta.get("inputs") or {}):
             return None
         return json.loads((sdir / "stats.json").read_text())
     except (OSError, ValueError, RunFolderError):
@@ -627,7 +636,8 @@ def _rank_detail_lines(st: dict, what: str) -> tuple[list[str], bool]:
 
 def print_status(run_dir: Path, out=None) -> int:
     """``ovpipe status RUN``: one line per step, then each running / failed / stale rank; a three-phase
-    step adds its reduce and apply lines, and a Slurm step the chain of its jobs.
+    step adds its reduce and apply lines, and a Slurm step the chain of its jobs. A finished step whose
+    inputs changed since it ran (``stale_inputs``) shows ``stale`` in the ``final`` column, with why.
     Exit code 1 when a rank (or the reduce) failed or is stale (killed), else 0 (running is no error)."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
@@ -637,10 +647,14 @@ def print_status(run_dir: Path, out=None) -> int:
         return 0
     rc = 0
     print(f"{'step':<16} {'done':>6} {'running':>7} {'failed':>6} {'stale':>5} {'pending':>7}  final", file=out)
+    seen: dict = {}
     for sdir in steps:
         st = step_status(sdir)
-        print(f"{_rank_counts_line(st['step'], st)}  {'yes' if st['finalized'] else 'no'}", file=out)
+        stale = stale_inputs(run_dir, sdir.name, seen)
+        final = "stale" if stale and st["finalized"] else "yes" if st["finalized"] else "no"
+        print(f"{_rank_counts_line(st['step'], st)}  {final}", file=out)
         lines, bad = _rank_detail_lines(st, "rank")
+        lines += [f"    stale: {why}; rerun with --overwrite" for why in stale]
         if "phases" in st:   # a three-phase step: map (the line above) → reduce → apply
             red = st["phases"]["reduce"]
             lines.append(f"{'  ├ reduce':<16} {red:>6}")

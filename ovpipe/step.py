@@ -11,7 +11,11 @@ A step module defines, with light imports at module level::
         task.stats.inc("packs", n)
         task.write_part("packs", table)               # RUN/pack/packs/part-{rank:05d}.parquet
 
-    STEP = Step("pack", PackConfig, run, inputs=("lengths",), outputs=("packs",))
+    STEP = Step("pack", PackConfig, run, inputs={"lengths": "lengths_step"}, outputs=("packs",))
+
+``inputs`` declares every manifest the step reads against the config field naming its folder
+(``ovpipe/inputs.py``: optional ones marked ``Input(field, when=...)``); the task's reads go through
+that one resolver, and so do the pre-start check, the upstream hashes and ``ovpipe status``.
 
 ``ovpipe/registry.py`` names the module of every step, so the CLI imports only the one it
 runs. ``finalize(cfg, ctx)`` (optional) runs once after every rank completed — locally
@@ -45,7 +49,9 @@ class Step:
     name: str
     config: type
     run: Callable[[Any, "TaskContext"], Any]
-    inputs: tuple[str, ...] = ()         # manifest kinds read from the same run folder
+    # {kind: config field naming its step folder(s) | Input(...) | None}: every manifest read from the
+    # run folder (ovpipe/inputs.py); the older tuple of kinds is accepted too
+    inputs: Any = ()
     outputs: tuple[str, ...] = ()        # manifest kinds written under RUN/<step>/<kind>/
     finalize: Callable[[Any, "TaskContext"], Any] | None = None
     max_tasks: int | None = None         # e.g. 1 for a step that needs the whole input at once
@@ -58,6 +64,9 @@ class Step:
     apply: Callable[[Any, "TaskContext"], Any] | None = None
 
     def __post_init__(self):
+        from ovpipe.inputs import normalise
+
+        object.__setattr__(self, "inputs", normalise(self.inputs))
         if (self.reduce is None) != (self.apply is None):
             raise ValueError(f"step {self.name!r}: reduce and apply come together (map → reduce → apply)")
 
@@ -67,21 +76,10 @@ class Step:
         return ("map", "reduce", "apply") if self.apply is not None else ("map",)
 
 
-def holds(step_dir: Path, kind: str) -> bool:
-    """Whether a step folder holds manifest ``kind``: parts on disk, or ``kind`` among the outputs its
-    ``executor.json`` records (a step already launched, e.g. still queued on Slurm; whether it has
-    finished is ``runfolder.prepare``'s check)."""
-    step_dir = Path(step_dir)
-    if any((step_dir / kind).glob("part-*.parquet")):
-        return True
-    try:
-        return kind in json.loads((step_dir / "executor.json").read_text()).get("outputs", [])
-    except (OSError, ValueError):
-        return False
-
-
 def require_manifest(run_dir: Path, kind: str, step: str | None = None, field: str | None = None) -> None:
-    """Raise ``ValueError`` unless ``RUN/<step>/`` (any step folder if ``step`` is None) ``holds`` ``kind``."""
+    """Raise ``ValueError`` unless ``RUN/<step>/`` (any step folder if ``step`` is None) holds ``kind``."""
+    from ovpipe.inputs import holds
+
     run_dir = Path(run_dir)
     folders = [run_dir / step] if step else (sorted(d for d in run_dir.iterdir() if d.is_dir())
                                              if run_dir.is_dir() else [])
@@ -92,13 +90,14 @@ def require_manifest(run_dir: Path, kind: str, step: str | None = None, field: s
     raise ValueError(f"no {kind!r} manifest under {where}{named} — run the step that writes it first")
 
 
-def preflight(step: Step, cfg, run_dir: Path) -> None:
-    """Everything a step needs before its first task: its own ``check`` (named upstream folders,
-    paths), then one manifest of every kind in ``inputs`` somewhere in the run folder."""
+def preflight(step: Step, cfg, run_dir: Path, name: str | None = None) -> None:
+    """Everything a step needs before its first task: its own ``check`` (paths, tokenizers), then every
+    input it declares (``inputs.check_inputs``)."""
+    from ovpipe.inputs import check_inputs
+
     if step.check is not None:
         step.check(cfg, Path(run_dir))
-    for kind in step.inputs:
-        require_manifest(run_dir, kind)
+    check_inputs(step, cfg, Path(run_dir), name)
 
 
 class Stats:
@@ -158,10 +157,47 @@ class TaskContext:
     workers: int = 1
     stats: Stats = field(default_factory=Stats)
     phase: str = "map"                   # map | reduce | apply | finalize
+    # {kind: [step folder, ...]}: the step's declared inputs resolved (``ovpipe/inputs.py``); every read
+    # goes to these folders and a kind not in it is refused. None: a context made by hand (tests), which
+    # reads the folder it is given or every folder holding the kind.
+    inputs: dict[str, list[str]] | None = None
+
+    @classmethod
+    def for_step(cls, step: "Step", cfg, run_dir: Path, rank: int = 0, world_size: int = 1,
+                 name: str | None = None, **kw) -> "TaskContext":
+        """The context a task of ``step`` under ``cfg`` gets, its inputs resolved."""
+        from ovpipe.inputs import resolve
+
+        run_dir = Path(run_dir)
+        return cls(step=name or step.name, rank=rank, world_size=world_size, run_dir=run_dir,
+                   inputs=resolve(step, cfg, run_dir, name), **kw)
 
     @property
     def step_dir(self) -> Path:
         return self.run_dir / self.step
+
+    def input_steps(self, kind: str) -> list[str]:
+        """The step folders this step reads ``kind`` from, in the order its config names them."""
+        if self.inputs is None:
+            from ovpipe.inputs import holding_folders
+
+            return holding_folders(self.run_dir, kind, self.step)
+        if kind not in self.inputs:
+            raise ValueError(f"step {self.step!r} reads {kind!r} but its Step.inputs does not declare it "
+                             f"(declared and active: {sorted(self.inputs)})")
+        return list(self.inputs[kind])
+
+    def _folders(self, kind: str, step: str | None):
+        """What the reads of ``kind`` open: ``step`` (one of the resolved folders) or all of them."""
+        if self.inputs is None:
+            return step
+        folders = self.input_steps(kind)
+        if step is None:
+            return folders
+        if step not in folders:
+            raise ValueError(f"step {self.step!r} reads {kind!r} from {step!r}, which its inputs do not resolve "
+                             f"to (resolved: {folders})")
+        return step
 
     @property
     def log(self) -> logging.Logger:
@@ -206,7 +242,7 @@ class TaskContext:
         """The whole manifest ``kind`` of this run folder, in canonical order."""
         from manifests.io import read_manifest
 
-        return read_manifest(self.run_dir, kind, step=step, columns=columns)
+        return read_manifest(self.run_dir, kind, step=self._folders(kind, step), columns=columns)
 
     def read_input_slice(self, kind: str, step: str | None = None, columns: list[str] | None = None):
         """This rank's contiguous share of ``kind`` in canonical order (independent of how the
@@ -221,12 +257,31 @@ class TaskContext:
 
         return read_manifest(self.run_dir, kind, step=self.step)
 
+    def output_files(self, kind: str) -> list[Path]:
+        """The parts this step wrote for ``kind``, in path order."""
+        from manifests.io import manifest_files
+
+        return manifest_files(self.run_dir, kind, step=self.step)
+
     # -- three-phase steps (ovpipe/mapreduce.py) ---------------------------------------------
 
     def input_files(self, kind: str, step: str | None = None) -> list[Path]:
         from manifests.io import manifest_files
 
-        return manifest_files(self.run_dir, kind, step=step)
+        return manifest_files(self.run_dir, kind, step=self._folders(kind, step))
+
+    def input_num_rows(self, kind: str, step: str | None = None) -> int:
+        """Rows of input ``kind`` (of ``step``, or of every folder it resolves to), from the footers."""
+        from manifests.io import manifest_num_rows
+
+        return manifest_num_rows(self.run_dir, kind, self._folders(kind, step))
+
+    def iter_input(self, kind: str, columns: list[str] | None = None, step: str | None = None, lo: int = 0,
+                   hi: int | None = None, batch_rows: int = 65536):
+        """Rows ``[lo, hi)`` of input ``kind`` in canonical order, streamed (``manifests.io.iter_manifest``)."""
+        from manifests.io import iter_manifest
+
+        return iter_manifest(self.run_dir, kind, self._folders(kind, step), columns, lo, hi, batch_rows)
 
     def iter_input_share(self, kind: str, columns: list[str], step: str | None = None, batch_rows: int | None = None):
         """This rank's share of ``kind`` as record batches (a row range of the parts in file order,
@@ -243,14 +298,15 @@ class TaskContext:
         a background thread (``mapreduce.prefetch``: the one process of a reduce uses a second core)."""
         from ovpipe.mapreduce import iter_canonical_share, prefetch
 
-        return prefetch(iter_canonical_share(self.run_dir, kind, columns, 0, 1, step))
+        return prefetch(iter_canonical_share(self.run_dir, kind, columns, 0, 1, self._folders(kind, step)))
 
     def iter_input_slice(self, kind: str, columns: list[str], step: str | None = None):
         """This rank's canonical slice of ``kind`` (what ``read_input_slice`` returns), streamed: for an
         apply phase whose part must come out sorted, in bounded memory."""
         from ovpipe.mapreduce import iter_canonical_share
 
-        return iter_canonical_share(self.run_dir, kind, columns, self.rank, self.world_size, step)
+        return iter_canonical_share(self.run_dir, kind, columns, self.rank, self.world_size,
+                                    self._folders(kind, step))
 
     def part_writer(self, kind: str, row_group_rows: int | None = None):
         """A streaming writer of this rank's part of ``kind`` (``with task.part_writer(k) as w: w.write(t)``);

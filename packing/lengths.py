@@ -35,7 +35,8 @@ from typing import Literal
 import numpy as np
 
 from ovpipe.config import check_local_path, check_step_folder, looks_like_local_path
-from ovpipe.step import Step, TaskContext, require_manifest, slice_bounds
+from ovpipe.inputs import Input
+from ovpipe.step import Step, TaskContext, slice_bounds
 
 SAMPLE_COLUMNS = ["sample_id", "source", "status", "error", "conversation", "images"]
 
@@ -93,13 +94,9 @@ class LengthsConfig:
             raise ValueError(f"missing_recaption must be raw or status, got {self.missing_recaption!r}")
 
     def check(self, run_dir: Path) -> None:
-        """Before any work: a tokenizer given as a local path exists, every samples step has a manifest."""
+        """Before any work: a tokenizer given as a local path exists (the inputs are checked from ``STEP.inputs``)."""
         if looks_like_local_path(self.tokenizer):
             check_local_path("tokenizer", self.tokenizer)
-        for s in self.samples_steps:
-            require_manifest(run_dir, "samples", s, "samples_steps")
-        if self.caption_source != "raw":
-            require_manifest(run_dir, "captions", self.recaption_step, "recaption_step")
 
     def image_cfg(self):
         from packing.tokens import ImageTokenConfig
@@ -110,12 +107,10 @@ class LengthsConfig:
 def slice_range(task: TaskContext, steps: list[str]) -> tuple[list[int], int, int]:
     """Rows per ``samples`` manifest of ``steps`` (from the footers) and this rank's [lo, hi) of their
     concatenation."""
-    from manifests.io import manifest_num_rows
-
     sizes = []
     for step in steps:
         try:
-            sizes.append(manifest_num_rows(task.run_dir, "samples", step))
+            sizes.append(task.input_num_rows("samples", step))
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{e} (lengths.samples_steps names {step!r})") from None
     lo, hi = slice_bounds(sum(sizes), task.rank, task.world_size)
@@ -127,16 +122,14 @@ def iter_slice_batches(task: TaskContext, steps: list[str], columns: list[str] |
     """This rank's contiguous slice of the ``samples`` manifests of ``steps`` concatenated in that
     order (each in canonical order), streamed as record batches: the row counts come from the Parquet
     footers and only the slice's row groups are read (``manifests.io.iter_manifest``), so a task never
-    holds the corpus — it used to read every manifest whole and then slice it (4.8 GiB per task at 1M
+    holds the corpus (reading every manifest whole and then slicing it took 4.8 GiB per task at 1M
     samples, bench/results/bench_scale.txt)."""
-    from manifests.io import iter_manifest
-
     sizes, lo, hi = slice_range(task, steps)
     base = 0
     for step, n in zip(steps, sizes):
         a, b = max(lo - base, 0), min(hi - base, n)
         if a < b:
-            yield from iter_manifest(task.run_dir, "samples", step, columns, a, b, batch_rows)
+            yield from task.iter_input("samples", columns, step, a, b, batch_rows)
         base += n
 
 
@@ -292,5 +285,7 @@ def run(cfg: LengthsConfig, task: TaskContext) -> None:
                             cfg, tok, task.stats), "lengths"))
 
 
-STEP = Step("lengths", LengthsConfig, run, inputs=("samples",), outputs=("lengths",), check=LengthsConfig.check,
+STEP = Step("lengths", LengthsConfig, run, outputs=("lengths",), check=LengthsConfig.check,
+            inputs={"samples": "samples_steps",
+                    "captions": Input("recaption_step", when=lambda c: c.caption_source != "raw")},
             description="exact multimodal token length and loss tokens per conversation")

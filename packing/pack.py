@@ -40,7 +40,8 @@ from typing import Literal
 import numpy as np
 
 from ovpipe.config import check_range, check_step_folder
-from ovpipe.step import Step, TaskContext, require_manifest, slice_bounds
+from ovpipe.inputs import Input
+from ovpipe.step import Step, TaskContext, slice_bounds
 
 PACKABLE = ("ok", "truncated")
 APPLY_BINS = 8192           # packs an apply rank builds at once (≈ 10 slots each) and rows per row group
@@ -77,14 +78,6 @@ class PackConfig:
         check_step_folder("lengths_step", self.lengths_step)
         if self.copies_from == "mixed":
             check_step_folder("mix_step", self.mix_step)
-
-    def check(self, run_dir: Path) -> None:
-        """Before any work: the lengths (and mixed / balanced copies) manifests this pack reads exist."""
-        require_manifest(run_dir, "lengths", self.lengths_step, "lengths_step")
-        if self.copies_from == "mixed":
-            require_manifest(run_dir, "mixed", self.mix_step, "mix_step")
-        elif self.copies_from == "balanced":
-            require_manifest(run_dir, "balanced", None, "copies_from: balanced")
 
 
 def map_nothing(cfg: PackConfig, task: TaskContext) -> None:
@@ -263,13 +256,11 @@ class ShardWriter:
     against the manifest; all of the sample's images (0..n) follow in order, with their grids."""
 
     def __init__(self, task: TaskContext, cfg: PackConfig, slots):
-        from ovpipe.config import load_config
-        from packing.lengths import LengthsConfig
+        from ovpipe.inputs import upstream_config
         from packing.tokens import load_tokenizer
 
         self.task, self.cfg = task, cfg
-        lcfg = json.loads((task.run_dir / cfg.lengths_step / "config.json").read_text())
-        self.lcfg = load_config(LengthsConfig, lcfg)
+        self.lcfg = upstream_config(task.run_dir, cfg.lengths_step)[1]
         self.img_cfg = self.lcfg.image_cfg()
         self.tok = load_tokenizer(self.lcfg.tokenizer)
         self.kept_turns = dict(zip(slots.column("sample_id").to_pylist(), slots.column("turns_kept").to_pylist()))
@@ -335,6 +326,16 @@ def finalize(cfg: PackConfig, task: TaskContext) -> None:
             prepare(task.step_dir, n_shards, task.step_dir / "logs" / "energon_prepare.log")
 
 
-STEP = Step("pack", PackConfig, map_nothing, inputs=("lengths",), outputs=("packs",), reduce=solve_once,
-            apply=write_packs, finalize=finalize, check=PackConfig.check,
+# Every manifest pack reads: the lengths it packs, the copies (mixed / balanced, as copies_from says),
+# and — for the shards — the samples and recaptions its lengths step measured.
+INPUTS = {
+    "lengths": "lengths_step",
+    "mixed": Input("mix_step", when=lambda c: c.copies_from == "mixed"),
+    "balanced": Input(when=lambda c: c.copies_from == "balanced"),
+    "samples": Input(via="lengths_step", when=lambda c: c.write_shards),
+    "captions": Input(via="lengths_step", when=lambda c: c.write_shards),
+}
+
+STEP = Step("pack", PackConfig, map_nothing, inputs=INPUTS, outputs=("packs",), reduce=solve_once,
+            apply=write_packs, finalize=finalize,
             description="offline hash-bucket BFD packing into fixed-length sequences")

@@ -142,5 +142,5 @@ def run(cfg: ExportConfig, task: TaskContext) -> None:
     task.stats.inc("exported", len(rows))
 
 
-STEP = Step("export", ExportConfig, run, inputs=("selection", "rl_prompts"), max_tasks=1,
+STEP = Step("export", ExportConfig, run, inputs={"selection": None, "rl_prompts": None}, max_tasks=1,
             description="kept prompts → verl / AReaL / ROLL / OpenRLHF")

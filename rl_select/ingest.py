@@ -168,9 +168,9 @@ def finalize(cfg: RLIngestConfig, task: TaskContext) -> None:
     become ``status = duplicate`` — so a prompt is never rolled out, scored or exported twice."""
     import pyarrow as pa
 
-    from manifests.io import manifest_files, read_part, write_part
+    from manifests.io import read_part, write_part
 
-    files = manifest_files(task.run_dir, "rl_prompts", step=task.step)
+    files = task.output_files("rl_prompts")
     seen: set[str] = set()
     for f in files:
         t = read_part(f, "rl_prompts")

@@ -160,6 +160,6 @@ def run(cfg: RolloutConfig, task: TaskContext) -> None:
     task.write_part("rollouts", rows)
 
 
-STEP = Step("rollout", RolloutConfig, run, inputs=("rl_prompts",), outputs=("rollouts",),
+STEP = Step("rollout", RolloutConfig, run, inputs={"rl_prompts": None}, outputs=("rollouts",),
             check=lambda cfg, run_dir: check_backend_runtime(cfg),
             description="N rollouts per prompt (vLLM / transformers / file)")

@@ -56,5 +56,5 @@ def run(cfg: ScoreConfig, task: TaskContext) -> None:
     task.write_part("rewards", rows)
 
 
-STEP = Step("score", ScoreConfig, run, inputs=("rollouts", "rl_prompts"), outputs=("rewards",),
+STEP = Step("score", ScoreConfig, run, inputs={"rollouts": "rollouts_step", "rl_prompts": None}, outputs=("rewards",),
             description="rule-based rewards in time-limited worker processes")

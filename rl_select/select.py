@@ -50,6 +50,7 @@ from typing import Literal
 import numpy as np
 
 from ovpipe.config import check_step_folder
+from ovpipe.inputs import Input
 from ovpipe.step import Stats, Step, TaskContext, slice_bounds
 
 
@@ -198,12 +199,11 @@ def _inputs(cfg: SelectConfig, task: TaskContext) -> dict[str, list[str]]:
     """The parts select reads (``read_manifest``'s files, in its order), their schemas checked from the footers."""
     import pyarrow.parquet as pq
 
-    from manifests.io import check_part_schema, manifest_files
+    from manifests.io import check_part_schema
 
-    files = {"rewards": manifest_files(task.run_dir, "rewards"),
-             "rl_prompts": manifest_files(task.run_dir, "rl_prompts")}
+    files = {"rewards": task.input_files("rewards"), "rl_prompts": task.input_files("rl_prompts")}
     if cfg.split_rule == "prompt_type":      # the only rule that needs each rollout's template
-        files["rollouts"] = manifest_files(task.run_dir, "rollouts", step=cfg.rollouts_step)
+        files["rollouts"] = task.input_files("rollouts")
     for kind, paths in files.items():
         for f in paths:
             check_part_schema(f, pq.read_schema(f), kind)
@@ -331,6 +331,9 @@ def finalize(cfg: SelectConfig, task: TaskContext) -> None:
     (task.step_dir / "report.md").write_text("\n".join(lines) + "\n")
 
 
-STEP = Step("select", SelectConfig, map_nothing, inputs=("rewards", "rollouts", "rl_prompts"), outputs=("selection",),
+STEP = Step("select", SelectConfig, map_nothing,
+            inputs={"rewards": None, "rl_prompts": None,
+                    # the only split rule that needs each rollout's template
+                    "rollouts": Input("rollouts_step", when=lambda c: c.split_rule == "prompt_type")}, outputs=("selection",),
             reduce=cut_ranges, apply=select_range, finalize=finalize,
             description="unbiased pass@k, keep prompts with a Pass@N − Pass@1 gap")

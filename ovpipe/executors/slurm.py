@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ovpipe import runfolder
+from ovpipe.slurm_jobs import job_active
 from ovpipe.step import save_json
 
 
@@ -164,14 +165,6 @@ def _sbatch(args: list[str]) -> str:
     return res.stdout.strip().split(";")[0]
 
 
-def job_active(job_id: str) -> bool:
-    try:
-        res = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%i"], capture_output=True, text=True)
-    except OSError:       # no squeue here: the job cannot be live on this machine
-        return False
-    return res.returncode == 0 and bool(res.stdout.strip())
-
-
 class SlurmExecutor:
     def __init__(self, workers: int = 1, options: SlurmOptions | None = None, wait: bool = False,
                  dependency: str | None = None, poll_s: float = 1.0, progress: bool = True,
@@ -184,13 +177,19 @@ class SlurmExecutor:
         self.poll_s = poll_s
 
     def upstream_jobs(self, step, run_dir: Path) -> list[str]:
-        """Merge jobs of steps in this run folder that write one of ``step.inputs`` and are still live."""
+        """Merge jobs, still live, of the step folders this step reads (``ovpipe.inputs.resolve`` on the
+        config ``prepare`` saved: the folders its tasks will read)."""
+        from ovpipe.executors.task import load_step_config
+        from ovpipe.inputs import input_folders
+
+        cfg = load_step_config(step, run_dir / self._name)
         deps = []
-        for f in sorted(run_dir.glob("*/slurm_jobs.json")):
-            if f.parent.name == self._name:
+        for folder in input_folders(step, cfg, run_dir, self._name):
+            f = run_dir / folder / "slurm_jobs.json"
+            if not f.exists():
                 continue
             rec = json.loads(f.read_text())
-            if set(rec.get("outputs", [])) & set(step.inputs) and job_active(rec["merge"]):
+            if rec.get("merge") and job_active(rec["merge"]):
                 deps.append(rec["merge"])
         return deps
 

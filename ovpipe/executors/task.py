@@ -88,8 +88,7 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         (sdir / "completions" / runfolder.FINALIZED).unlink(missing_ok=True)
         if phase == "map":
             (sdir / "completions" / runfolder.REDUCED).unlink(missing_ok=True)
-        task = TaskContext(step=name, rank=rank, world_size=world_size, run_dir=run_dir, workers=workers,
-                           phase=phase)
+        task = TaskContext.for_step(step, cfg, run_dir, rank, world_size, name, workers=workers, phase=phase)
         log.info("start %s %s rank %d/%d", step_name, phase, rank, world_size)
         t0 = time.perf_counter()
         (step.run if phase == "map" else step.apply)(cfg, task)
@@ -178,7 +177,7 @@ def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) ->
             leftover.unlink(missing_ok=True)
         cfg = load_step_config(step, sdir)
         (sdir / "completions" / runfolder.FINALIZED).unlink(missing_ok=True)
-        task = TaskContext(step=name, rank=0, world_size=meta["tasks"], run_dir=run_dir, phase="reduce")
+        task = TaskContext.for_step(step, cfg, run_dir, 0, meta["tasks"], name, phase="reduce")
         t0 = time.perf_counter()
         step.reduce(cfg, task)
         task.stats.timings["reduce"] += time.perf_counter() - t0
@@ -203,7 +202,7 @@ def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) 
         try:
             with console.task_output(sdir / "logs" / "finalize.log"):
                 cfg = load_step_config(step, sdir)
-                task = TaskContext(step=name, rank=0, world_size=meta["tasks"], run_dir=run_dir, phase="finalize")
+                task = TaskContext.for_step(step, cfg, run_dir, 0, meta["tasks"], name, phase="finalize")
                 t0 = time.perf_counter()
                 step.finalize(cfg, task)
                 task.stats.timings["finalize"] += time.perf_counter() - t0

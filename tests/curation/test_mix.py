@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from curation.mix import MixConfig, plan_mix, run, sample_keys
+from curation.mix import STEP, MixConfig, plan_mix, run, sample_keys
 from manifests import read_manifest
 from manifests.io import write_part
 from ovpipe.cli import main
@@ -245,11 +245,11 @@ def test_missing_group_fails_at_task_time_naming_the_groups(tmp_path):
     write_fixture(tmp_path)
     cfg = MixConfig(size=10, inputs=["ingest-a", "ingest-b"], proportions={"colour": 1.0})
     with pytest.raises(ValueError) as e:
-        run(cfg, TaskContext(step="mix", rank=0, world_size=1, run_dir=tmp_path))
+        run(cfg, TaskContext.for_step(STEP, cfg, tmp_path))
     assert "colour" in str(e.value) and "'color': 60" in str(e.value)
     with pytest.raises(FileNotFoundError, match="mix.inputs"):
-        run(MixConfig(size=10, inputs=["ingest-nope"], proportions={"a": 1.0}),
-            TaskContext(step="mix", rank=0, world_size=1, run_dir=tmp_path))
+        nope = MixConfig(size=10, inputs=["ingest-nope"], proportions={"a": 1.0})
+        run(nope, TaskContext.for_step(STEP, nope, tmp_path))
 
 
 def test_cli_with_the_demo_config_writes_report_png_and_canned_query(tmp_path):

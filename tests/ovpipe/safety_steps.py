@@ -39,4 +39,4 @@ def down(cfg: DownConfig, task: TaskContext) -> None:
     task.stats.inc("ran")
 
 
-DOWN = Step("t-down", DownConfig, down, inputs=("things",))
+DOWN = Step("t-down", DownConfig, down, inputs={"things": "things_step"})
