@@ -97,7 +97,7 @@ def bench_assign(n: int, V: int, d: int, k: int) -> None:
 
 def _balance_child(n, V, k, q):
     from curation.balance import BalanceConfig, balance, uniform_draws
-    from packing.binpack import splitmix64
+    from manifests.ids import splitmix64
     import pyarrow as pa
 
     rng = np.random.default_rng(0)

@@ -19,9 +19,9 @@ import numpy as np
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from rl_select.grpo import group_advantages
-    from rl_select.shuffle_r1 import reshape_batch, symptoms
-    from rl_select.sortedrl import simulate
+    from grpo.loss import group_advantages
+    from grpo.shuffle_r1 import reshape_batch, symptoms
+    from grpo.sortedrl import simulate
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")

@@ -61,7 +61,7 @@ def write_lengths(path: Path, L: np.ndarray) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from packing.binpack import splitmix64
+    from manifests.ids import splitmix64
 
     n = len(L)
     ids = np.char.mod("%016x", splitmix64(np.arange(n, dtype=np.uint64)))
@@ -74,7 +74,9 @@ def write_lengths(path: Path, L: np.ndarray) -> None:
 def _ours_end_to_end(lengths_path: str, out_path: str, C: int, q) -> None:
     import pyarrow.parquet as pq
 
-    from packing.binpack import hex_ids_to_u64, pack, splitmix64
+    from manifests.ids import hex_ids_to_u64, splitmix64
+
+    from packing.binpack import pack
     from packing.pack import packs_table
 
     t0 = time.perf_counter()

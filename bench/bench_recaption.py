@@ -1,4 +1,4 @@
-"""Recaption / rollout generation benchmarks (the shared backend, ``ovpipe.vlm_generate``).
+"""Recaption / rollout generation benchmarks (the shared backend, ``inference.backends``).
 
     python -m bench.bench_recaption                   # 32 images × (en, zh) on the CPU, tiny random Qwen2-VL
     python -m bench.bench_recaption --quick           # 8 images
@@ -44,7 +44,7 @@ def images(n: int, seed: int = 0) -> list[bytes]:
 
 
 def requests(imgs: list[bytes]):
-    from ovpipe.vlm_generate import Request, seed_for
+    from inference.backends import Request, seed_for
 
     return [Request([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}], [b], 1,
                     seed_for(0, f"{i}:{lang}")) for i, b in enumerate(imgs) for lang, p in sorted(PROMPTS.items())]
@@ -56,7 +56,7 @@ def build_2b(out: Path) -> Path:
     import torch
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    from ovpipe.tiny_vlm import build_tiny_vlm
+    from demo.tiny_vlm import build_tiny_vlm
 
     build_tiny_vlm(out)                                       # tokenizer + processor files
     tiny = Qwen2VLConfig.from_pretrained(out)
@@ -78,7 +78,7 @@ def build_2b(out: Path) -> Path:
 
 
 def bench_transformers(model: str, imgs: list[bytes], max_new_tokens: int, device: str, threads: int) -> dict:
-    from ovpipe.vlm_generate import Sampling, load_backend
+    from inference.backends import Sampling, load_backend
 
     t0 = time.perf_counter()
     be = load_backend("transformers", model, device=device, cpu_threads=threads)
@@ -103,7 +103,7 @@ def bench_transformers(model: str, imgs: list[bytes], max_new_tokens: int, devic
 
 def bench_vllm_requests(model: str, imgs: list[bytes], rounds: int = 3) -> dict:
     """``VllmBackend.build`` with the real processor and a stand-in ``vllm`` (no engine)."""
-    from ovpipe.vlm_generate import Sampling, VllmBackend
+    from inference.backends import Sampling, VllmBackend
 
     class SamplingParams:
         def __init__(self, **kw):
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = a.model
         if model is None:
-            from ovpipe.tiny_vlm import build_tiny_vlm
+            from demo.tiny_vlm import build_tiny_vlm
 
             model = str(build_2b(Path(tmp) / "vlm") if a.size == "2b" else build_tiny_vlm(Path(tmp) / "vlm"))
         imgs = images(n)

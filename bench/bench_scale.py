@@ -74,7 +74,7 @@ def _hex_ids(u: np.ndarray):
 
 
 def _ids(n: int, seed: int) -> np.ndarray:
-    from packing.binpack import splitmix64
+    from manifests.ids import splitmix64
 
     with np.errstate(over="ignore"):
         return splitmix64(np.arange(n, dtype=np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15))

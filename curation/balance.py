@@ -76,7 +76,7 @@ class BalanceConfig:
 
 
 def uniform_draws(sample_ids, seed: int) -> np.ndarray:
-    from packing.binpack import hex_ids_to_u64, splitmix64
+    from manifests.ids import hex_ids_to_u64, splitmix64
 
     u = splitmix64(hex_ids_to_u64(sample_ids) ^ splitmix64(np.uint64(seed)))
     return (u >> np.uint64(11)).astype(np.float64) / float(1 << 53)

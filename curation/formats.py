@@ -291,20 +291,6 @@ def parquet_schema(path: str):
         raise ShardError("bad_shard", f"{path}: not a readable Parquet file ({e})") from None
 
 
-def adapter(fmt: str, path: str) -> Callable[..., Iterator[RawSample]]:
-    """``adapter(fmt, path)(path, cfg, take)`` yields the file's samples in the units ``take`` accepts."""
-    from curation import formats_json, formats_parquet
-
-    if fmt == "webdataset":
-        return read_webdataset
-    if fmt in ("llava-json", "json-auto") or (fmt == "messages" and not path.endswith(".parquet")):
-        return formats_json.read_json
-    return {"caption-parquet": formats_parquet.read_caption_parquet,
-            "llava-ov-parquet": formats_parquet.read_llava_parquet,
-            "finevision": formats_parquet.read_finevision,
-            "messages": formats_parquet.read_messages_parquet}[fmt]
-
-
 # ------------------------------------------------------------------------------------------------
 # webdataset tar: caption pairs
 

@@ -92,7 +92,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from curation.formats import FORMATS, RawSample, ShardError, adapter, detect_format
+from curation.formats import FORMATS, RawSample, ShardError, detect_format
+from curation.readers import adapter
 from ovpipe.step import Step, TaskContext
 
 # The pixel limit (config ``max_pixels``): 4x the largest ``max_pixels`` a Qwen2-VL-style processor

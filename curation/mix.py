@@ -210,7 +210,7 @@ def sample_keys(sample_ids, seed: int) -> np.ndarray:
     """The seeded draw key of each row: splitmix64(u64(sample_id) ⊕ splitmix64(seed ⊕ MIX_SALT))."""
     import pyarrow as pa
 
-    from packing.binpack import hex_ids_to_u64, splitmix64
+    from manifests.ids import hex_ids_to_u64, splitmix64
 
     arr = sample_ids if isinstance(sample_ids, (pa.Array, pa.ChunkedArray)) else pa.array(sample_ids, pa.string())
     return splitmix64(hex_ids_to_u64(arr) ^ splitmix64(np.uint64((seed ^ MIX_SALT) & U64)))

@@ -7,7 +7,7 @@ alt-text. Input: the ok one-image samples of ``samples_steps`` (with ``only_bala
 ``copies > 0`` in the ``balanced`` manifest), one request per (sample, language) with that language's
 prompt from ``prompts``. Output: the ``captions`` manifest, one row per (sample_id, lang).
 
-Backends — the one ``rollout`` uses (``ovpipe.vlm_generate``): ``vllm`` (GPU, a chunk's requests in one
+Backends — the one ``rollout`` uses (``inference.backends``): ``vllm`` (GPU, a chunk's requests in one
 batched ``llm.generate``, images as ``multi_modal_data``), ``transformers`` (CPU/GPU, any Hugging Face
 VLM folder, ovpipe's exported stage-2 folder included), ``file`` (captions produced elsewhere, JSONL rows
 ``{"sample_id", "lang", "caption", ["tokens"], ["finish_reason"], ["model"], ["error"]}``). Each request
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ovpipe.config import check_local_path, check_range, check_step_folder, looks_like_local_path
-from ovpipe.vlm_generate import check_backend_fields, check_backend_runtime
+from inference.backends import check_backend_fields, check_backend_runtime
 from ovpipe.inputs import Input
 from ovpipe.step import Step, TaskContext, slice_bounds
 
@@ -305,7 +305,7 @@ class FileCaptions:
     name = "file"
 
     def __init__(self, cfg: RecaptionConfig, want: set[tuple[str, str]], stats):
-        from ovpipe.vlm_generate import read_jsonl
+        from inference.backends import read_jsonl
 
         self.rows = {}
         for r in read_jsonl(cfg.file, lambda r: (r.get("sample_id"), r.get("lang")) in want, stats):
@@ -325,7 +325,7 @@ class FileCaptions:
 def caption_chunk(samples: list[dict], cfg: RecaptionConfig, backend, task: TaskContext) -> list[dict]:
     """The captions rows of one chunk of samples (every language), quality checks applied."""
     from manifests.conversation import read_image
-    from ovpipe.vlm_generate import Request, Sampling, seed_for
+    from inference.backends import Request, Sampling, seed_for
 
     langs = sorted(cfg.prompts)
     if isinstance(backend, FileCaptions):
@@ -380,7 +380,7 @@ def run(cfg: RecaptionConfig, task: TaskContext) -> None:
         if cfg.backend == "file":
             backend = FileCaptions(cfg, set().union(*(wants[k] for k in todo)), task.stats)
         else:
-            from ovpipe.vlm_generate import load_backend
+            from inference.backends import load_backend
 
             with task.stats.timer("load_model"):
                 backend = load_backend(cfg.backend, cfg.model, device=cfg.device, dtype=cfg.dtype,

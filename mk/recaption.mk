@@ -7,14 +7,14 @@
 #                   demo's stage-2 model as `make pretrain` exports it (HF_EXPORT, mk/pretrain.mk:
 #                   RUN/pretrain/hf-stage-2, the published LLaVAOneVision1_5_ForConditionalGeneration
 #                   layout), or any HF VLM folder. Where that folder has no config.json (pretrain not
-#                   run), a tiny random Qwen2-VL (python -m ovpipe.tiny_vlm) stands in, so the path still
+#                   run), a tiny random Qwen2-VL (python -m demo.tiny_vlm) stands in, so the path still
 #                   runs end to end.
 DEMO_TARGETS += recaption
 VLM_MODEL ?= $(abspath $(or $(HF_EXPORT),$(RUN)/pretrain/hf-stage-2))
 TINY_VLM = $(abspath $(RUN))/tiny-vlm
 # evaluated when a recipe runs (the export may have been written by an earlier target of the same make)
 DEMO_VLM = $$(test -f $(VLM_MODEL)/config.json && echo $(VLM_MODEL) || \
-             { $(BIN)/python -m ovpipe.tiny_vlm --out $(TINY_VLM) --run-dir $(RUN) >&2 && echo $(TINY_VLM); })
+             { $(BIN)/python -m demo.tiny_vlm --out $(TINY_VLM) --run-dir $(RUN) >&2 && echo $(TINY_VLM); })
 
 .PHONY: recaption
 recaption:

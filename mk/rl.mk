@@ -6,10 +6,10 @@ RL_DATA = $(abspath $(RUN))/rl-data
 
 .PHONY: rl
 rl:
-	$(BIN)/python -m rl_select.demo prompts --out $(RL_DATA)
+	$(BIN)/python -m demo.rl prompts --out $(RL_DATA)
 	$(OVPIPE) rl-ingest --config configs/demo/rl-ingest.yaml --set 'inputs=["$(RL_DATA)/prompts.parquet"]' $(STEP_ARGS)
 	$(OVPIPE) rollout --name rollout-vlm --config configs/demo/rollout.yaml --set model=$(DEMO_VLM) $(STEP_ARGS)
-	$(BIN)/python -m rl_select.demo simulate --run-dir $(RUN) --out $(RL_DATA)/rollouts.jsonl --n 8
+	$(BIN)/python -m demo.rl simulate --run-dir $(RUN) --out $(RL_DATA)/rollouts.jsonl --n 8
 	$(OVPIPE) rollout --config configs/demo/rollout.yaml --set backend=file --set file=$(RL_DATA)/rollouts.jsonl \
 	  --set model=simulated-policy --set n=8 --set 'prompt_types=[answer_only, thinking]' $(STEP_ARGS)
 	$(OVPIPE) score --config configs/demo/score.yaml $(STEP_ARGS)

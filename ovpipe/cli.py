@@ -225,12 +225,10 @@ def cmd_status(args) -> int:
 
 
 def cmd_demo_data(args) -> int:
-    from ovpipe.demo import write_demo_corpus
-    from ovpipe.demo_conversations import write_demo_conversations
+    from ovpipe.registry import get_command
 
-    info = write_demo_corpus(Path(args.out), n_samples=args.samples, seed=args.seed, shards=args.shards)
-    if not args.no_conversations:
-        info["conversations"] = write_demo_conversations(Path(args.out), seed=args.seed)
+    info = get_command("demo-data")(Path(args.out), n_samples=args.samples, seed=args.seed, shards=args.shards,
+                                    conversations=not args.no_conversations)
     (Path(args.out) / "demo-data.json").write_text(json.dumps({k: v for k, v in info.items() if k != "out"},
                                                               indent=2) + "\n")   # no path: byte-identical per seed
     conv = info.get("conversations", {})
@@ -240,6 +238,14 @@ def cmd_demo_data(args) -> int:
           f"top 1% of concepts in {info['top1pct_share']:.0%} of samples){extra}; broken on purpose: "
           f"{', '.join(info['broken'])} → {args.out} (details: demo-data.json)")
     return 0
+
+
+def _forward(command: str):
+    def run(args) -> int:
+        from ovpipe.registry import get_command
+
+        return get_command(command)(args.rest)
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,18 +312,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("pretrain", help="three-stage megatron-core training (see `ovpipe pretrain --help`)",
                         add_help=False)
     sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp.set_defaults(func=lambda a: __import__("pretrain.launch", fromlist=["main"]).main(a.rest))
+    sp.set_defaults(func=_forward("pretrain"))
 
     sp = sub.add_parser("export-model", help="a trained stage as one Hugging Face LLaVA-OneVision-1.5 folder "
                                              "(see `ovpipe export-model --help`)", add_help=False)
     sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp.set_defaults(func=lambda a: __import__("pretrain.export", fromlist=["main"]).main(a.rest))
+    sp.set_defaults(func=_forward("export-model"))
 
     sp = sub.add_parser("import-model", help="a released / exported LLaVA-OneVision-1.5 folder (or Qwen3 + MLCD parts) "
                                              "into a stage's dist checkpoint (see `ovpipe import-model --help`)",
                         add_help=False)
     sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp.set_defaults(func=lambda a: __import__("pretrain.hf_import", fromlist=["main"]).main(a.rest))
+    sp.set_defaults(func=_forward("import-model"))
 
     sp = sub.add_parser("_task", help=argparse.SUPPRESS)
     sp.add_argument("step")
@@ -358,18 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. A user error is one line on stderr and exit code 2; anything else
     unexpected is one line and exit code 1. ``--debug`` re-raises, with the traceback."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["pretrain"]:  # its own argument parser (torchrun / srun launch options)
-        from pretrain.launch import main as pretrain_main
+    if argv[:1] and argv[0] in ("pretrain", "export-model", "import-model"):  # their own argument parsers
+        from ovpipe.registry import get_command
 
-        return int(pretrain_main(argv[1:]) or 0)
-    if argv[:1] == ["export-model"]:  # its own argument parser too
-        from pretrain.export import main as export_main
-
-        return int(export_main(argv[1:]) or 0)
-    if argv[:1] == ["import-model"]:
-        from pretrain.hf_import import main as import_main
-
-        return int(import_main(argv[1:]) or 0)
+        return int(get_command(argv[0])(argv[1:]) or 0)
     parser = build_parser()
     _add_debug_flag(parser)
     args = parser.parse_args(argv)

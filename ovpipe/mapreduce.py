@@ -37,12 +37,17 @@ PAIRWISE_LEAF = 1 << 16      # largest run summed in one np.add.reduce (a node o
 
 # ------------------------------------------------------------------------------------ shares
 
+def slice_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Contiguous, balanced [lo, hi) of ``n`` items for ``rank`` of ``world_size``."""
+    base, extra = divmod(n, world_size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
 def share_ranges(files: list[Path], rank: int, world_size: int) -> list[tuple[Path, int, int]]:
     """``[(file, lo, hi)]``: rank ``rank``'s contiguous, balanced row range of the concatenation of
     ``files`` (in the given order), from the Parquet footers alone."""
     import pyarrow.parquet as pq
-
-    from ovpipe.step import slice_bounds
 
     counts = [pq.ParquetFile(f).metadata.num_rows for f in files]
     lo, hi = slice_bounds(sum(counts), rank, world_size)
@@ -99,8 +104,6 @@ def iter_canonical_share(run_dir: Path, kind: str, columns: list[str], rank: int
     files = manifest_files(run_dir, kind, step)
     key = SORT_KEYS[kind][0]
     if not parts_in_canonical_order(files, kind):
-        from ovpipe.step import slice_bounds
-
         n = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
         lo, hi = slice_bounds(n, rank, world_size)
         yield from iter_manifest(run_dir, kind, step=step, columns=columns, lo=lo, hi=hi, batch_rows=batch_rows)

@@ -32,6 +32,21 @@ STEP_MODULES: dict[str, str] = {
 }
 
 
+# Commands that are not steps, by the function that runs them: the core CLI names the stage (or the demo)
+# that implements them, and imports it only when the command runs, as it does for steps.
+COMMANDS: dict[str, str] = {
+    "pretrain": "pretrain.launch:main",              # its own argument parser (torchrun / srun launch options)
+    "export-model": "pretrain.export:main",
+    "import-model": "pretrain.hf_import:main",
+    "demo-data": "demo:write_demo_data",
+}
+
+
+def get_command(name: str):
+    module, _, attr = COMMANDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def _extra_steps() -> dict[str, str]:
     """Steps from outside the package: ``OVPIPE_EXTRA_STEPS="my-step=mypkg.mystep,other=pkg.mod"``.
 

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ovpipe.mapreduce import slice_bounds  # noqa: F401  (steps import it from here)
+
 log = logging.getLogger("ovpipe")
 
 
@@ -386,13 +388,6 @@ class Progress:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def slice_bounds(n: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Contiguous, balanced [lo, hi) of ``n`` items for ``rank`` of ``world_size``."""
-    base, extra = divmod(n, world_size)
-    lo = rank * base + min(rank, extra)
-    return lo, lo + base + (1 if rank < extra else 0)
 
 
 def save_json(path: Path, obj) -> None:

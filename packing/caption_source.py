@@ -54,7 +54,7 @@ def read_recaptions(task, step: str, lang: str, sample_ids) -> dict[str, tuple[s
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from packing.binpack import id_member
+    from manifests.ids import id_member
 
     member = id_member(pc.unique(sample_ids))
     out = {}

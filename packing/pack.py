@@ -227,7 +227,7 @@ def needed_samples(task: TaskContext, lcfg, need: set, sources) -> dict:
 
     from manifests.schemas import schema_for
     from packing import caption_source
-    from packing.binpack import id_member
+    from manifests.ids import id_member
 
     cols = ["sample_id", "status", "conversation", "images"]
     member = id_member(pc.unique(sources.combine_chunks() if isinstance(sources, pa.ChunkedArray) else sources))

@@ -69,7 +69,7 @@ def copies_lookup(task, kind: str, step: str | None):
     ``copies``, as ascending uint64, streamed (a sample's rows are adjacent in canonical order)."""
     import pyarrow.compute as pc
 
-    from packing.binpack import canonical_ids_to_u64
+    from manifests.ids import canonical_ids_to_u64
 
     ids, cps = [], []
     for batch in task.iter_input_canonical(kind, ["sample_id", "copies"], step=step):
@@ -94,7 +94,7 @@ def iter_items(task, cfg, packable: tuple[str, ...]):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from packing.binpack import GOLDEN, canonical_ids_to_u64, splitmix64
+    from manifests.ids import GOLDEN, canonical_ids_to_u64, splitmix64
 
     lookup = None
     if cfg.copies_from != "none":
@@ -212,7 +212,8 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
     import pyarrow.parquet as pq
 
     from ovpipe.mapreduce import prefetch
-    from packing.binpack import bin_layout, bin_permutation, slot_fill_order, u64_to_hex
+    from manifests.ids import u64_to_hex
+    from packing.binpack import bin_layout, bin_permutation, slot_fill_order
 
     C = cfg.seq_len
     work = out_path.parent / f".solve-{os.getpid()}"

@@ -1,7 +1,7 @@
 """``rollout``: N responses per prompt, with the recipe's two prompt templates.
 
 Backends (``backend``) — ``transformers`` and ``vllm`` are the shared VLM generation backend
-(``ovpipe.vlm_generate``, also behind ``recaption``):
+(``inference.backends``, also behind ``recaption``):
 
 * ``vllm`` (GPU): ``LLM(model)`` once + one ``SamplingParams(n=N, seed=…)`` per request, the prompt
   rendered by the model's processor chat template with one image part per image and the PIL images
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ovpipe.config import check_range
-from ovpipe.vlm_generate import check_backend_fields, check_backend_runtime
+from inference.backends import check_backend_fields, check_backend_runtime
 from ovpipe.step import Step, TaskContext
 
 TEMPLATES = {
@@ -87,7 +87,7 @@ def prompt_messages(question: str) -> list[dict]:
 
 def requests_for(prompts: list[dict], cfg: RolloutConfig):
     """One ``Request`` per (prompt, template), seeded ``prompt_seed ⊕ template index``; keys alongside."""
-    from ovpipe.vlm_generate import Request
+    from inference.backends import Request
 
     reqs, keys = [], []
     for p in prompts:
@@ -100,8 +100,8 @@ def requests_for(prompts: list[dict], cfg: RolloutConfig):
 
 
 def rollouts_generate(prompts: list[dict], cfg: RolloutConfig, stats, backend=None) -> list[dict]:
-    """``transformers`` / ``vllm`` through the shared VLM backend (``ovpipe.vlm_generate``)."""
-    from ovpipe.vlm_generate import Sampling, load_backend
+    """``transformers`` / ``vllm`` through the shared VLM backend (``inference.backends``)."""
+    from inference.backends import Sampling, load_backend
 
     if backend is None:
         backend = load_backend(cfg.backend, cfg.model, device=cfg.device, dtype=cfg.dtype,
@@ -131,7 +131,7 @@ def rollouts_vllm(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
 
 
 def rollouts_file(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
-    from ovpipe.vlm_generate import read_jsonl
+    from inference.backends import read_jsonl
 
     want = {p["prompt_id"] for p in prompts}
     rows, next_idx = [], {}

@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def demo_corpus(tmp_path_factory) -> Path:
     """200 demo samples in 4 shards (with the deliberately broken ones)."""
-    from ovpipe.demo import write_demo_corpus
+    from demo.corpus import write_demo_corpus
 
     out = tmp_path_factory.mktemp("demo-data")
     write_demo_corpus(out, n_samples=200, seed=0, shards=4)

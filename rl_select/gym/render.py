@@ -12,7 +12,7 @@ TILE_COLORS = {0: (205, 193, 180), 2: (238, 228, 218), 4: (237, 224, 200), 8: (2
 def render(state: dict) -> bytes:
     from PIL import Image, ImageDraw
 
-    from ovpipe.demo import COLORS, SHAPES, draw_shape
+    from rl_select.gym.shapes import COLORS, SHAPES, draw_shape
 
     b = state["board"]
     H, W = len(b), len(b[0])

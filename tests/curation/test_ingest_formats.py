@@ -340,7 +340,7 @@ def test_detect_format_errors(tmp_path):
 
 def test_demo_conversation_sets_ingest(tmp_path):
     """The demo's LLaVA-558K-style and instruction sets: every broken kind shows up as its status."""
-    from ovpipe.demo_conversations import write_demo_conversations
+    from demo.conversations import write_demo_conversations
 
     write_demo_conversations(tmp_path / "dd", seed=0, n_caption=40, n_llava=60, n_finevision=40)
     run = tmp_path / "run"

@@ -180,7 +180,7 @@ def test_only_balanced(ingested_run, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_vlm(tmp_path_factory):
-    from ovpipe.tiny_vlm import build_tiny_vlm
+    from demo.tiny_vlm import build_tiny_vlm
 
     return build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny-vlm")
 

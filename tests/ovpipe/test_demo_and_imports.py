@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 
 
 def test_demo_corpus_is_deterministic_and_long_tailed(tmp_path):
-    from ovpipe.demo import write_demo_corpus
+    from demo.corpus import write_demo_corpus
 
     a = write_demo_corpus(tmp_path / "a", n_samples=120, seed=3, shards=2)
     write_demo_corpus(tmp_path / "b", n_samples=120, seed=3, shards=2)
@@ -24,7 +24,7 @@ def test_demo_corpus_is_deterministic_and_long_tailed(tmp_path):
 
 
 def test_zipf_long_tail():
-    from ovpipe.demo import zipf_probs
+    from demo.corpus import zipf_probs
 
     p = np.sort(zipf_probs(225, 1.2, np.random.default_rng(0)))[::-1]
     assert abs(p.sum() - 1) < 1e-12
@@ -49,7 +49,7 @@ def test_demo_data_cli_writes_conversation_sets_deterministically(tmp_path):
     import json
 
     from ovpipe.cli import main
-    from ovpipe.demo import write_demo_corpus
+    from demo.corpus import write_demo_corpus
 
     for d in ("a", "b"):
         assert main(["demo-data", "--out", str(tmp_path / d), "--samples", "40", "--shards", "2", "--seed", "5"]) == 0

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
-from packing.binpack import (bfd_reference, ffd_bins, hex_ids_to_u64, lower_bound, online_buffer_bins, pack,
-                             splitmix64)
+from manifests.ids import hex_ids_to_u64, splitmix64
+
+from packing.binpack import bfd_reference, ffd_bins, lower_bound, online_buffer_bins, pack
 
 
 def _bins(p, lengths):

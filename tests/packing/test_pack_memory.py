@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packing.binpack import u64_to_hex
+from manifests.ids import u64_to_hex
 
 MiB = 1 << 20
 

@@ -10,8 +10,8 @@ import pytest
 
 from manifests.io import read_manifest, write_part
 from ovpipe.cli import main
-from packing.binpack import (GOLDEN, bin_layout, hex_ids_to_u64, online_buffer_bins, pack, splitmix64,
-                             u64_to_hex)
+from manifests.ids import GOLDEN, hex_ids_to_u64, splitmix64, u64_to_hex
+from packing.binpack import bin_layout, online_buffer_bins, pack
 from packing.pack import packs_table
 from packing.solve import SmallestKeys, partition_of, partition_plan
 

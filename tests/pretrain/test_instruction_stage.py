@@ -21,7 +21,7 @@ def cli(*args):
 
 @pytest.fixture(scope="module")
 def instruct_run(tmp_path_factory):
-    from ovpipe.demo_conversations import write_demo_conversations
+    from demo.conversations import write_demo_conversations
     from packing.tiny_tokenizer import main as build_tok
 
     data = tmp_path_factory.mktemp("demo-data")

@@ -54,7 +54,7 @@ def test_generation_steps_refuse_before_any_task(tmp_path, capsys, too_new, step
 
 
 def test_file_backend_needs_no_transformers(tmp_path, too_new):
-    from ovpipe.vlm_generate import check_backend_runtime
+    from inference.backends import check_backend_runtime
 
     check_backend_runtime(type("Cfg", (), {"backend": "file"})())
 

@@ -129,7 +129,7 @@ def test_exports_round_trip(rl_run):
 def test_tiny_transformers_model_generates_for_real(rl_run, tmp_path):
     import shutil
 
-    from ovpipe.tiny_vlm import build_tiny_vlm
+    from demo.tiny_vlm import build_tiny_vlm
 
     run, _ = rl_run
     model = build_tiny_vlm(tmp_path / "vlm")   # a VLM: the prompts' images go through its processor

@@ -1,4 +1,4 @@
-"""Rollout backends. The shared VLM backend (``ovpipe.vlm_generate``) with a tiny random Qwen2-VL the
+"""Rollout backends. The shared VLM backend (``inference.backends``) with a tiny random Qwen2-VL the
 test builds: the images really go through the processor (pixel values and grids reach ``generate``),
 N seeded responses per prompt, the same for any batch. The vLLM backend's request building, against
 a stand-in ``vllm`` module (no GPU here): one request per prompt and template, one
@@ -24,7 +24,7 @@ def png(color, size=(8, 8)):
 
 @pytest.fixture(scope="module")
 def tiny_vlm(tmp_path_factory):
-    from ovpipe.tiny_vlm import build_tiny_vlm
+    from demo.tiny_vlm import build_tiny_vlm
 
     return build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny-vlm")
 
@@ -81,7 +81,7 @@ def test_vllm_requests(monkeypatch):
 
 
 def test_transformers_vlm_passes_images_through_the_processor(tiny_vlm):
-    from ovpipe.vlm_generate import load_backend
+    from inference.backends import load_backend
 
     backend = load_backend("transformers", str(tiny_vlm), cpu_threads=1)
     seen = []
@@ -111,7 +111,7 @@ def test_transformers_vlm_passes_images_through_the_processor(tiny_vlm):
 
 
 def test_transformers_text_only_model_refuses_images(tmp_path):
-    from rl_select.demo import build_tiny_model
+    from demo.rl import build_tiny_model
 
     lm = build_tiny_model(tmp_path / "lm")
     cfg = RolloutConfig(backend="transformers", model=str(lm), n=2, max_new_tokens=4)
@@ -179,7 +179,7 @@ def test_transformers_backend_loads_the_published_llava_onevision_layout(tmp_pat
 
     if official.files() is None:
         pytest.skip("lmms-engine (the official modeling files) is not installed")
-    from ovpipe.vlm_generate import load_backend
+    from inference.backends import load_backend
 
     folder = published_llava_ov_folder(tmp_path / "ov")
     backend = load_backend("transformers", str(folder), cpu_threads=1)
@@ -199,7 +199,7 @@ def test_a_checkpoint_missing_weights_is_refused(tiny_vlm, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from ovpipe.vlm_generate import load_backend
+    from inference.backends import load_backend
 
     folder = tmp_path / "broken"
     shutil.copytree(tiny_vlm, folder)

@@ -52,7 +52,7 @@ def trainers_site() -> Path:
 def demo_run(tmp_path_factory):
     """The demo RL recipe (`make rl` without the tiny-model rollout): prompts → rl-ingest → the
     simulated policy's 8 + 8 rollouts → score → select → export; plus the exported rollouts as JSONL."""
-    from rl_select.demo import main as demo_main
+    from demo.rl import main as demo_main
 
     run = tmp_path_factory.mktemp("rlhandoff")
     data = run / "rl-data"

@@ -1,8 +1,8 @@
 """Demo data for the RL stage (nothing downloaded).
 
-    python -m rl_select.demo prompts    --out DIR        # geometry3k-style parquet of small visual questions
-    python -m rl_select.demo tiny-model --out DIR        # a tiny random Qwen3 LM + tokenizer, saved
-    python -m rl_select.demo simulate   --run-dir RUN --out FILE --n 8
+    python -m demo.rl prompts    --out DIR        # geometry3k-style parquet of small visual questions
+    python -m demo.rl tiny-model --out DIR        # a tiny random Qwen3 LM + tokenizer, saved
+    python -m demo.rl simulate   --run-dir RUN --out FILE --n 8
         # a rollouts JSONL from a simulated policy with a known success rate per prompt, so
         # that selection on the demo has easy, hard and "latent capability" prompts to find
 
@@ -30,7 +30,7 @@ def _png(draw_fn, size=(96, 96)) -> bytes:
 
 
 def make_prompts(n: int = 24, seed: int = 0) -> list[dict]:
-    from ovpipe.demo import COLORS, draw_shape
+    from demo.corpus import COLORS, draw_shape
 
     rng = np.random.default_rng(seed)
     colors = list(COLORS)

@@ -1,6 +1,6 @@
 import numpy as np
 
-from rl_select.shuffle_r1 import advantage_batch_shuffle, pairwise_trajectory_sampling, reshape_batch, symptoms
+from grpo.shuffle_r1 import advantage_batch_shuffle, pairwise_trajectory_sampling, reshape_batch, symptoms
 
 
 def test_pts_pairs_max_with_min():

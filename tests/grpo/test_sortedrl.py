@@ -1,4 +1,4 @@
-from rl_select.sortedrl import Entry, SortedRLController, sample_lengths, simulate_baseline, simulate_sorted
+from grpo.sortedrl import Entry, SortedRLController, sample_lengths, simulate_baseline, simulate_sorted
 
 
 def test_controller_lifecycle_and_grouped_loading():

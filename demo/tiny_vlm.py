@@ -7,7 +7,7 @@ template, so ``AutoProcessor`` / ``AutoModelForImageTextToText`` load it exactly
 ``Qwen/Qwen2-VL-2B-Instruct``. ~0.2 M parameters: a CPU generates a 16-token caption for one
 image in well under a second. Being random, it writes nonsense — what it proves is the path.
 
-    python -m ovpipe.tiny_vlm --out DIR [--run-dir RUN]   # RUN: train the tokenizer on its captions too
+    python -m demo.tiny_vlm --out DIR [--run-dir RUN]   # RUN: train the tokenizer on its captions too
 """
 from __future__ import annotations
 

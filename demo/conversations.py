@@ -1,6 +1,6 @@
 """The demo's conversation sets, in the layouts the recipe's data ships in.
 
-``write_demo_conversations(out, seed)`` writes, next to the caption shards of ``ovpipe.demo``:
+``write_demo_conversations(out, seed)`` writes, next to the caption shards of ``demo.corpus``:
 
 - ``llava-558k/blip_laion_cc_sbu_558k.json`` + ``llava-558k/images/*.jpg`` — a LLaVA-558K-style
   alignment set (stage 1): ``human: "<image>\\n" + a brief-caption prompt``, ``gpt: caption``.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ovpipe.demo import COLORS, SHAPES, caption_for, concept_names, render_image, zipf_probs
+from demo.corpus import COLORS, SHAPES, caption_for, concept_names, render_image, zipf_probs
 
 BRIEF_PROMPTS = [
     "Describe the image concisely.",

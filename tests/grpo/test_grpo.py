@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rl_select.grpo import GRPOConfig, decoupled_ppo_loss, group_advantages
+from grpo.loss import GRPOConfig, decoupled_ppo_loss, group_advantages
 
 
 def test_group_advantages_by_hand():

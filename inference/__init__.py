@@ -1,0 +1,1 @@
+"""VLM generation backends shared by `recaption` and `rollout` (transformers, vLLM, a JSONL file)."""

@@ -1,0 +1,33 @@
+"""The import contract in pyproject.toml ([tool.importlinter]): manifests ← ovpipe (core) ← curation, packing,
+pretrain, rl_select, inference, grpo ← demo, bench, and no import circles inside a package. An upward
+import (say, ovpipe/ importing packing, or a stage importing the demo) fails here."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_contracts_hold():
+    lint = Path(sys.executable).with_name("lint-imports")
+    res = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "2 kept, 0 broken" in res.stdout
+
+
+def test_an_upward_import_breaks_the_layers(tmp_path):
+    """The contract bites: the same layers over a copy where the core imports a stage."""
+    import shutil
+
+    for pkg in ("manifests", "ovpipe", "packing"):
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "ovpipe" / "registry.py", "a") as f:
+        f.write("\n\ndef _upward():\n    from packing.binpack import pack\n    return pack\n")
+    (tmp_path / ".importlinter").write_text(
+        "[importlinter]\nroot_packages =\n    manifests\n    ovpipe\n    packing\n\n"
+        "[importlinter:contract:layers]\nname = layers\ntype = layers\nlayers =\n    packing\n    ovpipe\n    manifests\n")
+    lint = Path(sys.executable).with_name("lint-imports")
+    res = subprocess.run([str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "ovpipe.registry -> packing.binpack" in res.stdout
