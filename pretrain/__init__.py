@@ -1,2 +1,3 @@
-"""Pretraining on packed sequences with megatron-core (work in progress: the LLM side, its packed
-THD attention and the CPU path are here; the RICE-ViT tower, stages and launch are not yet)."""
+"""Three-stage pretraining on packed sequences with megatron-core: the RICE-ViT tower, the projector and the
+Qwen3-style LLM (``model``, ``vision``, ``vlm``), TP / PP / CP layouts (``parallel``), the packed THD loader
+(``data``), recipes, dist checkpoints, the HF export and import, and the ``torchrun`` / ``srun`` launch."""
