@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from manifests.io import atomic_write
 from ovpipe.config import check_local_path, check_range, check_step_folder
 from ovpipe.step import Step, TaskContext
 
@@ -146,9 +147,8 @@ def run(cfg: DemoClipConfig, task: TaskContext) -> None:
                        samples_per_s=(step + 1) * cfg.batch_size / (time.perf_counter() - t_start))
     after = evaluate(net, tokenizer, images, truth, vocab, cfg.k)
     ckpt = task.data_path("tiny-clip.pt")
-    tmp = ckpt.with_name(".tmp-" + ckpt.name)
-    torch.save({"state_dict": net.state_dict()}, tmp)
-    tmp.replace(ckpt)
+    with atomic_write(ckpt) as tmp:
+        torch.save({"state_dict": net.state_dict()}, tmp)
     task.stats.info.update({"recall_before": before, "recall_after": after, "loss_first": losses[0] if losses else None,
                             "loss_last": float(np.mean(losses[-10:])) if losses else None, "checkpoint": str(ckpt)})
     (task.step_dir / "report.md").write_text(

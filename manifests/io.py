@@ -7,9 +7,10 @@ no pandas metadata) so the same table always gives the same bytes.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,6 +18,29 @@ import pyarrow.parquet as pq
 from manifests.schemas import SORT_KEYS, ManifestSchemaError, schema_for
 
 PARQUET_OPTS = dict(compression="zstd", row_group_size=1 << 20, write_statistics=True)
+
+
+def temp_path(path: str | os.PathLike) -> Path:
+    """The temp name a file is written under before its rename: ``.tmp-{pid}-{name}`` in the same folder
+    (same filesystem, so the rename is atomic; ``runfolder.clean_temp_files`` knows the pattern)."""
+    path = Path(path)
+    return path.with_name(f".tmp-{os.getpid()}-{path.name}")
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike) -> Iterator[Path]:
+    """``with atomic_write(path) as tmp: <write tmp>``: ``path`` appears whole (``os.replace``) when the block
+    ends, or not at all — a block that raises removes its temp file. Every file ovpipe writes goes through it
+    (parts, partials, reduced artifacts, stats, markers, shards), so a killed task never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        yield tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
 
 
 def as_manifest_table(data, kind: str) -> pa.Table:
@@ -49,12 +73,10 @@ def write_table(table: pa.Table, path: str | os.PathLike, row_group_rows: int | 
     """Write ``table`` to ``path`` atomically (temp file + rename); ``row_group_rows``: smaller row
     groups than ``PARQUET_OPTS``' (a spill file read back by key range)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     table = table.replace_schema_metadata(None)
     opts = dict(PARQUET_OPTS, row_group_size=row_group_rows) if row_group_rows else PARQUET_OPTS
-    pq.write_table(table, tmp, **opts)
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        pq.write_table(table, tmp, **opts)
     return path
 
 
@@ -280,7 +302,7 @@ class PartWriter:
         self.kind = kind
         self.group = row_group_rows or PARQUET_OPTS["row_group_size"]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.path.with_name(f".tmp-{os.getpid()}-{self.path.name}")
+        self.tmp = temp_path(self.path)
         self._writer: pq.ParquetWriter | None = None
         self._buffer: list[pa.Table] = []
         self._buffered = 0

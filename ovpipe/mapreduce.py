@@ -25,7 +25,6 @@ order comes out bit-identical to ``np.sum`` over the whole vector, without holdi
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -167,12 +166,11 @@ def prefetch(it: Iterator, depth: int = 2) -> Iterator:
 
 def save_arrays(path: Path, **arrays) -> Path:
     """A partial or reduced artifact: ``.npz`` written to a temp name and renamed."""
+    from manifests.io import atomic_write
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)
-    os.replace(tmp, path)
     return path
 
 

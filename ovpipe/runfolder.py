@@ -34,7 +34,6 @@ Run safety (what keeps two commands, a dead upstream or a killed parent from cor
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import json
@@ -46,6 +45,7 @@ import threading
 import time
 from pathlib import Path
 
+from manifests.io import atomic_write
 from ovpipe.config import config_hash, config_json
 from ovpipe.step import Stats, save_json
 
@@ -401,10 +401,8 @@ def mark_reduced(sdir: Path) -> str:
     digest = h.hexdigest()[:16]
     fp = failure_path(sdir, 0, "reduce")
     fp.unlink(missing_ok=True)
-    (Path(sdir) / "completions").mkdir(parents=True, exist_ok=True)
-    tmp = Path(sdir) / "completions" / f".tmp-{os.getpid()}-{REDUCED}"
-    tmp.write_text(digest + "\n")
-    os.replace(tmp, Path(sdir) / "completions" / REDUCED)
+    with atomic_write(Path(sdir) / "completions" / REDUCED) as tmp:
+        tmp.write_text(digest + "\n")
     return digest
 
 
@@ -671,11 +669,8 @@ def print_status(run_dir: Path, out=None) -> int:
 
 
 def write_failure(sdir: Path, rank: int, text: str, phase: str = "map") -> None:
-    fp = failure_path(sdir, rank, phase)
-    fp.parent.mkdir(parents=True, exist_ok=True)
-    tmp = fp.with_name(f".tmp-{os.getpid()}-{fp.name}")
-    tmp.write_text(text)
-    os.replace(tmp, fp)
+    with atomic_write(failure_path(sdir, rank, phase)) as tmp:
+        tmp.write_text(text)
 
 
 # ---------------------------------------------------------------------------------- temp files

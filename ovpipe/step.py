@@ -223,15 +223,12 @@ class TaskContext:
 
     def write_npy(self, name: str, array) -> str:
         """Save a data array atomically under ``RUN/<step>/data/``; returns its path relative to the run."""
-        import os
-
         import numpy as np
 
-        path = self.data_path(name)
-        tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-        with open(tmp, "wb") as f:
+        from manifests.io import atomic_write
+
+        with atomic_write(self.data_path(name)) as tmp, open(tmp, "wb") as f:
             np.save(f, array)
-        os.replace(tmp, path)
         return f"{self.step}/data/{name}"
 
     def write_part(self, kind: str, data, sort: bool = True) -> Path:
@@ -391,9 +388,7 @@ class Progress:
 
 
 def save_json(path: Path, obj) -> None:
-    import os
+    from manifests.io import atomic_write
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")

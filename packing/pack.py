@@ -31,10 +31,7 @@ shards, runs ``energon prepare`` so the step folder is a Megatron-Energon datase
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -92,6 +89,7 @@ def solve_once(cfg: PackConfig, task: TaskContext) -> None:
     order), ``reduced/slots.parquet`` (sample_id, length, turns_kept, source_sample_id of every slot,
     bin after bin), so an apply rank reads only its pack range, and ``reduced/summary.npz`` (the length
     histogram and the report's key-order sample) for ``finalize``."""
+    from manifests.io import atomic_write
     from ovpipe.mapreduce import save_arrays
     from packing.solve import solve
 
@@ -105,9 +103,8 @@ def solve_once(cfg: PackConfig, task: TaskContext) -> None:
     task.stats.inc("lower_bound", lb)
     task.stats.inc("tokens", sol.tokens)
     for name, arr in (("bin_start.npy", sol.bin_start), ("bin_load.npy", sol.bin_load)):
-        tmp = rdir / f".tmp-{os.getpid()}-{name}"
-        np.save(tmp, np.asarray(arr, np.int64))
-        os.replace(tmp, rdir / name)
+        with atomic_write(rdir / name) as tmp:
+            np.save(tmp, np.asarray(arr, np.int64))
     save_arrays(rdir / "summary.npz", counts=sol.counts, report_lengths=sol.report_lengths)
 
 

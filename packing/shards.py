@@ -63,13 +63,11 @@ def _npy(arr: np.ndarray) -> bytes:
 def write_shard(path: Path, entries: list[dict]) -> None:
     """entries: dicts with pack_id, sample_ids, lengths, offsets, seq_len, ids, mask, images, exts,
     grids (one per image) and image_counts (one per sample)."""
-    import os
-
     import webdataset as wds
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    with wds.TarWriter(str(tmp), mtime=0, encoder=False) as tw:
+    from manifests.io import atomic_write
+
+    with atomic_write(path) as tmp, wds.TarWriter(str(tmp), mtime=0, encoder=False) as tw:
         for e in entries:
             counts = [int(x) for x in e["image_counts"]]
             if len(counts) != len(e["sample_ids"]) or not (sum(counts) == len(e["images"]) == len(e["grids"])
@@ -86,7 +84,6 @@ def write_shard(path: Path, entries: list[dict]) -> None:
             for i, (img, ext) in enumerate(zip(e["images"], e["exts"])):
                 sample[f"img{i:03d}.{ext}"] = img
             tw.write(sample)
-    os.replace(tmp, path)
 
 
 def iter_packed(path: str | Path) -> Iterator[PackedSequence]:

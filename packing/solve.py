@@ -213,6 +213,7 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
 
     from ovpipe.mapreduce import prefetch
     from manifests.ids import u64_to_hex
+    from manifests.io import atomic_write
     from packing.binpack import bin_layout, bin_permutation, slot_fill_order
 
     C = cfg.seq_len
@@ -305,12 +306,12 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
             del dest
 
         with task.stats.timer("solve/write_slots"):
-            tmp = out_path.with_name(f".tmp-{os.getpid()}-{out_path.name}")
             schema = pa.schema([("sample_id", pa.string()), ("length", pa.int32()), ("turns_kept", pa.int32()),
                                 ("source_sample_id", pa.string())])
             # one writer thread encodes and compresses a row group (pyarrow releases the GIL) while this
             # one builds the next: FIFO on one worker, so the file is the same; at most 2 tables pending
-            with pq.ParquetWriter(tmp, schema, compression="zstd") as w, ThreadPoolExecutor(1) as pool:
+            with atomic_write(out_path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as w, \
+                    ThreadPoolExecutor(1) as pool:
                 pending: list = []
                 for a in range(0, n, 1 << 16):
                     r = out[a:a + (1 << 16)]
@@ -322,7 +323,6 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
                         pending.pop(0).result()
                 for f in pending:
                     f.result()
-            os.replace(tmp, out_path)
         return Solution(counts, start, np.asarray(load, np.int64), small.lengths())
     finally:
         shutil.rmtree(work, ignore_errors=True)
