@@ -610,28 +610,15 @@ class _DuplicateMarker:
         return pa.RecordBatch.from_arrays(cols, schema=batch.schema)
 
 
-def _duckdb(task: TaskContext):
-    """A DuckDB connection for the finalize's whole-corpus counts: a memory limit, spilling under the
-    step folder."""
-    from manifests.io import duckdb_connect
-
-    tmp = task.step_dir / ".duckdb-tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    return duckdb_connect(tmp)
-
-
 def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
 def _counts(task: TaskContext, files: list[Path], column: str) -> list[tuple]:
     """``[(value, rows)]`` of one ``samples`` column over every part (DuckDB ``GROUP BY``)."""
-    con = _duckdb(task)
-    try:
+    with task.duckdb() as con:
         paths = [str(Path(f).resolve()) for f in files]
         return con.execute(f'SELECT "{column}", count(*) FROM read_parquet({_sql_list(paths)}) GROUP BY 1').fetchall()
-    finally:
-        con.close()
 
 
 def finalize(cfg: IngestConfig, task: TaskContext) -> None:
@@ -683,7 +670,6 @@ def finalize(cfg: IngestConfig, task: TaskContext) -> None:
         + "\n\n".join(tables) + "\n")
     # every apply rank is done (finalize runs last): the spill runs are a second copy of the corpus
     shutil.rmtree(shuffle_dir(task), ignore_errors=True)
-    shutil.rmtree(task.step_dir / ".duckdb-tmp", ignore_errors=True)
 
 
 def _count_table(counts: list[tuple], name: str) -> str:

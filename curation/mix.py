@@ -383,8 +383,6 @@ def run(cfg: MixConfig, task: TaskContext) -> None:
 
 
 def finalize(cfg: MixConfig, task: TaskContext) -> None:
-    import duckdb
-
     files = input_files(task)
     groups = _Groups(cfg.by)
     counts: dict[int, int] = {}
@@ -394,9 +392,12 @@ def finalize(cfg: MixConfig, task: TaskContext) -> None:
     plans = plan_mix({groups.names[gi]: n for gi, n in counts.items()}, cfg)
     parts = sorted((task.step_dir / "mixed").glob("part-*.parquet"))
     glob = ", ".join(f"'{p.as_posix()}'" for p in parts)
-    drawn = {g: (int(r), int(c)) for g, r, c in duckdb.connect().execute(
-        f"SELECT coalesce({cfg.by}, '{NULL_GROUP}') AS g, count(*), sum(copies) "
-        f"FROM read_parquet([{glob}]) GROUP BY 1").fetchall()} if parts else {}
+    drawn = {}
+    if parts:
+        with task.duckdb() as con:
+            drawn = {g: (int(r), int(c)) for g, r, c in con.execute(
+                f"SELECT coalesce({cfg.by}, '{NULL_GROUP}') AS g, count(*), sum(copies) "
+                f"FROM read_parquet([{glob}]) GROUP BY 1").fetchall()}
     bad = [(p.group, p.copies, drawn.get(p.group, (0, 0))[1]) for p in plans
            if drawn.get(p.group, (0, 0))[1] != p.copies]
     if bad:

@@ -253,21 +253,19 @@ def rank_images(task: TaskContext, cfg: RecaptionConfig, ids: list[str]) -> dict
     """``{sample_id: image address}`` of this rank's samples, read by DuckDB from the samples parts
     (only the matching rows are materialised). A sample ingested twice has the same image bytes
     under either address; the first in ``samples_steps`` order, then canonical order, is used."""
-    import duckdb
     import pyarrow as pa
 
-    con = duckdb.connect()
-    con.register("want", pa.table({"sample_id": pa.array(ids, pa.string())}))
     out: dict = {}
-    for step in cfg.samples_steps:
-        files = [str(f) for f in task.input_files("samples", step)]
-        rows = con.execute("""
-            SELECT sample_id, images[1] AS image FROM read_parquet(?)
-            WHERE status = 'ok' AND n_images = 1 AND sample_id IN (SELECT sample_id FROM want)
-            ORDER BY sample_id, source, shard, key""", [files]).fetchall()
-        for sid, image in rows:
-            out.setdefault(sid, image)
-    con.close()
+    with task.duckdb() as con:
+        con.register("want", pa.table({"sample_id": pa.array(ids, pa.string())}))
+        for step in task.input_steps("samples"):
+            files = [str(f) for f in task.input_files("samples", step)]
+            rows = con.execute("""
+                SELECT sample_id, images[1] AS image FROM read_parquet(?)
+                WHERE status = 'ok' AND n_images = 1 AND sample_id IN (SELECT sample_id FROM want)
+                ORDER BY sample_id, source, shard, key""", [files]).fetchall()
+            for sid, image in rows:
+                out.setdefault(sid, image)
     return out
 
 

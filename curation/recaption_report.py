@@ -10,22 +10,19 @@ BINS = [0] + [2 ** k for k in range(12)]      # caption length in characters: bi
 
 
 def recaption_report(cfg, task) -> dict:
-    import duckdb
-
     parts = str(task.step_dir / "captions" / "part-*.parquet")
-    con = duckdb.connect()
-    con.execute(f"CREATE VIEW captions AS SELECT * FROM read_parquet('{parts}')")
-    counts = con.execute("SELECT lang, status, count(*) FROM captions GROUP BY ALL ORDER BY ALL").fetchall()
-    hist = con.execute(f"""
-        SELECT lang, CASE WHEN length(caption) = 0 THEN 0
-                          ELSE least(CAST(2 ** floor(log2(length(caption))) AS BIGINT), {BINS[-1]}) END AS lo, count(*)
-        FROM captions GROUP BY ALL ORDER BY ALL""").fetchall()
-    examples = con.execute("""
-        SELECT status, lang, sample_id, caption, error FROM (
-          SELECT *, row_number() OVER (PARTITION BY status ORDER BY sample_id, lang) AS k FROM captions)
-        WHERE k <= ? ORDER BY status, sample_id, lang""", [cfg.report_examples]).fetchall()
-    speed = con.execute("SELECT count(*), sum(tokens) FROM captions WHERE finish_reason != 'error'").fetchone()
-    con.close()
+    with task.duckdb() as con:
+        con.execute(f"CREATE VIEW captions AS SELECT * FROM read_parquet('{parts}')")
+        counts = con.execute("SELECT lang, status, count(*) FROM captions GROUP BY ALL ORDER BY ALL").fetchall()
+        hist = con.execute(f"""
+            SELECT lang, CASE WHEN length(caption) = 0 THEN 0
+                              ELSE least(CAST(2 ** floor(log2(length(caption))) AS BIGINT), {BINS[-1]}) END AS lo, count(*)
+            FROM captions GROUP BY ALL ORDER BY ALL""").fetchall()
+        examples = con.execute("""
+            SELECT status, lang, sample_id, caption, error FROM (
+              SELECT *, row_number() OVER (PARTITION BY status ORDER BY sample_id, lang) AS k FROM captions)
+            WHERE k <= ? ORDER BY status, sample_id, lang""", [cfg.report_examples]).fetchall()
+        speed = con.execute("SELECT count(*), sum(tokens) FROM captions WHERE finish_reason != 'error'").fetchone()
 
     langs = sorted({lang for lang, _, _ in counts})
     statuses = sorted({s for _, s, _ in counts}, key=lambda s: (s != "ok", s))

@@ -270,6 +270,24 @@ def duckdb_connect(temp_dir: str | os.PathLike, threads: int = 2):
                                   "temp_directory": str(temp_dir), "threads": threads})
 
 
+@contextlib.contextmanager
+def duckdb_session(work_dir: str | os.PathLike, prefix: str = ".duckdb-", threads: int = 2):
+    """``duckdb_connect`` spilling to a folder of its own under ``work_dir`` (tasks of one step run side by
+    side), closed and removed when the block ends. What every step's DuckDB work goes through
+    (``TaskContext.duckdb``)."""
+    import shutil
+    import tempfile
+
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=work_dir)
+    con = duckdb_connect(tmp, threads)
+    try:
+        yield con
+    finally:
+        con.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows):
     import tempfile
 

@@ -212,6 +212,14 @@ class TaskContext:
         Slurm task's log shows it too."""
         return Progress(total, unit, desc or f"{self.step}[{self.rank}]", log_every_s)
 
+    def duckdb(self):
+        """``with task.duckdb() as con:`` a DuckDB connection under ``OVPIPE_REDUCE_MEMORY`` (default 1GB),
+        spilling to a folder of this task's own in the step folder, removed afterwards
+        (``manifests.io.duckdb_session``)."""
+        from manifests.io import duckdb_session
+
+        return duckdb_session(self.step_dir, prefix=f".duckdb-{self.phase}-{self.rank}-")
+
     def part_path(self, kind: str, suffix: str = ".parquet") -> Path:
         return self.step_dir / kind / f"part-{self.rank:05d}{suffix}"
 

@@ -39,10 +39,7 @@ Vectorised with polars: 10M rollouts in seconds (``bench/bench_rl.py``). Map →
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -210,20 +207,6 @@ def _inputs(cfg: SelectConfig, task: TaskContext) -> dict[str, list[str]]:
     return {kind: [str(f) for f in paths] for kind, paths in files.items()}
 
 
-@contextlib.contextmanager
-def _duckdb(task: TaskContext):
-    """A DuckDB connection under ``OVPIPE_REDUCE_MEMORY`` (1GB), spilling to a folder of this task's own
-    (apply ranks run side by side), removed afterwards."""
-    from manifests.io import duckdb_connect
-
-    tmp = tempfile.mkdtemp(prefix=f".duckdb-{task.phase}-{task.rank}-", dir=task.step_dir)
-    con = duckdb_connect(tmp)
-    try:
-        yield con
-    finally:
-        con.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-
 
 # every prompt of the selection: the non-duplicate rl_prompts and every prompt with a non-format reward
 KEYS = ("SELECT prompt_id FROM read_parquet($rl_prompts) WHERE status <> 'duplicate' "
@@ -245,7 +228,7 @@ def cut_ranges(cfg: SelectConfig, task: TaskContext) -> None:
     files = _inputs(cfg, task)
     params = {"rl_prompts": files["rl_prompts"], "rewards": files["rewards"]}
     w = task.world_size
-    with _duckdb(task) as con, task.stats.timer("ranges"):
+    with task.duckdb() as con, task.stats.timer("ranges"):
         for kind in params:
             nulls = con.sql("SELECT count(*) FROM read_parquet($f) WHERE prompt_id IS NULL",
                             params={"f": params[kind]}).fetchall()[0][0]
@@ -288,7 +271,7 @@ def select_range(cfg: SelectConfig, task: TaskContext) -> None:
                        f"WHERE {where}{also} ORDER BY {order}list_position($files, filename), file_row_number",
                        params={"files": files[kind], **bounds}).to_arrow_table()
 
-    with _duckdb(task) as con, task.stats.timer("read"):
+    with task.duckdb() as con, task.stats.timer("read"):
         rewards = scan(con, "rewards", "prompt_id, rollout_idx, reward, correct, reward_type, status",
                        also=" AND reward_type <> 'format'")      # aggregate drops them too
         rollouts = scan(con, "rollouts", "prompt_id, rollout_idx, prompt_type") if "rollouts" in files else None
