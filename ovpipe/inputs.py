@@ -108,14 +108,15 @@ def holding_folders(run_dir: Path, kind: str, own: str) -> list[str]:
     return [d.name for d in sorted(run_dir.iterdir()) if d.is_dir() and d.name != own and holds(d, kind)]
 
 
-def upstream_config(run_dir: Path, folder: str):
-    """The step and the loaded config a step folder was prepared with (``executor.json``, ``config.json``)."""
+def upstream_config(run_dir: Path, folder: str, step=None):
+    """The step and the loaded config a step folder was prepared with (``config.json``; the step from
+    ``executor.json`` unless given, for a folder written by another tool)."""
     from ovpipe.config import load_config
     from ovpipe.registry import get_step
 
     sdir = Path(run_dir) / folder
-    meta = json.loads((sdir / "executor.json").read_text())
-    step = get_step(meta["step"])
+    if step is None:
+        step = get_step(json.loads((sdir / "executor.json").read_text())["step"])
     return step, load_config(step.config, json.loads((sdir / "config.json").read_text()))
 
 

@@ -254,10 +254,11 @@ class ShardWriter:
 
     def __init__(self, task: TaskContext, cfg: PackConfig, slots):
         from ovpipe.inputs import upstream_config
+        from packing.lengths import STEP as LENGTHS
         from packing.tokens import load_tokenizer
 
         self.task, self.cfg = task, cfg
-        self.lcfg = upstream_config(task.run_dir, cfg.lengths_step)[1]
+        self.lcfg = upstream_config(task.run_dir, cfg.lengths_step, LENGTHS)[1]
         self.img_cfg = self.lcfg.image_cfg()
         self.tok = load_tokenizer(self.lcfg.tokenizer)
         self.kept_turns = dict(zip(slots.column("sample_id").to_pylist(), slots.column("turns_kept").to_pylist()))
