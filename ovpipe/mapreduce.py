@@ -28,8 +28,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterator
 
-import numpy as np
-
 BATCH_ROWS = 65_536          # rows per streamed batch and per row group of a streamed part
 PAIRWISE_LEAF = 1 << 16      # largest run summed in one np.add.reduce (a node of numpy's own tree)
 
@@ -64,6 +62,7 @@ def iter_share(files: list[Path], kind: str, columns: list[str], rank: int, worl
     """This rank's share of manifest ``kind`` (``share_ranges``), as record batches of ``columns``,
     read one row group at a time (pyarrow decodes every row group it is handed before the first
     batch comes out: handing it all of them would hold the whole share). Checks the columns' types."""
+    import numpy as np
     import pyarrow.parquet as pq
 
     from manifests.schemas import ManifestSchemaError, schema_for
@@ -166,6 +165,8 @@ def prefetch(it: Iterator, depth: int = 2) -> Iterator:
 
 def save_arrays(path: Path, **arrays) -> Path:
     """A partial or reduced artifact: ``.npz`` written to a temp name and renamed."""
+    import numpy as np
+
     from manifests.io import atomic_write
 
     path = Path(path)
@@ -175,6 +176,8 @@ def save_arrays(path: Path, **arrays) -> Path:
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    import numpy as np
+
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
 
@@ -188,6 +191,8 @@ def pairwise_sum(n: int, values: Callable[[int, int], np.ndarray], leaf: int | N
     ``n2 = n//2 − (n//2) % 8`` and the halves' sums added — split points that depend only on the
     length. So any node of that tree that fits in ``leaf`` is summed by ``np.add.reduce`` itself, and
     the nodes above it are added here in the same order (``tests/ovpipe/test_map_reduce.py``)."""
+    import numpy as np
+
     leaf = max(leaf or PAIRWISE_LEAF, 128)   # numpy splits only runs longer than its block of 128
     if n <= 0:
         return 0.0

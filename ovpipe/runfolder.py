@@ -45,7 +45,6 @@ import threading
 import time
 from pathlib import Path
 
-from manifests.io import atomic_write
 from ovpipe.config import config_hash, config_json
 from ovpipe.step import Stats, save_json
 
@@ -401,6 +400,8 @@ def mark_reduced(sdir: Path) -> str:
     digest = h.hexdigest()[:16]
     fp = failure_path(sdir, 0, "reduce")
     fp.unlink(missing_ok=True)
+    from manifests.io import atomic_write   # (pyarrow: not at import, so `ovpipe status` stays light)
+
     with atomic_write(Path(sdir) / "completions" / REDUCED) as tmp:
         tmp.write_text(digest + "\n")
     return digest
@@ -669,6 +670,8 @@ def print_status(run_dir: Path, out=None) -> int:
 
 
 def write_failure(sdir: Path, rank: int, text: str, phase: str = "map") -> None:
+    from manifests.io import atomic_write
+
     with atomic_write(failure_path(sdir, rank, phase)) as tmp:
         tmp.write_text(text)
 

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 from ovpipe import console, runfolder
@@ -115,6 +116,9 @@ def _task_scope(sdir: Path, rank: int, phase: str, who: str):
     output = contextlib.ExitStack()
     try:
         output.enter_context(console.task_output(log_file))   # third-party noise → the log, not the terminal
+        # Each task's log shows its own warnings, whatever an earlier task in this process already warned
+        # (entering catch_warnings resets the once-per-location registries), and a task's filters end with it.
+        output.enter_context(warnings.catch_warnings())
         marker.__enter__()
         _reset_peak_rss()    # a pool worker runs several tasks: each records its own peak
         yield
