@@ -91,7 +91,7 @@ def export(run_dir: Path, stage: str, out: Path, recipe: str | None = None, toke
 
     from packing.tokens import load_tokenizer
     from pretrain import official
-    from pretrain.dist_ckpt import is_complete, load_state_dict
+    from pretrain.dist_ckpt import is_complete, load_state_dict, step_of
     from pretrain.hf_llava_ov import config_dict, published_state_dict
     from pretrain.recipes import RECIPES
 
@@ -145,7 +145,7 @@ def export(run_dir: Path, stage: str, out: Path, recipe: str | None = None, toke
     save_processor(out, tokenizer, img)
     (out / "ovpipe_export.json").write_text(json.dumps(
         {"run_dir": str(run_dir.resolve()), "stage": stage, "recipe": recipe, "tokenizer": str(tokenizer),
-         "step": _json(ckpt / "step.json").get("step"), "dtype": dtype}, indent=2) + "\n")
+         "step": step_of(ckpt), "dtype": dtype}, indent=2) + "\n")
     if final.exists():
         shutil.rmtree(final)
     out.rename(final)

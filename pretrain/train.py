@@ -4,10 +4,12 @@
     python -m pretrain.train --run-dir RUN --recipe tiny --stage 2 --epochs 1 --data pack-instruct
 
 Stage 1 trains the projector alone (vision tower and LLM frozen), 1.5 and 2 train everything; each
-stage starts from the previous stage's checkpoint (``RUN/pretrain/stage-<S>/dist_ckpt/``, megatron-core
-distributed checkpointing, see ``pretrain/dist_ckpt.py``) and
-resumes its own if present, skipping the batches already seen, so an interrupted stage continues
-with the same losses as an uninterrupted one.
+stage starts from the previous stage's checkpoint (``RUN/pretrain/stage-<S>/dist_ckpt/iter_<step>/``,
+megatron-core distributed checkpointing, see ``pretrain/dist_ckpt.py``) and resumes from its own
+newest complete one if any, skipping the batches already seen, so an interrupted stage continues
+with the same losses as an uninterrupted one. Saves are atomic and rotate (``pretrain/checkpoint.py``):
+``--save-every N`` steps, ``--save-every-minutes M``, at the end, and at the next step boundary after
+SIGTERM / SIGUSR1 (then the run stops; rerunning the same command continues it).
 
 Data: each stage reads the packed shards of one pack step (``recipes.STAGES``: ``pack-align`` for
 stage 1, ``pack`` for 1.5, ``pack-instruct`` for 2; ``--data STEP`` overrides). ``--steps N`` or
@@ -26,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -158,7 +161,7 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
           stop_after: int | None = None, tokenizer: str | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
           sequence_parallel: bool = False, distributed_optimizer: bool | None = None, grad_accum: int = 1,
           bf16: bool | None = None, epochs: float | None = None, data: str | None = None,
-          on_step=None) -> dict:
+          on_step=None, save_every_minutes: float = 0.0, keep: int = 2) -> dict:
     """One stage through megatron-core's own training stack: the model in DDP
     (``DistributedDataParallel``, grads reduced over DP×CP), ``get_megatron_optimizer`` (Adam; the
     distributed optimizer on GPU), and the forward/backward schedule of ``get_forward_backward_func``
@@ -171,7 +174,9 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
     shards, in a fixed order; DP rank ``d`` gets every ``dp``-th. Exactly one of ``steps`` /
     ``epochs`` (``pretrain.data.plan_data``); ``data``: the pack step to read instead of the stage's.
     ``stop_after``: end (with a checkpoint) after that many steps of this run — a killed job, for
-    drills. ``on_step(record, ddp)``: called on every rank after each optimizer step with the step's record and
+    drills. ``save_every`` / ``save_every_minutes`` / SIGTERM / SIGUSR1 / ``keep``: see
+    ``pretrain.checkpoint.SavePolicy``; a signalled run saves, stops and returns ``preempted``: the
+    signal number. ``on_step(record, ddp)``: called on every rank after each optimizer step with the step's record and
     the DDP-wrapped model (``.module`` is the VLM; grads in ``param.main_grad``) — probes, tests.
 
     Gradients are reduced with ``overlap_grad_reduce`` (each DDP bucket's all-reduce / reduce-scatter
@@ -185,7 +190,7 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from pretrain import dist_ckpt
+    from pretrain import checkpoint, dist_ckpt
     from pretrain.data import iter_batches, plan_data
     from pretrain.parallel import shard_batch
     from pretrain.recipes import Parallelism, validate
@@ -219,13 +224,13 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
              "data_packs": plan.packs, "data_samples": plan.samples, "micro_batch": micro_batch,
              "grad_accum": grad_accum, **sizes, "sequence_parallel": sequence_parallel,
              "distributed_optimizer": dist_opt, "bf16": bf16, "recompute": recompute, "seed": seed}, indent=2))
-    ckpt = out / "dist_ckpt"                            # megatron dist_checkpointing (pretrain/dist_ckpt.py)
-    start = 0
-    prev = run_dir / "pretrain" / f"stage-{PREVIOUS.get(stage, '')}" / "dist_ckpt"
-    if dist_ckpt.is_complete(ckpt):
-        start = dist_ckpt.load_model(ckpt, model)
-    elif stage in PREVIOUS and dist_ckpt.is_complete(prev):
-        dist_ckpt.load_model(prev, model)               # each stage starts from the last
+    ckpt = out / "dist_ckpt"                            # iter_<step>/ + latest (pretrain/checkpoint.py)
+    prev = run_dir / "pretrain" / f"stage-{PREVIOUS[stage]}" / "dist_ckpt" if stage in PREVIOUS else None
+    how, start, src = checkpoint.resume_point(ckpt, prev, dist_ckpt.readable, log=log if rank0 else None)
+    if src is not None:                                 # each stage starts from the last, or resumes its own
+        dist_ckpt.load_model(src, model)
+        if rank0:
+            log(f"stage {stage}: {'resuming at step ' + str(start) if how == 'resume' else 'starting'} from {src}")
     model.set_trainable(st_cfg.trainable)
     cfg = model.config
     # overlap_grad_reduce on CPU (gloo) too: the async all-reduce / reduce-scatter and megatron's
@@ -238,8 +243,8 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
         use_distributed_optimizer=dist_opt), [ddp])
     cfg.finalize_model_grads_func = finalize_model_grads
     cfg.no_sync_func = ddp.no_sync
-    if start:
-        dist_ckpt.load_optimizer(ckpt, model, opt)
+    if how == "resume" and start:                       # step 0: imported weights, no optimizer state
+        dist_ckpt.load_optimizer(src, model, opt)
     n_params = _param_count(model)
     peak_flops = (peak_tflops or (989.0 if cuda else 0.2)) * 1e12 * world
     dp, dp_rank = sizes["dp"], ps.get_data_parallel_rank()
@@ -274,6 +279,8 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
                disable=log is not print or not rank0)
     fb = get_forward_backward_func()
     f = open(out / "metrics.jsonl", "a") if rank0 else None
+    policy = checkpoint.SavePolicy(save_every, save_every_minutes, log=log if rank0 else (lambda *_: None))
+    policy.install()
     try:
         for step in bar:
             raw = [next(batches) for _ in range(grad_accum)]
@@ -318,15 +325,20 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
                         tb.add_scalar(k, rec[k], step + 1)
                 log(f"stage {stage} step {step + 1}/{steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
                     f"gn {rec['grad_norm']:.3f} {rec['tokens_per_s']:.0f} tok/s")
-            stopping = bool(stop_after) and step + 1 - start >= stop_after
-            if stopping or (save_every and (step + 1) % save_every == 0):
-                dist_ckpt.save(ckpt, model, opt, step + 1)
-            if stopping:
-                return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params, **sizes}
+            due, preempted = policy.decide(step + 1, device)
+            stopping = preempted or (bool(stop_after) and step + 1 - start >= stop_after)
+            if (due or stopping) and step + 1 < steps:
+                dist_ckpt.save(ckpt, model, opt, step + 1, keep)
+                policy.saved()
+            if stopping and step + 1 < steps:
+                return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params,
+                        "preempted": policy.signalled or (signal.SIGTERM if preempted else None), **sizes}
     finally:
+        policy.restore()
         if f is not None:
             f.close()
-    dist_ckpt.save(ckpt, model, opt, steps)
+    if checkpoint.newest(ckpt, log=None) is None or checkpoint.newest(ckpt, log=None)[0] != steps:
+        dist_ckpt.save(ckpt, model, opt, steps, keep)
     rows = write_metrics_manifest(run_dir, stage, out / "metrics.jsonl")
     if rows:
         log(f"stage {stage}: {consumed(rows, plan)}")
@@ -356,7 +368,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer")
-    ap.add_argument("--save-every", type=int, default=0)
+    ap.add_argument("--save-every", type=int, default=0, help="save a checkpoint every N steps (0: only at "
+                    "the end and on SIGTERM/SIGUSR1)")
+    ap.add_argument("--save-every-minutes", type=float, default=0.0, help="also save when M minutes have "
+                    "passed since the last save")
+    ap.add_argument("--keep", type=int, default=2, help="checkpoints kept (the newest K)")
     ap.add_argument("--stop-after", type=int, help="checkpoint and stop after this many steps (drills)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
@@ -370,13 +386,14 @@ def main(argv=None) -> int:
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     steps = 30 if a.steps is None and a.epochs is None else a.steps
     res = train(Path(a.run_dir), a.recipe, a.stage, steps, a.micro_batch, a.lr, a.seed, tokenizer=a.tokenizer,
-                save_every=a.save_every, stop_after=a.stop_after, tp=a.tp, pp=a.pp, cp=a.cp,
+                save_every=a.save_every, stop_after=a.stop_after, save_every_minutes=a.save_every_minutes,
+                keep=a.keep, tp=a.tp, pp=a.pp, cp=a.cp,
                 sequence_parallel=a.sequence_parallel,
                 distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
                 grad_accum=a.grad_accum, bf16=False if a.fp32 else None, epochs=a.epochs, data=a.data)
     if a.metrics_out and int(os.environ.get("RANK", "0")) == 0:
         Path(a.metrics_out).write_text(json.dumps(res))
-    return 0
+    return 128 + int(res["preempted"]) if res.get("preempted") else 0   # saved and stopped: not done
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def test_stage1_starts_from_imported_weights(megatron_single, packed_demo, tmp_p
     run = tmp_path / "run"
     shutil.copytree(packed_demo, run)
     ck = import_hf(run, "tiny", str(tmp_path / "qwen3"), str(tmp_path / "mlcd"))
-    assert ck == run / "pretrain" / "stage-0" / "dist_ckpt" and (ck / "step.json").exists()
+    assert ck == run / "pretrain" / "stage-0" / "dist_ckpt" and (ck / "iter_0000000" / "step.json").exists()
     out = train(run, "tiny", "1", steps=2, micro_batch=1, lr=1e-2, log=lambda *_: None)
     after = load_state_dict(out["checkpoint"], "tiny")
     want_llm = qwen3_to_megatron(llm.state_dict(), LLM_SIZES["tiny"])
