@@ -640,7 +640,8 @@ def print_status(run_dir: Path, out=None) -> int:
     Exit code 1 when a rank (or the reduce) failed or is stale (killed), else 0 (running is no error)."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
-    steps = sorted(p.parent for p in run_dir.glob("*/executor.json"))
+    # step folders, and step folders one level down (``pretrain/stage-<S>``: a stage is a step)
+    steps = sorted(p.parent for p in [*run_dir.glob("*/executor.json"), *run_dir.glob("*/*/executor.json")])
     if not steps:
         print(f"{run_dir}: no steps run yet", file=out)
         return 0
@@ -649,11 +650,15 @@ def print_status(run_dir: Path, out=None) -> int:
     seen: dict = {}
     for sdir in steps:
         st = step_status(sdir)
-        stale = stale_inputs(run_dir, sdir.name, seen)
+        label = str(sdir.relative_to(run_dir))
+        stale = stale_inputs(run_dir, label, seen)
         final = "stale" if stale and st["finalized"] else "yes" if st["finalized"] else "no"
-        print(f"{_rank_counts_line(st['step'], st)}  {final}", file=out)
+        print(f"{_rank_counts_line(label, st)}  {final}", file=out)
         lines, bad = _rank_detail_lines(st, "rank")
         lines += [f"    stale: {why}; rerun with --overwrite" for why in stale]
+        progress = _progress_line(sdir)
+        if progress:
+            lines.insert(0, progress)
         if "phases" in st:   # a three-phase step: map (the line above) → reduce → apply
             red = st["phases"]["reduce"]
             lines.append(f"{'  ├ reduce':<16} {red:>6}")
@@ -667,6 +672,16 @@ def print_status(run_dir: Path, out=None) -> int:
             print(line, file=out)
         rc |= int(bad)
     return rc
+
+
+def _progress_line(sdir: Path) -> str | None:
+    """``progress.json`` of a long single task (a pretrain stage): ``at step 12/30 (loss 5.61)``."""
+    try:
+        p = json.loads((Path(sdir) / "progress.json").read_text())
+    except (OSError, ValueError):
+        return None
+    loss = f" (loss {p['loss']:.4f})" if isinstance(p.get("loss"), (int, float)) else ""
+    return f"    at step {p.get('step')}/{p.get('steps')}{loss}"
 
 
 def write_failure(sdir: Path, rank: int, text: str, phase: str = "map") -> None:

@@ -162,6 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", help="default: the tokenizer of the lengths step behind the stage's pack step")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--max-shard-size", default="5GB")
+    ap.add_argument("--wait-lock", action="store_true",
+                    help="wait for a command holding the stage's lock (training it, importing into it)")
     a = ap.parse_args(argv)
     from pretrain.official import IncompatibleTransformers, check_transformers
 
@@ -170,12 +172,16 @@ def main(argv=None) -> int:
     except IncompatibleTransformers as e:
         print(f"ovpipe export-model: {e}", file=sys.stderr)
         return 2
+    from ovpipe import runfolder
+    from pretrain.stage_run import check_exportable, stage_dir
     from pretrain.train import setup_distributed
 
-    setup_distributed(1)                 # the dist checkpoint is read into a TP=1 model
     try:
-        out = export(Path(a.run_dir), a.stage, Path(a.out), a.recipe, a.tokenizer, a.dtype, a.max_shard_size)
-    except (ValueError, FileNotFoundError) as e:
+        with runfolder.step_lock(stage_dir(Path(a.run_dir), a.stage), wait=a.wait_lock):
+            check_exportable(Path(a.run_dir), a.stage)
+            setup_distributed(1)                 # the dist checkpoint is read into a TP=1 model
+            out = export(Path(a.run_dir), a.stage, Path(a.out), a.recipe, a.tokenizer, a.dtype, a.max_shard_size)
+    except (ValueError, FileNotFoundError, runfolder.RunFolderError) as e:
         print(f"ovpipe export-model: {e}", file=sys.stderr)
         return 2
     print(f"exported stage {a.stage} → {out}")

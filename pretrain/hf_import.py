@@ -134,20 +134,36 @@ def main(argv=None) -> int:
     ap.add_argument("--stage", default="0", help="with --llava-ov: the stage folder to write (0, 1, 1.5, 2)")
     ap.add_argument("--llm", help="saved Qwen3ForCausalLM folder (stage 0 from parts)")
     ap.add_argument("--vit", help="saved MLCDVisionModel folder (stage 0 from parts)")
+    ap.add_argument("--overwrite", action="store_true", help="replace the stage's existing checkpoints")
+    ap.add_argument("--wait-lock", action="store_true", help="wait for a command holding the stage's lock")
     a = ap.parse_args(argv)
     if a.llava_ov and (a.llm or a.vit):
         ap.error("--llava-ov imports a whole model; --llm / --vit assemble stage 0 from parts — not both")
     if not (a.llava_ov or a.llm or a.vit):
         ap.error("give --llava-ov, or --llm and/or --vit")
+    from ovpipe import runfolder
+    from pretrain.stage_run import ImportConfig, finish_import, prepare_import, stage_dir
+
+    stage = a.stage if a.llava_ov else "0"
+    run_dir = Path(a.run_dir)
+    source = str(Path(a.llava_ov).resolve()) if a.llava_ov else " + ".join(
+        str(Path(x).resolve()) for x in (a.llm, a.vit) if x)
+    cfg = ImportConfig(source=source, format="llava-onevision-1.5" if a.llava_ov else "qwen3+mlcd", recipe=a.recipe)
     try:
-        if a.llava_ov:
+        if a.llava_ov:              # before the stage folder is touched
             from pretrain.official import check_transformers
 
             check_transformers("importing a LLaVA-OneVision-1.5 folder")
-            print(import_llava_ov(Path(a.run_dir), a.recipe, a.llava_ov, a.stage))
-        else:
-            print(import_hf(Path(a.run_dir), a.recipe, a.llm, a.vit))
-    except (ValueError, FileNotFoundError) as e:
+        with runfolder.step_lock(stage_dir(run_dir, stage), wait=a.wait_lock):
+            if prepare_import(run_dir, stage, cfg, overwrite=a.overwrite) == "done":
+                print(f"{stage_dir(run_dir, stage) / 'dist_ckpt'}: already imported from {source}")
+                return 0
+            if a.llava_ov:
+                print(import_llava_ov(run_dir, a.recipe, a.llava_ov, stage))
+            else:
+                print(import_hf(run_dir, a.recipe, a.llm, a.vit))
+            finish_import(run_dir, stage)
+    except (ValueError, FileNotFoundError, runfolder.RunFolderError) as e:
         print(f"hf_import: {e}", file=sys.stderr)
         return 2
     return 0

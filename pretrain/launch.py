@@ -2,12 +2,14 @@
 ``--nproc`` processes otherwise: gloo on CPU, NCCL on GPU) or submit it to Slurm (``srun`` +
 ``torchrun`` over N nodes × G GPUs, ``pretrain.slurm``). The layout (TP/PP/CP, sequence parallel,
 distributed optimizer) is validated against the recipe before anything starts; DP is what is left
-of the world size."""
+of the world size. The stage follows the run folder's rules (``pretrain.stage_run``): the stage's
+lock (``--wait-lock``), its inputs finalized and unchanged, its config unchanged unless ``--overwrite``."""
 from __future__ import annotations
 
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 
 def main(argv=None) -> int:
@@ -34,13 +36,27 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=1)
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--partition")
+    ap.add_argument("--tasks-per-node", type=int, help="slurm: ranks per node (default --gpus-per-node; "
+                    "with --gpus-per-node 0, CPU ranks: 1)")
+    ap.add_argument("--slurm-time", default="48:00:00")
     ap.add_argument("--dry-run", action="store_true", help="slurm: write the script, do not submit")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (besides the end and "
+                    "SIGTERM/SIGUSR1)")
+    ap.add_argument("--save-every-minutes", type=float, default=0.0, help="checkpoint when M minutes passed since "
+                    "the last save")
+    ap.add_argument("--keep", type=int, default=2, help="checkpoints kept (the newest K)")
+    ap.add_argument("--overwrite", action="store_true", help="discard the stage's checkpoints made with another "
+                    "config or on changed inputs, and start it over")
+    ap.add_argument("--wait-lock", action="store_true",
+                    help="wait for another command running this stage to finish, instead of refusing")
     a = ap.parse_args(argv)
     from pretrain.recipes import RECIPES, Parallelism, validate
 
     if a.recipe not in RECIPES:
         ap.error(f"--recipe {a.recipe!r}: known recipes are {', '.join(sorted(RECIPES))}")
-    world = a.nodes * a.gpus_per_node if a.executor == "slurm" else (a.nproc or a.tp * a.pp * a.cp)
+    per_node = a.tasks_per_node or a.gpus_per_node or 1
+    world = a.nodes * per_node if a.executor == "slurm" else (a.nproc or a.tp * a.pp * a.cp)
     try:
         validate(RECIPES[a.recipe], Parallelism(tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
                                                 distributed_optimizer=a.distributed_optimizer == "on",
@@ -53,31 +69,57 @@ def main(argv=None) -> int:
     steps = 30 if a.steps is None and a.epochs is None else a.steps
     length = ["--epochs", repr(a.epochs)] if a.epochs is not None else ["--steps", str(steps)]
     data = ["--data", a.data] if a.data else []
-    args = ["--run-dir", a.run_dir, "--recipe", a.recipe, "--stage", a.stage, *length,
-            "--micro-batch", str(a.micro_batch), *parallel, *data] + (["--lr", str(a.lr)] if a.lr is not None else [])
-    if a.executor == "slurm":
-        from pathlib import Path
+    saving = ["--save-every", str(a.save_every), "--save-every-minutes", repr(a.save_every_minutes),
+              "--keep", str(a.keep), "--seed", str(a.seed)]
+    train_args = ["--micro-batch", str(a.micro_batch), *parallel, *data, *saving] + (
+        ["--lr", repr(a.lr)] if a.lr is not None else [])
+    args = ["--run-dir", a.run_dir, "--recipe", a.recipe, "--stage", a.stage, *length, *train_args]
+    if a.executor == "slurm" and a.dry_run:      # only the script: no run-folder state is touched
+        print(_write_script(a, steps, train_args))
+        return 0
+    from ovpipe import runfolder
+    from pretrain.recipes import STAGES
+    from pretrain.stage_run import StageRunConfig, prepare, stage_dir
 
-        from pretrain.slurm import render_pretrain_sbatch
+    run_dir = Path(a.run_dir)
+    cfg = StageRunConfig(recipe=a.recipe, stage=a.stage, steps=steps if a.epochs is None else None, epochs=a.epochs,
+                         data=a.data or STAGES[a.stage].data, micro_batch=a.micro_batch,
+                         global_batch=a.micro_batch * a.grad_accum * (world // (a.tp * a.pp * a.cp)), lr=a.lr,
+                         seed=a.seed)
+    try:
+        with runfolder.step_lock(stage_dir(run_dir, a.stage), wait=a.wait_lock):
+            if prepare(run_dir, cfg, overwrite=a.overwrite) == "done":
+                print(f"pretrain stage {a.stage}: already done (same config and inputs) → "
+                      f"{stage_dir(run_dir, a.stage)}")
+                return 0
+            if a.executor == "slurm":
+                script = _write_script(a, steps, train_args)
+                print(script)
+                return subprocess.call(["sbatch", str(script)])
+            if world > 1:
+                return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                        f"--nproc-per-node={world}", "-m", "pretrain.train", *args])
+            from pretrain.train import main as train_main
 
-        out = Path(a.run_dir) / "pretrain" / f"stage-{a.stage}"
-        out.mkdir(parents=True, exist_ok=True)
-        script = out / "launch_script.slurm"
-        text = render_pretrain_sbatch(Path(a.run_dir), a.recipe, a.stage, a.nodes, a.gpus_per_node,
-                                      steps if steps is not None else 0, a.partition,
-                                      train_args=["--micro-batch", str(a.micro_batch), *parallel, *data])
-        if a.epochs is not None:    # render_pretrain_sbatch always writes --steps: swap in --epochs
-            text = text.replace(" --steps 0 ", f" --epochs {a.epochs!r} ", 1)
-        script.write_text(text)
-        print(script)
-        return 0 if a.dry_run else subprocess.call(["sbatch", str(script)])
-    if world > 1:
-        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                f"--nproc-per-node={world}", "-m", "pretrain.train", *args])
-    from pretrain.train import main as train_main
+            return train_main(args)
+    except runfolder.RunFolderError as e:
+        print(f"ovpipe pretrain: {e}", file=sys.stderr)
+        return 2
 
-    return train_main(args)
 
+def _write_script(a, steps: int | None, train_args: list[str]) -> Path:
+    from pretrain.slurm import render_pretrain_sbatch
+
+    out = Path(a.run_dir) / "pretrain" / f"stage-{a.stage}"
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    script = out / "launch_script.slurm"
+    text = render_pretrain_sbatch(Path(a.run_dir), a.recipe, a.stage, a.nodes, a.gpus_per_node,
+                                  steps if steps is not None else 0, a.partition, time=a.slurm_time,
+                                  train_args=train_args, tasks_per_node=a.tasks_per_node)
+    if a.epochs is not None:    # render_pretrain_sbatch always writes --steps: swap in --epochs
+        text = text.replace(" --steps 0 ", f" --epochs {a.epochs!r} ", 1)
+    script.write_text(text)
+    return script
 
 if __name__ == "__main__":
     sys.exit(main())

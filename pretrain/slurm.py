@@ -1,7 +1,14 @@
-"""The sbatch script for a pretrain stage on N nodes × G GPUs: ``srun`` starts one ``torchrun`` per
-node, which rendezvous through the first node of the allocation (c10d); the stage resumes from its
-latest checkpoint, so a requeue (``--signal=B:USR1@…`` → ``scontrol requeue``) continues where it
-stopped.
+"""The sbatch script for a pretrain stage on N nodes × G tasks (one per GPU; ``--gpus-per-node 0``:
+CPU tasks). ``srun`` starts every rank itself (``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from Slurm's
+``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NTASKS``; rendezvous at the first node), so a signal
+reaches the training processes directly — no launcher in between that would die of it.
+
+Pre-emption: ``--signal=B:USR1@300`` warns the batch shell 5 minutes before the time limit; its trap
+forwards USR1 to ``srun``, which forwards it to every rank; the ranks agree to save at the end of the
+current step and stop (``pretrain.checkpoint.SavePolicy``); the script then requeues the job
+(``scontrol requeue``), which resumes from that checkpoint. A job requeued or pre-empted by Slurm
+itself gets SIGTERM, handled the same way within Slurm's ``KillWait``; a kill that lands inside a save
+leaves the previous checkpoint intact (the save is atomic).
 """
 from __future__ import annotations
 
@@ -12,36 +19,48 @@ from pathlib import Path
 
 def render_pretrain_sbatch(run_dir: Path, recipe: str, stage: str, nodes: int, gpus_per_node: int, steps: int,
                            partition: str | None = None, time: str = "48:00:00", extra: list[str] | None = None,
-                           python: str | None = None, port: int = 29500, train_args: list[str] | None = None) -> str:
+                           python: str | None = None, port: int = 29500, train_args: list[str] | None = None,
+                           tasks_per_node: int | None = None, signal_lead_s: int = 300) -> str:
     python = python or sys.executable
     run_dir = Path(run_dir).resolve()
-    logs = run_dir / "pretrain" / f"stage-{stage}"
+    sdir = run_dir / "pretrain" / f"stage-{stage}"
+    ntasks = tasks_per_node or gpus_per_node or 1
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name=ovpipe-pretrain-{recipe}-s{stage}",
              f"#SBATCH --nodes={nodes}",
-             "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --gpus-per-node={gpus_per_node}",
-             f"#SBATCH --time={time}",
-             f"#SBATCH --output={logs}/slurm-%j.out",
-             "#SBATCH --open-mode=append",
-             "#SBATCH --signal=B:USR1@300",
-             "#SBATCH --requeue"]
+             f"#SBATCH --ntasks-per-node={ntasks}"]
+    if gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
+    lines += [f"#SBATCH --time={time}",
+              f"#SBATCH --output={sdir}/logs/slurm-%j.out",
+              "#SBATCH --open-mode=append",
+              f"#SBATCH --signal=B:USR1@{signal_lead_s}",
+              "#SBATCH --requeue"]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
     lines += [f"#SBATCH {x}" for x in extra or []]
+    train = (f"exec {shlex.quote(python)} -m pretrain.train --run-dir {shlex.quote(str(run_dir))} --recipe {recipe} "
+             f"--stage {stage} --steps {steps} {' '.join(shlex.quote(x) for x in train_args or [])}").rstrip()
+    rank_env = "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS; "
     lines += ["",
               "set -uo pipefail",
               'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               "export MASTER_ADDR",
               f"export MASTER_PORT={port}",
               "export CUDA_DEVICE_MAX_CONNECTIONS=1   # megatron-core: ordered TP comm/compute overlap",
-              "requeue() { scontrol requeue \"$SLURM_JOB_ID\"; exit 0; }",
-              "trap requeue USR1",
-              f"srun --kill-on-bad-exit=1 {shlex.quote(python)} -m torch.distributed.run "
-              f"--nnodes={nodes} --nproc-per-node={gpus_per_node} --rdzv-backend=c10d "
-              f'--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" '
-              f"-m pretrain.train --run-dir {shlex.quote(str(run_dir))} --recipe {recipe} --stage {stage} "
-              f"--steps {steps} --save-every 100 {' '.join(shlex.quote(x) for x in train_args or [])} &",
-              "wait $!",
+              f"STAGE_DIR={shlex.quote(str(sdir))}",
+              "preempted=0",
+              "# USR1 (the time-limit warning): the ranks save at the end of this step and stop; then requeue",
+              'forward() { preempted=1; kill -USR1 "$train" 2>/dev/null; }',
+              "trap forward USR1",
+              f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(rank_env + train)} &",
+              "train=$!",
+              'wait "$train"; rc=$?',
+              'while kill -0 "$train" 2>/dev/null; do wait "$train"; rc=$?; done   # a trap interrupts wait',
+              'if [ "$preempted" = 1 ] && [ ! -e "$STAGE_DIR/completions/finalized" ]; then',
+              '  scontrol requeue "$SLURM_JOB_ID"',
+              "  exit 0",
+              "fi",
+              'exit "$rc"',
               ""]
     return "\n".join(lines)

@@ -385,16 +385,23 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     steps = 30 if a.steps is None and a.epochs is None else a.steps
-    res = train(Path(a.run_dir), a.recipe, a.stage, steps, a.micro_batch, a.lr, a.seed, tokenizer=a.tokenizer,
-                save_every=a.save_every, stop_after=a.stop_after, save_every_minutes=a.save_every_minutes,
-                keep=a.keep, tp=a.tp, pp=a.pp, cp=a.cp,
-                sequence_parallel=a.sequence_parallel,
-                distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
-                grad_accum=a.grad_accum, bf16=False if a.fp32 else None, epochs=a.epochs, data=a.data)
+    from pretrain.stage_run import tracking
+
+    with tracking(Path(a.run_dir), a.stage, rank0=int(os.environ.get("RANK", "0")) == 0) as finished:
+        res = _train_cli(a, steps)
+        rc = 128 + int(res["preempted"]) if res.get("preempted") else 0   # saved and stopped: not done
+        finished(rc)
     if a.metrics_out and int(os.environ.get("RANK", "0")) == 0:
         Path(a.metrics_out).write_text(json.dumps(res))
-    return 128 + int(res["preempted"]) if res.get("preempted") else 0   # saved and stopped: not done
+    return rc
 
+
+def _train_cli(a, steps: int | None) -> dict:
+    return train(Path(a.run_dir), a.recipe, a.stage, steps, a.micro_batch, a.lr, a.seed, tokenizer=a.tokenizer,
+                 save_every=a.save_every, stop_after=a.stop_after, save_every_minutes=a.save_every_minutes,
+                 keep=a.keep, tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
+                 distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
+                 grad_accum=a.grad_accum, bf16=False if a.fp32 else None, epochs=a.epochs, data=a.data)
 
 if __name__ == "__main__":
     raise SystemExit(main())
