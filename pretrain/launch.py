@@ -78,6 +78,7 @@ def main(argv=None) -> int:
         print(_write_script(a, steps, train_args))
         return 0
     from ovpipe import runfolder
+    from pretrain.checkpoint import CheckpointError
     from pretrain.recipes import STAGES
     from pretrain.stage_run import StageRunConfig, prepare, stage_dir
 
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
             from pretrain.train import main as train_main
 
             return train_main(args)
-    except runfolder.RunFolderError as e:
+    except (runfolder.RunFolderError, CheckpointError) as e:
         print(f"ovpipe pretrain: {e}", file=sys.stderr)
         return 2
 

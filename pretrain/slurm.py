@@ -19,7 +19,7 @@ from pathlib import Path
 
 def render_pretrain_sbatch(run_dir: Path, recipe: str, stage: str, nodes: int, gpus_per_node: int, steps: int,
                            partition: str | None = None, time: str = "48:00:00", extra: list[str] | None = None,
-                           python: str | None = None, port: int = 29500, train_args: list[str] | None = None,
+                           python: str | None = None, port: int | None = None, train_args: list[str] | None = None,
                            tasks_per_node: int | None = None, signal_lead_s: int = 300) -> str:
     python = python or sys.executable
     run_dir = Path(run_dir).resolve()
@@ -46,7 +46,8 @@ def render_pretrain_sbatch(run_dir: Path, recipe: str, stage: str, nodes: int, g
               "set -uo pipefail",
               'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               "export MASTER_ADDR",
-              f"export MASTER_PORT={port}",
+              # a port per job (two jobs may share a node): from the job id unless given
+              f"export MASTER_PORT={port}" if port else "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
               "export CUDA_DEVICE_MAX_CONNECTIONS=1   # megatron-core: ordered TP comm/compute overlap",
               f"STAGE_DIR={shlex.quote(str(sdir))}",
               "preempted=0",

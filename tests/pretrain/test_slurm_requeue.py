@@ -1,0 +1,80 @@
+"""Slurm requeue end to end on the loopback cluster (tests/slurm_cluster.py): `ovpipe pretrain --executor
+slurm` submits a short stage, `scontrol requeue` kills it mid-run (SIGTERM, then SIGKILL after KillWait),
+Slurm starts it again, and it resumes from its last checkpoint and ends with an uninterrupted run's
+losses, bit for bit (CPU, fp32)."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from slurm_cluster import SlurmCluster, missing_binaries  # noqa: E402
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow,
+              pytest.mark.skipif(bool(missing_binaries()),
+                                 reason=f"Slurm not installed ({', '.join(missing_binaries())} missing): "
+                                        f"run scripts/install_slurm.sh")]
+
+STEPS = 8
+ARGS = ["--recipe", "tiny", "--stage", "1.5", "--steps", str(STEPS), "--micro-batch", "1", "--lr", "0.003",
+        "--save-every", "2"]
+
+
+def _losses(run):
+    last = {}
+    for line in (run / "pretrain" / "stage-1.5" / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        last[m["step"]] = (m["loss"], m["grad_norm"])
+    return [last[s] for s in sorted(last)]
+
+
+def _wait(cond, timeout, what, info=lambda: ""):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if cond():
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"no {what} after {timeout}s\n{info()}")
+
+
+def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeypatch, capsys):
+    from ovpipe.cli import main
+    from pretrain import checkpoint
+
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    shutil.copytree(packed_demo, ref)
+    shutil.copytree(packed_demo, run)
+    assert main(["pretrain", *ARGS, "--run-dir", str(ref)]) == 0          # the uninterrupted run, locally
+    with SlurmCluster() as slurm:
+        env = {**os.environ, **slurm.env}
+        monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+        capsys.readouterr()
+        assert main(["pretrain", *ARGS, "--run-dir", str(run), "--executor", "slurm", "--nodes", "1",
+                     "--gpus-per-node", "0", "--slurm-time", "00:20:00"]) == 0
+        out = capsys.readouterr().out
+        job = re.search(r"Submitted batch job (\d+)", out).group(1)
+        sdir = run / "pretrain" / "stage-1.5"
+
+        def log():
+            return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((sdir / "logs").glob("*.out")))
+
+        ckpts = sdir / "dist_ckpt"
+        _wait(lambda: (checkpoint.newest(ckpts, log=None) or (0,))[0] >= 2 and
+              (sdir / "metrics.jsonl").exists() and len((sdir / "metrics.jsonl").read_text().splitlines()) >= 3,
+              600, "checkpoint at step 2", log)
+        at = checkpoint.newest(ckpts, log=None)[0]
+        subprocess.run(["scontrol", "requeue", job], env=env, check=True)
+        _wait(lambda: (sdir / "completions" / "finalized").exists(), 900, "finished stage after the requeue", log)
+        _wait(lambda: subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True,
+                                     text=True).stdout.strip() == "", 60, "job gone from the queue", log)
+    text = log()
+    resumed = [int(x) for x in re.findall(r"resuming at step (\d+)", text)]
+    assert resumed and resumed[0] >= at >= 2, text                   # from its last checkpoint, not from scratch
+    assert _losses(run) == _losses(ref)                              # and the same stage, bit for bit
+    assert len(_losses(run)) == STEPS
