@@ -179,7 +179,9 @@ def resume_point(own: Path, previous: Path | None, loadable, log=print) -> tuple
     ``("previous", 0, folder)`` from the previous stage's, or ``("init", 0, None)``.
 
     ``loadable(folder) -> bool`` tries a checkpoint (reading its metadata). Own checkpoints that
-    exist but none of which loads raise ``CheckpointError`` naming them — never the previous stage."""
+    exist (``iter_*`` folders: each was complete when it was renamed) but none of which loads raise
+    ``CheckpointError`` naming them — never the previous stage. Temp folders of killed saves alone
+    are no checkpoint: the stage never saved one whole, so it starts as it would have."""
     own = Path(own)
     log = log or (lambda *_: None)
     done = complete(own)
@@ -192,8 +194,9 @@ def resume_point(own: Path, previous: Path | None, loadable, log=print) -> tuple
             return "resume", step, folder
         tried.append(folder)
         log(f"checkpoint: {folder} is not readable; trying an older one")
-    if tried or incomplete(own):
-        names = [str(p) for p in tried + incomplete(own)]
+    damaged = [p for p in incomplete(own) if not p.name.startswith(TMP_PREFIX)]   # renamed once, now broken
+    if tried or damaged:
+        names = [str(p) for p in tried + damaged]
         raise CheckpointError(f"{own}: this stage has checkpoints but none can be resumed from "
                               f"({', '.join(names)}); refusing to restart it from the previous stage. Move "
                               f"them aside (or delete them) to start the stage over")

@@ -65,11 +65,16 @@ def test_resume_point_never_falls_back_to_the_previous_stage(tmp_path):
     # none reads back: an error naming them, not a silent restart from stage 1
     with pytest.raises(ck.CheckpointError, match="iter_0000002.*iter_0000004|iter_0000004.*iter_0000002"):
         ck.resume_point(own, prev, lambda p: False, log=None)
-    # only half-written ones: also an error (a stage that saved nothing whole still had started)
+    # an iter_ folder without step.json was whole once (renamed) and is damaged now: an error too
+    (own / "iter_0000004" / "step.json").unlink()
+    with pytest.raises(ck.CheckpointError, match="iter_0000004"):
+        ck.resume_point(own, prev, lambda p: p.name != "iter_0000002", log=None)
+    # only the temp folder of a killed first save: the stage never saved one whole, it starts as before
     half = tmp_path / "stage-2" / "dist_ckpt"
     ck.begin(half, 6)
-    with pytest.raises(ck.CheckpointError, match=r"\.tmp-iter_0000006"):
-        ck.resume_point(half, own, lambda p: True, log=None)
+    lines = []
+    assert ck.resume_point(half, own, lambda p: True, log=lines.append) == ("previous", 0, own / "iter_0000002")
+    assert ".tmp-iter_0000006" in lines[0]          # one line for it (the next is about the previous stage)
 
 
 def test_legacy_single_folder_checkpoint_still_loads(tmp_path):
