@@ -96,7 +96,12 @@ def main(argv=None) -> int:
             if a.executor == "slurm":
                 script = _write_script(a, steps, train_args)
                 print(script)
-                return subprocess.call(["sbatch", str(script)])
+                r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+                if r.returncode != 0:
+                    print(f"ovpipe pretrain: sbatch failed: {r.stderr.strip()}", file=sys.stderr)
+                    return r.returncode
+                print(f"Submitted batch job {r.stdout.strip().split(';')[0]}")
+                return 0
             if world > 1:
                 return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                         f"--nproc-per-node={world}", "-m", "pretrain.train", *args])
