@@ -2,6 +2,7 @@
 save (megatron's writer slowed down so a kill lands before, during or after its write) — and rerun
 the same command (``ovpipe pretrain …``) after each kill. The stage must end with the uninterrupted run's losses, grad
 norms and learning rates, bit for bit (fp32, CPU), and leave no half-written checkpoint behind."""
+import contextlib
 import io
 import json
 import multiprocessing
@@ -41,14 +42,27 @@ def test_kill_drill_ends_bit_identical(packed_demo, tmp_path):
     shutil.copytree(packed_demo, ref)
     shutil.copytree(packed_demo, run)
 
+    live = []
+
     def start(folder):
         args = ["--run-dir", str(folder), "--recipe", "tiny", "--stage", "1.5", "--steps", str(STEPS),
                 "--micro-batch", "1", "--lr", "3e-3", "--save-every", str(SAVE_EVERY), "--keep", "2"]
         p = ctx.Process(target=drill_child.run, args=(args, str(folder / "drill.log"), str(folder / "saves.log"),
                                                       SAVE_DELAY_S))
         p.start()
+        live.append(p)
         return p
 
+    try:
+        _drill(start, ref, run, checkpoint, print_status)
+    finally:                                       # a failed assertion leaves no training process behind
+        for p in live:
+            if p.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+
+
+def _drill(start, ref, run, checkpoint, print_status):
     p = start(ref)
     p.join(600)
     assert p.exitcode == 0, (ref / "drill.log").read_text()[-3000:]
