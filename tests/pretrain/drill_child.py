@@ -40,6 +40,6 @@ def run(argv: list[str], log: str, saves_log: str, save_delay_s: float) -> None:
     dist_checkpointing.save = slow_save
     from ovpipe.cli import main
 
-    rc = main(["pretrain", *argv])
-    sys.stdout.flush()
-    os._exit(rc)
+    # SystemExit, not os._exit: multiprocessing's exit handlers then stop the Manager process that
+    # megatron's checkpoint writer spawned (get_write_results_queue), instead of orphaning it
+    sys.exit(main(["pretrain", *argv]))
