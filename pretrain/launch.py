@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -102,15 +103,41 @@ def main(argv=None) -> int:
                     return r.returncode
                 print(f"Submitted batch job {r.stdout.strip().split(';')[0]}")
                 return 0
-            if world > 1:
-                return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                        f"--nproc-per-node={world}", "-m", "pretrain.train", *args])
-            from pretrain.train import main as train_main
+            # The terminal gets the progress bar and one summary line; megatron's / torch's notices
+            # go to the stage's train.log (--verbose or OVPIPE_VERBOSE=1: everything on the terminal).
+            from ovpipe import console
 
-            return train_main(args)
+            sdir, t0 = stage_dir(run_dir, a.stage), time.perf_counter()
+            with console.task_output(sdir / "logs" / "train.log"):
+                if world > 1:
+                    rc = subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                          f"--nproc-per-node={world}", "-m", "pretrain.train", *args])
+                else:
+                    from pretrain.train import main as train_main
+
+                    rc = train_main(args)
+            print(stage_line(sdir, a.stage, rc, time.perf_counter() - t0))
+            return rc
     except (runfolder.RunFolderError, CheckpointError) as e:
         print(f"ovpipe pretrain: {e}", file=sys.stderr)
         return 2
+
+
+def stage_line(sdir: Path, stage: str, rc: int, seconds: float) -> str:
+    """``pretrain stage 1.5: 30 steps, loss 6.260 → 4.102, 60 packs — 12.3 s → RUN/pretrain/stage-1.5``."""
+    import json
+
+    last = {}
+    metrics = sdir / "metrics.jsonl"
+    for ln in (metrics.read_text().splitlines() if metrics.exists() else []):
+        if ln.strip():
+            m = json.loads(ln)
+            last[m["step"]] = m           # a step redone after a resume: its last record
+    rows = [last[s] for s in sorted(last)]
+    what = (f"{len(rows)} steps, loss {rows[0]['loss']:.3f} → {rows[-1]['loss']:.3f}, "
+            f"{sum(r.get('packs', 0) for r in rows):,} packs" if rows else "no steps")
+    state = "" if rc == 0 else f" (exit {rc}: see {sdir / 'logs' / 'train.log'})"
+    return f"pretrain stage {stage}: {what}{state} — {seconds:.1f} s → {sdir}"
 
 
 def _write_script(a, steps: int | None, train_args: list[str]) -> Path:

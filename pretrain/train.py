@@ -275,7 +275,10 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
             tb = None
     from tqdm import tqdm
 
+    from ovpipe.console import terminal
+
     bar = tqdm(range(start, steps), desc=f"stage {stage}", unit="step", initial=start, total=steps, leave=False,
+               file=terminal(),
                disable=log is not print or not rank0)
     fb = get_forward_backward_func()
     f = open(out / "metrics.jsonl", "a") if rank0 else None

@@ -70,6 +70,13 @@ def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeyp
               600, "checkpoint at step 2", log)
         at = checkpoint.newest(ckpts, log=None)[0]
         subprocess.run(["scontrol", "requeue", job], env=env, check=True)
+        # slurmctld holds a requeued batch job back (its BeginTime) for about two minutes; let it start
+        # as soon as the old allocation is gone, as an operator would with the same command.
+        _wait(lambda: subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env,
+                                     capture_output=True).returncode == 0 and
+              "PENDING" in subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True,
+                                          text=True).stdout, 120, "requeued job pending", log)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, capture_output=True)
         _wait(lambda: (sdir / "completions" / "finalized").exists(), 900, "finished stage after the requeue", log)
         _wait(lambda: subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True,
                                      text=True).stdout.strip() == "", 60, "job gone from the queue", log)
