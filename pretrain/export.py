@@ -67,15 +67,18 @@ def tokenizer_config_for_4x(path: Path) -> None:
     Qwen2.5-VL / LLaVA-OV-1.5 folders, which transformers 4.x (lmms-eval's 4.57, vLLM, older rollout
     engines) and 5.x both read: 5.x writes ``extra_special_tokens`` as a list (4.x expects a dict there and
     fails with "'list' object has no attribute 'keys'") and ``tokenizer_class: TokenizersBackend`` (a
-    5.x-only class). The tokens themselves live in ``tokenizer.json``, which both read unchanged."""
+    5.x-only name). That one becomes ``PreTrainedTokenizerFast``, which both read as ``tokenizer.json``
+    unchanged; not ``Qwen2Tokenizer``, which 5.x rebuilds with Qwen's own pre-tokenizer pattern (it splits
+    combining marks differently from a tokenizer.json trained with another one). A tokenizer saved under
+    its own class (a Qwen3 tokenizer: ``Qwen2Tokenizer``, as released) keeps it."""
     cfg = json.loads(path.read_text())
     specials = cfg.pop("extra_special_tokens", [])
     if isinstance(specials, list):
         cfg["additional_special_tokens"] = specials
     elif specials:
         cfg["extra_special_tokens"] = specials
-    if cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast", "Qwen2TokenizerFast"):
-        cfg["tokenizer_class"] = "Qwen2Tokenizer"
+    if cfg.get("tokenizer_class") == "TokenizersBackend":
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     for key in ("backend", "is_local", "local_files_only"):    # 5.x load-time state, not tokenizer settings
         cfg.pop(key, None)
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
