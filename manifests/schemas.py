@@ -205,6 +205,18 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("packs", pa.int64()),              # packs consumed by this step (all DP ranks)
         ("samples", pa.int64()),            # source samples inside those packs
     ]),
+    # eval: one row per lmms-eval task × metric × filter over an exported model (RUN/eval/eval/)
+    "eval": pa.schema([
+        ("task", pa.string()),
+        ("metric", pa.string()),            # "exact_match"; NULL on a no_result row
+        ("filter", pa.string()),            # lmms-eval's filter name ("none")
+        ("value", pa.float64()),            # NULL when lmms-eval reports none ("N/A", NaN): status "undefined"
+        ("stderr", pa.float64()),           # NULL when undefined
+        ("n_samples", pa.int64()),          # docs scored ("effective", after --limit)
+        ("model", pa.string()),             # the exported folder
+        ("lmms_eval_version", pa.string()),
+        ("status", STATUS),                 # "ok" | "undefined" | "no_result"
+    ]),
 }
 
 SORT_KEYS: dict[str, tuple[str, ...]] = {
@@ -224,6 +236,7 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "rewards": ("prompt_id", "rollout_idx", "reward_type"),
     "selection": ("prompt_id",),
     "train_metrics": ("stage", "step"),
+    "eval": ("task", "metric", "filter"),
 }
 
 

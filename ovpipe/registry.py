@@ -22,6 +22,8 @@ STEP_MODULES: dict[str, str] = {
     # packing
     "lengths": "packing.lengths",
     "pack": "packing.pack",
+    # pretrain
+    "eval": "pretrain.evaluate",
     # rl_select
     "rl-ingest": "rl_select.ingest",
     "rollout": "rl_select.rollout",

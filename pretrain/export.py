@@ -62,6 +62,28 @@ def training_inputs(run_dir: Path, stage: str):
     return st.get("recipe"), tok, img
 
 
+def tokenizer_config_for_4x(path: Path) -> None:
+    """Rewrite the ``tokenizer_config.json`` transformers 5 saves into the layout of the released
+    Qwen2.5-VL / LLaVA-OV-1.5 folders, which transformers 4.x (lmms-eval's 4.57, vLLM, older rollout
+    engines) and 5.x both read: 5.x writes ``extra_special_tokens`` as a list (4.x expects a dict there and
+    fails with "'list' object has no attribute 'keys'") and ``tokenizer_class: TokenizersBackend`` (a
+    5.x-only name). That one becomes ``PreTrainedTokenizerFast``, which both read as ``tokenizer.json``
+    unchanged; not ``Qwen2Tokenizer``, which 5.x rebuilds with Qwen's own pre-tokenizer pattern (it splits
+    combining marks differently from a tokenizer.json trained with another one). A tokenizer saved under
+    its own class (a Qwen3 tokenizer: ``Qwen2Tokenizer``, as released) keeps it."""
+    cfg = json.loads(path.read_text())
+    specials = cfg.pop("extra_special_tokens", [])
+    if isinstance(specials, list):
+        cfg["additional_special_tokens"] = specials
+    elif specials:
+        cfg["extra_special_tokens"] = specials
+    if cfg.get("tokenizer_class") == "TokenizersBackend":
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in ("backend", "is_local", "local_files_only"):    # 5.x load-time state, not tokenizer settings
+        cfg.pop(key, None)
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
 def save_processor(out: Path, tokenizer: str, img) -> None:
     """The training tokenizer + a Qwen2-VL image processor with packing's image settings, saved as
     the published folders hold them (``preprocessor_config.json`` for transformers 4.x readers too)."""
@@ -78,6 +100,7 @@ def save_processor(out: Path, tokenizer: str, img) -> None:
                                chat_template=tok.chat_template)
     proc.save_pretrained(str(out))
     ip.save_pretrained(str(out))
+    tokenizer_config_for_4x(out / "tokenizer_config.json")
     pre = json.loads((out / "preprocessor_config.json").read_text())
     pre.update(processor_class="Qwen2_5_VLProcessor", min_pixels=img.min_pixels, max_pixels=img.max_pixels)
     (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")

@@ -49,6 +49,16 @@ def test_export_is_the_trained_stage_with_its_training_inputs(megatron_single, p
     from packing.tokens import load_tokenizer
 
     assert gen["eos_token_id"] == load_tokenizer(str(run / "tokenizer")).convert_tokens_to_ids("<|im_end|>")
+    # tokenizer_config.json in the layout of the released folders, which transformers 4.x reads too (lmms-eval's
+    # 4.57 fails on 5.x's list-valued extra_special_tokens); the venv's 5.x reads it as the training tokenizer
+    tcfg = json.loads((hf / "tokenizer_config.json").read_text())
+    assert tcfg["tokenizer_class"] == "PreTrainedTokenizerFast" and "extra_special_tokens" not in tcfg
+    trained, ours = load_tokenizer(str(run / "tokenizer")), load_tokenizer(str(hf))
+    assert tcfg["additional_special_tokens"] == trained.extra_special_tokens
+    for text in ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>A red  circle?<|im_end|>\n",
+                 "naïve e\u0301 日本語 \t 123"):     # combining marks: where Qwen2Tokenizer's own pattern differs
+        assert ours(text).input_ids == trained(text).input_ids
+    assert ours.chat_template == trained.chat_template
 
 
 def test_export_without_a_recipe_or_tokenizer_says_which(megatron_single, tmp_path, capsys):

@@ -5,13 +5,10 @@ chat template turns each request into the token ids that packing counts for that
 
 lmms-eval 0.7.3 and what its class imports, with its own transformers 4.57.6 (why: requirements/lmms-eval.in,
 docs/eval.md), are pip-installed ``--no-deps`` from ``requirements/lmms-eval.txt`` into a cache folder outside
-the venv (``$OVPIPE_LMMS_EVAL_DIR``, default ``~/.cache/ovpipe/lmms-eval-<hash of the lock>``) and run in a
-subprocess (``lmms_eval_checks.py``). No registry, no lmms-eval: the tests skip and say so.
+the venv (``pretrain.evaluate.ensure_lmms_eval``) and run in a subprocess (``lmms_eval_checks.py``). No registry, no lmms-eval: the tests skip and say so.
 """
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +19,6 @@ import torch
 from test_official_parity import exported, official  # noqa: F401  (fixtures)
 
 HERE = Path(__file__).resolve().parent
-REQS = HERE.parents[1] / "requirements" / "lmms-eval.txt"
 SYSTEM = "You are a helpful assistant."        # lmms-eval's llava_onevision1_5 default system prompt
 REQUESTS = [((56, 84), (200, 30, 30), "What colour is the shape?"),     # (h, w), colour, question
             ((112, 56), (30, 30, 200), "How many shapes are there?"),
@@ -33,23 +29,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="session")
 def lmms_eval_site() -> Path:
-    key = hashlib.sha256(REQS.read_bytes()).hexdigest()[:12]
-    base = Path(os.environ.get("OVPIPE_LMMS_EVAL_DIR", Path.home() / ".cache" / "ovpipe"))
-    site = base / f"lmms-eval-{key}"
-    if not (site / ".complete").exists():
-        tmp = base / f"lmms-eval-{key}.partial-{os.getpid()}"
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-                               "--require-hashes", "--target", str(tmp), "-r", str(REQS)],
-                              capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            pytest.skip(f"could not pip-install lmms-eval from the package registry: {proc.stderr[-300:]}")
-        (tmp / ".complete").write_text(key)
-        try:
-            tmp.rename(site)
-        except OSError:          # another session finished first: use its copy
-            shutil.rmtree(tmp, ignore_errors=True)
-    return site
+    from pretrain.evaluate import LmmsEvalUnavailable, ensure_lmms_eval
+
+    try:
+        return ensure_lmms_eval()
+    except LmmsEvalUnavailable as e:
+        pytest.skip(str(e))
 
 
 def _requests(tmp: Path) -> Path:
@@ -72,38 +57,13 @@ def _run_lmms_eval(site: Path, folder: Path, tmp: Path):
     return proc, (np.load(out) if proc.returncode == 0 else None)
 
 
-def _transformers4_tokenizer_config(src: Path, dst: Path) -> Path:
-    """A copy of the export whose ``tokenizer_config.json`` is in the layout transformers 4.x reads
-    (``additional_special_tokens``, ``tokenizer_class: Qwen2Tokenizer``) — what the export should write
-    (see test_lmms_eval_reads_the_export_as_written); the weights and every other file are the export's."""
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "tokenizer_config.json").read_text())
-    cfg["additional_special_tokens"] = cfg.pop("extra_special_tokens", [])
-    cfg["tokenizer_class"] = "Qwen2Tokenizer"
-    cfg.pop("backend", None)
-    (dst / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
-    return dst
-
-
-def test_lmms_eval_reads_the_export_as_written(exported, lmms_eval_site, tmp_path):
-    _, hf, _ = exported
-    proc, res = _run_lmms_eval(lmms_eval_site, hf, tmp_path)
-    if proc.returncode != 0 and "'list' object has no attribute 'keys'" in proc.stderr:
-        pytest.xfail("the export's tokenizer_config.json is in the transformers-5 layout (extra_special_tokens as a "
-                     "list, tokenizer_class TokenizersBackend), which transformers 4.57 — the one lmms-eval's class "
-                     "loads the model correctly under — cannot read: pretrain/export.py must write the 4.x layout")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert all(isinstance(a, str) for a in json.loads(str(res["answers"])))
-
-
 def test_lmms_eval_generates_and_matches_our_load_and_packing(exported, official, lmms_eval_site, tmp_path):
     from packing.image_tokens import ImageTokenConfig
     from packing.tokens import encode_conversation, load_tokenizer
     from pretrain.official import from_pretrained
 
     _, hf, _ = exported
-    folder = _transformers4_tokenizer_config(hf, tmp_path / "hf4")
-    proc, res = _run_lmms_eval(lmms_eval_site, folder, tmp_path)
+    proc, res = _run_lmms_eval(lmms_eval_site, hf, tmp_path)      # the folder as export-model wrote it
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert str(res["transformers"]).startswith("4.57.")
     answers = json.loads(str(res["answers"]))
