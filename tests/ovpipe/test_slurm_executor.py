@@ -165,8 +165,9 @@ def test_three_phase_step_chains_map_reduce_apply_with_afterok(slurm_env, tmp_pa
     assert merged_bytes(run, tmp_path) == merged_bytes(ref, tmp_path)
     assert main(["status", str(run)]) == 0
     out = capsys.readouterr().out
-    assert (f"slurm: map {rec['array']} → reduce {rec['reduce']} (afterok:{rec['array']}) → apply {rec['apply']} "
-            f"(afterok:{rec['reduce']}) → merge {rec['merge']} (afterok:{rec['apply']})") in out
+    assert (f"slurm: map {rec['array']} done 3/3 → reduce {rec['reduce']} done (afterok:{rec['array']}) → "
+            f"apply {rec['apply']} done 3/3 (afterok:{rec['reduce']}) → merge {rec['merge']} done "
+            f"(afterok:{rec['apply']})") in out
     assert re.search(r"├ reduce +done\n +└ apply +3/3 ", out)
 
     # one apply rank lost: the rerun submits only an apply array over it and the merge job
