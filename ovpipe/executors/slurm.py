@@ -158,7 +158,8 @@ def render_single_job(step_name: str, run_dir: Path, phase: str, opts: SlurmOpti
     return "\n".join(lines)
 
 
-def _sbatch(args: list[str]) -> str:
+def sbatch(args: list[str]) -> str:
+    """``sbatch --parsable ARGS``: the job id."""
     res = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"sbatch {' '.join(args)} failed: {res.stderr.strip() or res.stdout.strip()}")
@@ -203,6 +204,8 @@ def _phase_ranks(record: dict, phase: str) -> list[int]:
 
 
 def _slurm_log(sdir: Path, phase: str, job: str, rank: int) -> Path:
+    if phase == "train":         # a pretrain stage's job (pretrain/slurm.py)
+        return sdir / "logs" / f"slurm-{job}.out"
     if phase == "map":
         return sdir / "logs" / f"slurm-{job}_{rank}.out"
     if phase == "apply":
@@ -399,7 +402,7 @@ class SlurmExecutor:
         def submit(phase: str, script: str, path: Path) -> str:
             nonlocal after
             path.write_text(script)
-            job = _sbatch([str(path)])
+            job = sbatch([str(path)])
             record["chain"].append({"phase": phase, "job": job, "after": list(after or [])})
             after = [job]
             return job
