@@ -251,7 +251,8 @@ def chain_status(sdir: Path, record: dict | None = None, rows=...) -> list[dict]
             if r in have:
                 st["done"].append(r)
                 continue
-            state, reason = jrows.get(str(r) if phase in ("map", "apply") else "", ("", ""))
+            # an array task's own row; else the job's row (a pending array squeue did not expand)
+            state, reason = jrows.get(str(r) if phase in ("map", "apply") else "", jrows.get("", ("", "")))
             if state in _RUNNING:
                 st["running"].append(r)
             elif state in _PENDING:
