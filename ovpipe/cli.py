@@ -113,6 +113,7 @@ def cmd_step(args) -> int:
 
         ex = SlurmExecutor(workers=args.workers, options=opts, dependency=args.dependency,
                            wait_lock=args.wait_lock, progress=not args.quiet)
+        t0 = time.perf_counter()
         result = ex.run(step, run_dir, tasks, name=args.name)
         rec = result["slurm"]
         if not args.quiet:
@@ -125,9 +126,11 @@ def cmd_step(args) -> int:
                 print(f"ovpipe {step.name}: {e}", file=sys.stderr)
                 return 1
             if not args.quiet:
+                from ovpipe.summary import step_line
+
                 merged = json.loads((run_dir / name / "stats.json").read_text())
-                print(f"{name}: {tasks} task(s) done on Slurm → {run_dir / name}")
-                print(json.dumps(merged.get("counters", {}), indent=None))
+                print(step_line(name, step.name, merged.get("counters", {}), tasks, time.perf_counter() - t0,
+                                run_dir / name).replace(" task(s)", " task(s) on Slurm", 1))
         return 0
     from ovpipe.executors.task import TaskFailed
 

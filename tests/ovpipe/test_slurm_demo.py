@@ -75,7 +75,7 @@ def test_demo_targets_on_slurm_match_the_local_run(tmp_path):
     for step in ("ingest", "balance", "lengths", "pack", "pack-instruct", "mix", "select", "export"):
         assert (slurm_run / step / "slurm_jobs.json").exists(), step
         assert (slurm_run / step / "completions" / "finalized").exists(), step
-    assert "submitted map" in res.stdout and "done on Slurm" in res.stdout
+    assert "submitted map" in res.stdout and "task(s) on Slurm" in res.stdout
 
     for view in MANIFESTS:
         a, b = _dump(local, view), _dump(slurm_run, view)
