@@ -675,7 +675,7 @@ def print_status(run_dir: Path, out=None, slurm_lines=None) -> int:
         rc |= int(bad)
     # Slurm jobs of a folder with no executor.json (submitted outside the step model)
     for sdir in sorted(p.parent for p in run_dir.glob("*/*/slurm_jobs.json") if not (p.parent / "executor.json").exists()):
-        chain, chain_failed = slurm_chain(sdir)
+        chain, chain_failed = (slurm_lines or slurm_chain)(sdir)
         if chain:
             print(str(sdir.relative_to(run_dir)), file=out)
             for line in chain:
