@@ -8,7 +8,7 @@ PRETRAIN_STEPS ?= 30
 PRETRAIN_LR ?= 3e-3
 ALIGN_EPOCHS ?= 1
 HF_EXPORT ?= $(RUN)/pretrain/hf-stage-2
-# EXECUTOR=slurm: one sbatch job per stage (srun + torchrun, pretrain/slurm.py) on PRETRAIN_NODES nodes ×
+# EXECUTOR=slurm: one sbatch job per stage (srun, pretrain/slurm.py) on PRETRAIN_NODES nodes ×
 # PRETRAIN_GPUS GPUs (0: a CPU node, one process — the loopback cluster), each afterok on the one before;
 # the make waits on stage 2 only, then exports.
 PRETRAIN_NODES ?= 1
