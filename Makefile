@@ -10,7 +10,12 @@ BENCH_ARGS ?=
 TASKS     ?= 2
 WORKERS   ?= 2
 EXECUTOR  ?= local
-STEP_ARGS  = --run-dir $(RUN) --executor $(EXECUTOR) --tasks $(TASKS) --workers $(WORKERS)
+# On Slurm each step blocks until its own job chain has finished (--wait), so the next command of a
+# target — a step, an in-process helper, a query — finds its outputs (docs/slurm.md).
+SLURM_WAIT ?= --wait
+EXEC_ARGS  = --run-dir $(RUN) --executor $(EXECUTOR) $(if $(filter slurm,$(EXECUTOR)),$(SLURM_WAIT))
+STEP_ARGS  = $(EXEC_ARGS) --tasks $(TASKS) --workers $(WORKERS)
+DEMO_DATA_ARGS ?=
 
 .PHONY: install lock test-latest demo test test-fast bench demo-data ingest report status clean
 
@@ -53,7 +58,7 @@ test-latest: | $(UV)
 	$(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 demo-data: install
-	$(OVPIPE) demo-data --out $(DEMO_DATA)
+	$(OVPIPE) demo-data --out $(DEMO_DATA) $(DEMO_DATA_ARGS)
 
 # Three sources, three ingest steps: the web caption shards (curated and balanced for stage 1.5), the
 # LLaVA-558K-style alignment set (stage 1), and the instruction set (LLaVA JSON + FineVision Parquet, stage 2).
@@ -64,7 +69,8 @@ ingest: demo-data
 	$(OVPIPE) ingest --name ingest-instruct --config configs/demo/ingest-instruct.yaml \
 	  --set 'inputs=["$(DEMO_DATA)/instruct/llava/*.json", "$(DEMO_DATA)/instruct/finevision/*.parquet"]' $(STEP_ARGS)
 
-# Stage targets (curation, packing, pretrain, rl) live in mk/<stage>.mk.
+# Stage targets (curation, packing, pretrain, rl) live in mk/<stage>.mk; the loopback Slurm cluster
+# (slurm-up, slurm-down, slurm-demo) in mk/slurm.mk.
 -include mk/*.mk
 
 DEMO_ORDER  := curation packing pretrain recaption rl gym

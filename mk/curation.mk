@@ -1,14 +1,15 @@
 # curation: demo CLIP (demo only) → image / concept embeddings → top-K concepts → balance → report
 DEMO_TARGETS += curation
 CLIP_CKPT = $(abspath $(RUN))/demo-clip/data/tiny-clip.pt
+DEMO_CLIP_ARGS ?=
 
 .PHONY: curation
 curation:
 	$(OVPIPE) demo-clip --config configs/demo/demo-clip.yaml --run-dir $(RUN) \
-	  --set ground_truth=$(abspath $(DEMO_DATA))/ground_truth.parquet --set vocabulary=$(abspath $(DEMO_DATA))/concepts.txt
+	  --set ground_truth=$(abspath $(DEMO_DATA))/ground_truth.parquet --set vocabulary=$(abspath $(DEMO_DATA))/concepts.txt $(DEMO_CLIP_ARGS)
 	$(OVPIPE) embed-images --config configs/demo/embed-images.yaml --set pretrained=$(CLIP_CKPT) $(STEP_ARGS)
 	$(OVPIPE) embed-concepts --config configs/demo/embed-concepts.yaml --set pretrained=$(CLIP_CKPT) \
 	  --set vocabulary=$(abspath $(DEMO_DATA))/concepts.txt $(STEP_ARGS)
 	$(OVPIPE) assign --config configs/demo/assign.yaml $(STEP_ARGS)
 	$(OVPIPE) balance --config configs/demo/balance.yaml $(STEP_ARGS)
-	$(OVPIPE) balance-report --config configs/demo/balance-report.yaml --run-dir $(RUN) --executor $(EXECUTOR)
+	$(OVPIPE) balance-report --config configs/demo/balance-report.yaml $(EXEC_ARGS)

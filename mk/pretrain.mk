@@ -8,12 +8,20 @@ PRETRAIN_STEPS ?= 30
 PRETRAIN_LR ?= 3e-3
 ALIGN_EPOCHS ?= 1
 HF_EXPORT ?= $(RUN)/pretrain/hf-stage-2
+# EXECUTOR=slurm: one sbatch job per stage (srun, pretrain/slurm.py) on PRETRAIN_NODES nodes ×
+# PRETRAIN_GPUS GPUs (0: a CPU node, one process — the loopback cluster), each afterok on the one before;
+# the make waits on stage 2 only, then exports.
+PRETRAIN_NODES ?= 1
+PRETRAIN_GPUS ?= 0
+PRETRAIN_SLURM = $(if $(filter slurm,$(EXECUTOR)),--executor slurm --nodes $(PRETRAIN_NODES) --gpus-per-node $(PRETRAIN_GPUS))
+PRETRAIN_WAIT = $(if $(filter slurm,$(EXECUTOR)),--wait)
 
 .PHONY: pretrain export-model
 pretrain:
-	$(OVPIPE) pretrain --recipe tiny --stage 1 --run-dir $(RUN) --epochs $(ALIGN_EPOCHS) --lr $(PRETRAIN_LR)
-	$(OVPIPE) pretrain --recipe tiny --stage 1.5 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR)
-	$(OVPIPE) pretrain --recipe tiny --stage 2 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR)
+	$(OVPIPE) pretrain --recipe tiny --stage 1 --run-dir $(RUN) --epochs $(ALIGN_EPOCHS) --lr $(PRETRAIN_LR) $(PRETRAIN_SLURM)
+	$(OVPIPE) pretrain --recipe tiny --stage 1.5 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR) $(PRETRAIN_SLURM)
+	$(OVPIPE) pretrain --recipe tiny --stage 2 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR) \
+	  $(PRETRAIN_SLURM) $(PRETRAIN_WAIT)
 	$(OVPIPE) export-model --run-dir $(RUN) --stage 2 --out $(HF_EXPORT)
 
 export-model:

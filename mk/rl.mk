@@ -14,4 +14,4 @@ rl:
 	  --set model=simulated-policy --set n=8 --set 'prompt_types=[answer_only, thinking]' $(STEP_ARGS)
 	$(OVPIPE) score --config configs/demo/score.yaml $(STEP_ARGS)
 	$(OVPIPE) select --config configs/demo/select.yaml $(STEP_ARGS)
-	$(OVPIPE) export --config configs/demo/export.yaml --run-dir $(RUN)
+	$(OVPIPE) export --config configs/demo/export.yaml $(EXEC_ARGS)

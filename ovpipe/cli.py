@@ -109,10 +109,28 @@ def cmd_step(args) -> int:
     if args.executor == "slurm":
         opts = SlurmOptions(partition=args.partition, time=args.slurm_time, cpus_per_task=args.cpus_per_task,
                             mem=args.mem)
-        ex = SlurmExecutor(workers=args.workers, options=opts, wait=args.wait, dependency=args.dependency,
-                           wait_lock=args.wait_lock)
+        from ovpipe.executors.slurm import SlurmChainFailed, describe_jobs
+
+        ex = SlurmExecutor(workers=args.workers, options=opts, dependency=args.dependency,
+                           wait_lock=args.wait_lock, progress=not args.quiet)
+        t0 = time.perf_counter()
         result = ex.run(step, run_dir, tasks, name=args.name)
-        print(json.dumps(result, indent=2))
+        rec = result["slurm"]
+        if not args.quiet:
+            what = "nothing to do" if result.get("nothing_to_do") else f"submitted {describe_jobs(rec)}"
+            print(f"{name}: {what} ({tasks} task(s), {run_dir / name}/slurm_jobs.json)", flush=True)
+        if args.wait and not result.get("nothing_to_do"):
+            try:
+                ex.wait_for(rec, run_dir / name, timeout_s=args.wait_timeout)
+            except SlurmChainFailed as e:
+                print(f"ovpipe {step.name}: {e}", file=sys.stderr)
+                return 1
+            if not args.quiet:
+                from ovpipe.summary import step_line
+
+                merged = json.loads((run_dir / name / "stats.json").read_text())
+                print(step_line(name, step.name, merged.get("counters", {}), tasks, time.perf_counter() - t0,
+                                run_dir / name).replace(" task(s)", " task(s) on Slurm", 1))
         return 0
     from ovpipe.executors.task import TaskFailed
 
@@ -218,10 +236,12 @@ def cmd_report(args) -> int:
 
 def cmd_status(args) -> int:
     """Per step: done / running / failed / stale / pending ranks (``runfolder.print_status``);
-    exit 1 only for failed or stale ranks, never for ranks still running."""
+    exit 1 only for failed or stale ranks or a failed Slurm job, never for ranks still running or queued.
+    Each step submitted to Slurm shows its chain with each job's state (``executors.slurm.status_lines``)."""
     from ovpipe import runfolder
+    from ovpipe.executors.slurm import status_lines
 
-    return runfolder.print_status(Path(args.run_dir))
+    return runfolder.print_status(Path(args.run_dir), slurm_lines=status_lines)
 
 
 def cmd_demo_data(args) -> int:
@@ -276,7 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--cpus-per-task", type=_positive_int, default=1)
         g.add_argument("--mem")
         g.add_argument("--dependency", help="extra job id this step must wait for (afterok)")
-        g.add_argument("--wait", action="store_true", help="block until the array and merge jobs end")
+        g.add_argument("--wait", action="store_true",
+                       help="block until the step's Slurm chain ends, showing ranks done / running / pending; "
+                            "exit 1 naming the failed ranks and their logs if it did not finish")
+        g.add_argument("--wait-timeout", type=float, metavar="SECONDS",
+                       help="with --wait: give up waiting (the jobs keep running) after this long")
         sp.set_defaults(func=cmd_step)
 
     sp = sub.add_parser("sql", help="run SQL over the run folder's manifests (DuckDB, one view per manifest)")

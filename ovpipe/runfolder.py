@@ -607,17 +607,17 @@ def step_status(sdir: Path) -> dict:
     return out
 
 
-def slurm_chain(sdir: Path) -> str | None:
-    """``map 12 → reduce 13 (afterok:12) → apply 14 (afterok:13) → merge 15 (afterok:14)``: the jobs of
-    the last Slurm submit of the step, as ``slurm_jobs.json`` records them."""
+def slurm_chain(sdir: Path) -> tuple[list[str], bool]:
+    """``slurm: map 12 → reduce 13 (afterok:12) → apply 14 (afterok:13) → merge 15 (afterok:14)``: the jobs of
+    the last Slurm submit of the step, as ``slurm_jobs.json`` records them (no queue asked), and False.
+    ``ovpipe status`` passes ``executors.slurm.status_lines`` instead, which adds each job's state."""
     try:
         rec = json.loads((Path(sdir) / "slurm_jobs.json").read_text())
     except (OSError, ValueError):
-        return None
-    parts = []
-    for j in rec.get("chain") or []:
-        parts.append(f"{j['phase']} {j['job']}" + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else ""))
-    return " → ".join(parts) or None
+        return [], False
+    parts = [f"{j['phase']} {j['job']}" + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else "")
+             for j in rec.get("chain") or []]
+    return ([f"    slurm: {' → '.join(parts)}"] if parts else []), False
 
 
 def _rank_counts_line(label: str, st: dict) -> str:
@@ -633,11 +633,13 @@ def _rank_detail_lines(st: dict, what: str) -> tuple[list[str], bool]:
     return lines, bool(st["failed"] or st["stale"])
 
 
-def print_status(run_dir: Path, out=None) -> int:
+def print_status(run_dir: Path, out=None, slurm_lines=None) -> int:
     """``ovpipe status RUN``: one line per step, then each running / failed / stale rank; a three-phase
     step adds its reduce and apply lines, and a Slurm step the chain of its jobs. A finished step whose
     inputs changed since it ran (``stale_inputs``) shows ``stale`` in the ``final`` column, with why.
-    Exit code 1 when a rank (or the reduce) failed or is stale (killed), else 0 (running is no error)."""
+    Exit code 1 when a rank (or the reduce) failed or is stale (killed), or a job of its Slurm chain failed
+    or was cancelled, else 0 (running or pending is no error). ``slurm_lines(sdir) -> (lines, failed)``
+    describes a step's Slurm chain (default: the job ids only, ``slurm_chain``)."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
     # step folders, and step folders one level down (``pretrain/stage-<S>``: a stage is a step)
@@ -665,12 +667,20 @@ def print_status(run_dir: Path, out=None) -> int:
             apply_lines, apply_bad = _rank_detail_lines(st["phases"]["apply"], "apply rank")
             lines += [_rank_counts_line("  └ apply", st["phases"]["apply"]), *apply_lines]
             bad = bad or apply_bad or red in ("failed", "stale")
-        chain = slurm_chain(sdir)
-        if chain:
-            lines.append(f"    slurm: {chain}")
+        chain, chain_failed = (slurm_lines or slurm_chain)(sdir)
+        lines += chain
+        bad = bad or chain_failed
         for line in lines:
             print(line, file=out)
         rc |= int(bad)
+    # Slurm jobs of a folder with no executor.json (submitted outside the step model)
+    for sdir in sorted(p.parent for p in run_dir.glob("*/*/slurm_jobs.json") if not (p.parent / "executor.json").exists()):
+        chain, chain_failed = (slurm_lines or slurm_chain)(sdir)
+        if chain:
+            print(str(sdir.relative_to(run_dir)), file=out)
+            for line in chain:
+                print(line, file=out)
+        rc |= int(chain_failed)
     return rc
 
 

@@ -41,6 +41,10 @@ def main(argv=None) -> int:
                     "with --gpus-per-node 0, CPU ranks: 1)")
     ap.add_argument("--slurm-time", default="48:00:00")
     ap.add_argument("--dry-run", action="store_true", help="slurm: write the script, do not submit")
+    ap.add_argument("--dependency", help="slurm: extra job id this stage must wait for (afterok); the previous "
+                                         "stage's job, while queued or running, is added on its own")
+    ap.add_argument("--wait", action="store_true",
+                    help="slurm: block until the stage's job (and those it is afterok on) ends; exit 1 if it failed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (besides the end and "
                     "SIGTERM/SIGUSR1)")
@@ -95,32 +99,46 @@ def main(argv=None) -> int:
                       f"{stage_dir(run_dir, a.stage)}")
                 return 0
             if a.executor == "slurm":
+                from pretrain.slurm import submit_stage
+
                 script = _write_script(a, steps, train_args)
                 print(script)
-                r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
-                if r.returncode != 0:
-                    print(f"ovpipe pretrain: sbatch failed: {r.stderr.strip()}", file=sys.stderr)
-                    return r.returncode
-                print(f"Submitted batch job {r.stdout.strip().split(';')[0]}")
-                return 0
-            # The terminal gets the progress bar and one summary line; megatron's / torch's notices
-            # go to the stage's train.log (--verbose or OVPIPE_VERBOSE=1: everything on the terminal).
-            from ovpipe import console
+                # afterok on the previous stage's live job; slurm_jobs.json for `ovpipe status` and --wait
+                record = submit_stage(run_dir, a.stage, script, a.dependency)
+            else:
+                return _train_here(a, run_dir, world, args)
 
-            sdir, t0 = stage_dir(run_dir, a.stage), time.perf_counter()
-            with console.task_output(sdir / "logs" / "train.log"):
-                if world > 1:
-                    rc = subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                          f"--nproc-per-node={world}", "-m", "pretrain.train", *args])
-                else:
-                    from pretrain.train import main as train_main
-
-                    rc = train_main(args)
-            print(stage_line(sdir, a.stage, rc, time.perf_counter() - t0))
-            return rc
     except (runfolder.RunFolderError, CheckpointError) as e:
         print(f"ovpipe pretrain: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:      # sbatch refused the script
+        print(f"ovpipe pretrain: {e}", file=sys.stderr)
+        return 1
+    if not a.wait:
+        return 0
+    from pretrain.slurm import wait_stage
+
+    return wait_stage(run_dir, a.stage, record)      # outside the stage lock: the job takes it itself
+
+
+def _train_here(a, run_dir: Path, world: int, args: list[str]) -> int:
+    """The stage on this machine (in-process for one process, torchrun otherwise). The terminal gets the
+    progress bar and one summary line; megatron's / torch's notices go to the stage's train.log
+    (--verbose or OVPIPE_VERBOSE=1: everything on the terminal)."""
+    from ovpipe import console
+    from pretrain.stage_run import stage_dir
+
+    sdir, t0 = stage_dir(run_dir, a.stage), time.perf_counter()
+    with console.task_output(sdir / "logs" / "train.log"):
+        if world > 1:
+            rc = subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  f"--nproc-per-node={world}", "-m", "pretrain.train", *args])
+        else:
+            from pretrain.train import main as train_main
+
+            rc = train_main(args)
+    print(stage_line(sdir, a.stage, rc, time.perf_counter() - t0))
+    return rc
 
 
 def stage_line(sdir: Path, stage: str, rc: int, seconds: float) -> str:

@@ -65,3 +65,46 @@ def render_pretrain_sbatch(run_dir: Path, recipe: str, stage: str, nodes: int, g
               'exit "$rc"',
               ""]
     return "\n".join(lines)
+
+
+def submit_stage(run_dir: Path, stage: str, script: Path, dependency: str | None = None) -> dict:
+    """``sbatch`` the stage's script, ``afterok`` on the previous stage's job while that one is queued or
+    running (and on ``dependency``); records the job in ``stage-<S>/slurm_jobs.json`` (``ovpipe status``
+    shows its state) and returns that record."""
+    import json
+    import time as _time
+
+    from ovpipe.executors.slurm import describe_jobs, sbatch
+    from ovpipe.slurm_jobs import job_active
+    from pretrain.recipes import PREVIOUS
+
+    run_dir = Path(run_dir).resolve()
+    sdir = run_dir / "pretrain" / f"stage-{stage}"
+    after = [dependency] if dependency else []
+    prev = run_dir / "pretrain" / f"stage-{PREVIOUS.get(stage, '')}" / "slurm_jobs.json"
+    if prev.exists():
+        job = json.loads(prev.read_text()).get("merge")
+        if job and job_active(job):
+            after.append(job)
+    args = ([f"--dependency=afterok:{':'.join(after)}", "--kill-on-invalid-dep=yes"] if after else []) + [str(script)]
+    job = sbatch(args)
+    # one job: "merge" is the id later stages chain on, as for every ovpipe step
+    record = {"stage": stage, "merge": job, "ranks": [0], "submitted_at": _time.time(),
+              "chain": [{"phase": "train", "job": job, "after": after}]}
+    tmp = sdir / ".slurm_jobs.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(sdir / "slurm_jobs.json")
+    print(f"Submitted batch job {job}  (pretrain stage {stage}: {describe_jobs(record)})", flush=True)
+    return record
+
+
+def wait_stage(run_dir: Path, stage: str, record: dict) -> int:
+    """Block until the stage's job ends (``SlurmExecutor.wait_for``); 1, naming its log, if it did not finish."""
+    from ovpipe.executors.slurm import SlurmChainFailed, SlurmExecutor
+
+    try:
+        SlurmExecutor().wait_for(record, Path(run_dir).resolve() / "pretrain" / f"stage-{stage}")
+    except SlurmChainFailed as e:
+        print(f"ovpipe pretrain: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -82,7 +82,8 @@ def input_hashes(run_dir: Path, stage: str, data: str) -> dict:
         if meta is None:
             out[name] = runfolder.EXTERNAL
             continue
-        if not runfolder.is_finalized(d):
+        # an input whose Slurm job is still queued or running is accepted: this stage's job is afterok on it
+        if not runfolder.is_finalized(d) and not runfolder._slurm_pending(d):
             raise runfolder.RunFolderError(
                 f"pretrain stage {stage}: its input {name!r} is not finalized "
                 f"({len(runfolder.done_ranks(d))}/{meta.get('tasks')} ranks done); finish it first")

@@ -158,18 +158,197 @@ def render_single_job(step_name: str, run_dir: Path, phase: str, opts: SlurmOpti
     return "\n".join(lines)
 
 
-def _sbatch(args: list[str]) -> str:
+def sbatch(args: list[str]) -> str:
+    """``sbatch --parsable ARGS``: the job id."""
     res = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"sbatch {' '.join(args)} failed: {res.stderr.strip() or res.stdout.strip()}")
     return res.stdout.strip().split(";")[0]
 
 
+# squeue states: a job (or array task) still to run, running, or ended without success
+_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESV_DEL_HOLD", "STOPPED"}
+_RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT"}
+
+
+def _squeue(jobs: list[str], all_states: bool = False) -> list[tuple[str, str, str, str]] | None:
+    """``(array job id, array task id or "", state, reason)`` per job / array task of ``jobs`` (pending
+    array tasks expanded); ``all_states`` adds those that ended within slurmctld's ``MinJobAge``. None
+    when squeue cannot answer (not installed, no controller). Job ids slurmctld has forgotten have no row."""
+    jobs = [str(j) for j in jobs if j]
+    if not jobs:
+        return []
+    cmd = ["squeue", "-h", "-r", "-j", ",".join(jobs), "-o", "%F|%K|%T|%r"] + (["-t", "all"] if all_states else [])
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:
+        # one id (of one) purged from slurmctld's memory: "Invalid job id specified"
+        return [] if "Invalid job id" in res.stderr else None
+    rows = []
+    for line in res.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4:
+            job, task, state, reason = parts
+            rows.append((job, "" if task in ("N/A", "") else task, state.split()[0], reason))
+    return rows
+
+
+def _phase_ranks(record: dict, phase: str) -> list[int]:
+    if phase == "map":
+        return list(record.get("ranks") or [])
+    if phase == "apply":
+        return list(record.get("apply_ranks") or [])
+    return [0]
+
+
+def _slurm_log(sdir: Path, phase: str, job: str, rank: int) -> Path:
+    if phase == "train":         # a pretrain stage's job (pretrain/slurm.py)
+        return sdir / "logs" / f"slurm-{job}.out"
+    if phase == "map":
+        return sdir / "logs" / f"slurm-{job}_{rank}.out"
+    if phase == "apply":
+        return sdir / "logs" / f"slurm-apply-{job}_{rank}.out"
+    return sdir / "logs" / f"slurm-{phase}-{job}.out"
+
+
+def chain_status(sdir: Path, record: dict | None = None, rows=...) -> list[dict] | None:
+    """The state of each job of the step's last Slurm submit, from the completion markers and squeue.
+
+    Per job of the chain (``map``, ``reduce``, ``apply``, ``merge``): ``state`` — ``done`` (every rank's
+    completion marker, the reduce's digest, the ``finalized`` marker), ``running``, ``pending``,
+    ``failed`` (a rank ended without its marker: failed, cancelled, timed out, or cancelled because a
+    job it was ``afterok`` on failed) or ``unknown`` (squeue cannot answer and the markers are not all
+    there); ``done``/``running``/``pending``/``failed`` rank lists; ``reason`` (squeue's, for a pending
+    or failed job); ``logs`` per failed rank (the task log and Slurm's ``.out``, those that exist)."""
+    sdir = Path(sdir)
+    if record is None:
+        try:
+            record = json.loads((sdir / "slurm_jobs.json").read_text())
+        except (OSError, ValueError):
+            return None
+    chain = record.get("chain") or []
+    if rows is ...:
+        rows = _squeue([j["job"] for j in chain], all_states=True)
+    by_job: dict[str, dict[str, tuple[str, str]]] = {}
+    for job, task, state, reason in rows or []:
+        by_job.setdefault(job, {})[task] = (state, reason)
+    out = []
+    for link in chain:
+        phase, job = link["phase"], link["job"]
+        ranks = _phase_ranks(record, phase)
+        if phase in ("map", "apply"):
+            have = runfolder.done_ranks(sdir, phase)
+        elif phase == "reduce":
+            have = {0} if runfolder.is_reduced(sdir) else set()
+        else:
+            have = {0} if runfolder.is_finalized(sdir) else set()
+        jrows = by_job.get(job, {})
+        st = {"phase": phase, "job": job, "after": link.get("after") or [], "ranks": len(ranks),
+              "done": [], "running": [], "pending": [], "failed": [], "reason": "", "logs": {}}
+        for r in ranks:
+            if r in have:
+                st["done"].append(r)
+                continue
+            # an array task's own row; else the job's row (a pending array squeue did not expand)
+            state, reason = jrows.get(str(r) if phase in ("map", "apply") else "", jrows.get("", ("", "")))
+            if state in _RUNNING:
+                st["running"].append(r)
+            elif state in _PENDING:
+                st["pending"].append(r)
+                st["reason"] = st["reason"] or reason
+            elif rows is None:       # squeue cannot say: neither done nor known to have failed
+                pass
+            else:                    # ended without its marker, or purged from squeue's memory
+                st["failed"].append(r)
+                if reason and reason != "None":
+                    st["reason"] = st["reason"] or f"{state} {reason}"
+                elif state:
+                    st["reason"] = st["reason"] or state
+                task_log = runfolder.log_path(sdir, r, phase)
+                st["logs"][r] = [str(p) for p in (task_log, _slurm_log(sdir, phase, job, r)) if p.exists()]
+        if st["failed"]:
+            st["state"] = "failed"
+        elif len(st["done"]) == len(ranks):
+            st["state"] = "done"
+        elif st["running"] or (st["done"] and st["pending"]):
+            st["state"] = "running"
+        elif st["pending"]:
+            st["state"] = "pending"
+        else:
+            st["state"] = "unknown"
+        out.append(st)
+    return out
+
+
+def describe_jobs(record: dict) -> str:
+    """``map 12 → reduce 13 (afterok:12) → apply 14 (afterok:13) → merge 15 (afterok:14)``: the jobs of
+    one submit, as ``slurm_jobs.json`` records them."""
+    return " → ".join(f"{j['phase']} {j['job']}" + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else "")
+                      for j in record.get("chain") or [])
+
+
+def describe_chain(states: list[dict]) -> str:
+    """``map 12 done 4/4 → reduce 13 running (afterok:12) → apply 14 pending 0/4 (afterok:13) → merge 15
+    pending (afterok:14)``: one line of the whole chain."""
+    parts = []
+    for st in states:
+        counts = f" {len(st['done'])}/{st['ranks']}" if st["phase"] in ("map", "apply") else ""
+        extra = ""
+        if st["state"] == "running" and st["phase"] in ("map", "apply"):
+            extra = f" ({len(st['running'])} running, {len(st['pending'])} pending)"
+        after = f" (afterok:{':'.join(st['after'])})" if st["after"] else ""
+        parts.append(f"{st['phase']} {st['job']} {st['state']}{counts}{extra}{after}")
+    return " → ".join(parts)
+
+
+def describe_failure(sdir: Path, states: list[dict]) -> str:
+    """Which ranks failed (or were cancelled) in which job, why, and their log files."""
+    lines = []
+    for st in states:
+        if st["state"] != "failed":
+            continue
+        what = f"{st['phase']} job {st['job']}"
+        if st["phase"] in ("map", "apply"):
+            what += f": rank{'s' if len(st['failed']) > 1 else ''} {', '.join(map(str, st['failed']))} failed"
+        else:
+            what += " failed"
+        if st["reason"]:
+            what += f" ({st['reason']})"
+        lines.append(what)
+        for r in st["failed"]:
+            reason = ""
+            fp = runfolder.failure_path(sdir, r, st["phase"])
+            if fp.exists():
+                last = [ln for ln in fp.read_text(errors="replace").splitlines() if ln.strip()]
+                reason = f" {last[-1].strip()}" if last else ""
+            logs = st["logs"].get(r) or []
+            who = f"rank {r}" if st["phase"] in ("map", "apply") else st["phase"]
+            lines.append(f"  {who}:{reason}" + (f" — logs: {', '.join(logs)}" if logs else " (no log: never started)"))
+    return "\n".join(lines)
+
+
+def status_lines(sdir: Path) -> tuple[list[str], bool]:
+    """``ovpipe status``'s lines for a step's Slurm chain: ``slurm: <describe_chain>``, then the failed ranks
+    with their logs; and whether a job of the chain failed. No lines for a step never submitted to Slurm."""
+    states = chain_status(Path(sdir))
+    if not states:
+        return [], False
+    failed = describe_failure(Path(sdir), states)
+    return ([f"    slurm: {describe_chain(states)}"] + [f"    {ln}" for ln in failed.splitlines()]), bool(failed)
+
+
+class SlurmChainFailed(RuntimeError):
+    """A ``--wait`` ended with a job of the step's chain failed or cancelled."""
+
+
 class SlurmExecutor:
     def __init__(self, workers: int = 1, options: SlurmOptions | None = None, wait: bool = False,
-                 dependency: str | None = None, poll_s: float = 1.0, progress: bool = True,
+                 dependency: str | None = None, poll_s: float = 0.5, progress: bool = True,
                  wait_lock: bool = False):
         self.wait_lock = wait_lock
+        self.progress = progress
         self.workers = max(1, workers)
         self.options = options or SlurmOptions()
         self.wait = wait
@@ -224,7 +403,7 @@ class SlurmExecutor:
         def submit(phase: str, script: str, path: Path) -> str:
             nonlocal after
             path.write_text(script)
-            job = _sbatch([str(path)])
+            job = sbatch([str(path)])
             record["chain"].append({"phase": phase, "job": job, "after": list(after or [])})
             after = [job]
             return job
@@ -259,14 +438,36 @@ class SlurmExecutor:
             self.wait_for(record, sdir)
         return {"slurm": record}
 
-    def wait_for(self, record: dict, sdir: Path, timeout_s: float = 3600) -> None:
+    def wait_for(self, record: dict, sdir: Path, timeout_s: float | None = None, out=None) -> None:
+        """Block until no job of the chain is queued or running (``sbatch --wait``'s meaning, for the whole
+        chain), printing a line each time the progress changes: per job, ranks done / running / pending.
+        Raises ``SlurmChainFailed`` naming the failed ranks and their logs if the step did not finish."""
+        out = out or sys.stderr
         t0 = time.time()
-        jobs = [j["job"] for j in record.get("chain", [])] or [j for j in (record["array"], record["merge"]) if j]
-        while any(job_active(j) for j in jobs):
-            if time.time() - t0 > timeout_s:
-                raise TimeoutError(f"slurm jobs {jobs} still running after {timeout_s}s")
-            time.sleep(self.poll_s)
+        jobs = [j["job"] for j in record.get("chain", [])]
+        name = sdir.name
+        last = None
+        poll = self.poll_s
+        try:
+            while True:
+                live = _squeue(jobs)
+                states = chain_status(sdir, record)
+                line = describe_chain(states or [])
+                if line != last and self.progress:
+                    print(f"{name} [{time.time() - t0:6.0f} s] {line}", file=out, flush=True)
+                    last = line
+                if live == [] or (live is None and runfolder.is_finalized(sdir)):
+                    break
+                if timeout_s is not None and time.time() - t0 > timeout_s:
+                    raise TimeoutError(f"{name}: slurm jobs {jobs} still queued or running after {timeout_s:.0f} s")
+                time.sleep(poll)
+                # a short step ends within a poll or two; a long one is asked less often
+                poll = min(5.0, poll * 1.1) if time.time() - t0 > 30 else poll
+        except KeyboardInterrupt:
+            print(f"\n{name}: stopped waiting; the jobs {jobs} keep running (ovpipe status {sdir.parent}; "
+                  f"scancel {' '.join(jobs)} to stop them)", file=out, flush=True)
+            raise
         if not runfolder.is_finalized(sdir):
-            st = runfolder.step_status(sdir)
-            raise RuntimeError(f"slurm jobs {jobs} ended but {sdir.name} is not complete: "
-                               f"failed {st['failed']}, stale {st['stale']}, pending {st['pending']}")
+            states = chain_status(sdir, record) or []
+            detail = describe_failure(sdir, states) or describe_chain(states)
+            raise SlurmChainFailed(f"{name}: its Slurm chain ended without finishing the step\n{detail}")

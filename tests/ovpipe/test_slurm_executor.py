@@ -1,4 +1,5 @@
 """The Slurm executor against a real slurmctld/slurmd on 127.0.0.1 (tests/slurm_cluster.py)."""
+import json
 import os
 import re
 import subprocess
@@ -165,8 +166,9 @@ def test_three_phase_step_chains_map_reduce_apply_with_afterok(slurm_env, tmp_pa
     assert merged_bytes(run, tmp_path) == merged_bytes(ref, tmp_path)
     assert main(["status", str(run)]) == 0
     out = capsys.readouterr().out
-    assert (f"slurm: map {rec['array']} → reduce {rec['reduce']} (afterok:{rec['array']}) → apply {rec['apply']} "
-            f"(afterok:{rec['reduce']}) → merge {rec['merge']} (afterok:{rec['apply']})") in out
+    assert (f"slurm: map {rec['array']} done 3/3 → reduce {rec['reduce']} done (afterok:{rec['array']}) → "
+            f"apply {rec['apply']} done 3/3 (afterok:{rec['reduce']}) → merge {rec['merge']} done "
+            f"(afterok:{rec['apply']})") in out
     assert re.search(r"├ reduce +done\n +└ apply +3/3 ", out)
 
     # one apply rank lost: the rerun submits only an apply array over it and the merge job
@@ -176,3 +178,45 @@ def test_three_phase_step_chains_map_reduce_apply_with_afterok(slurm_env, tmp_pa
     assert [j["phase"] for j in rec["chain"]] == ["apply", "merge"] and rec["apply_ranks"] == [1]
     assert "#SBATCH --array=1%1" in (sdir / "launch_apply.slurm").read_text()
     assert merged_bytes(run, tmp_path) == merged_bytes(ref, tmp_path)
+
+
+def test_wait_fails_naming_the_failed_rank_and_its_logs(slurm_env, demo_corpus, tmp_path, monkeypatch, capsys):
+    """A rank that raises: `--wait` ends with exit 1 naming the rank, its traceback's last line and its logs;
+    the merge job, afterok on the array, is cancelled; `ovpipe status` shows the chain failed and exits 1."""
+    import json
+
+    run = tmp_path / "run"
+    assert _ingest(demo_corpus, run) == 0
+    monkeypatch.setenv("OVPIPE_FAIL_RANKS", "count-ok:1")       # exported to the jobs by sbatch
+    rc = main(["count-ok", "--run-dir", str(run), "--executor", "slurm", "--tasks", "2", "--wait"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    rec = json.loads((run / "count-ok" / "slurm_jobs.json").read_text())
+    logs = run.resolve() / "count-ok" / "logs"
+    assert f"map job {rec['array']}: rank 1 failed" in err
+    assert f"rank 1: RuntimeError" in err and str(logs / "task_00001.log") in err
+    assert str(logs / f"slurm-{rec['array']}_1.out") in err
+    assert f"merge job {rec['merge']} failed (CANCELLED" in err or f"merge job {rec['merge']} failed" in err
+    assert f"map {rec['array']} running" in err          # the progress lines came first
+    assert main(["status", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert f"slurm: map {rec['array']} failed 1/2" in out and f"merge {rec['merge']} failed" in out
+
+
+def test_cluster_up_down_by_pid_leaves_no_daemon(tmp_path, capsys):
+    """`make slurm-up` / `make slurm-down`: the CLI starts the three daemons detached, prints SLURM_CONF,
+    and `down` stops each by its recorded PID."""
+    from ovpipe.executors.slurm_cluster import main as cluster_main, _proc_alive
+
+    d = tmp_path / "cluster"
+    assert cluster_main(["up", "--dir", str(d), "--cpus", "2"]) == 0
+    assert capsys.readouterr().out.strip() == f"export SLURM_CONF={d.resolve()}/slurm.conf"
+    pids = json.loads((d / "pids.json").read_text())
+    try:
+        assert sorted(pids) == ["munged", "slurmctld", "slurmd"] and all(_proc_alive(p, n) for n, p in pids.items())
+        assert cluster_main(["up", "--dir", str(d)]) == 1                 # one cluster per folder
+    finally:
+        assert cluster_main(["down", "--dir", str(d)]) == 0
+    assert not any(_proc_alive(p, n) for n, p in pids.items())
+    assert not d.exists()
+    assert cluster_main(["status", "--dir", str(d)]) == 1
