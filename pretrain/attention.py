@@ -5,11 +5,12 @@ buffer; Transformer Engine's attention handles THD on GPU).
 
 Packed (``qkv_format == "thd"``): query/key/value are ``[t, heads, dim]`` for all samples of all
 packs of the micro-batch concatenated; ``cu_seqlens_q`` marks sample boundaries. Attention is
-causal within each sample (``packed_causal_attention``: varlen FlashAttention on CUDA, one SDPA per
-sample otherwise) — a token attends only to earlier tokens of its own sample — so packing never
-lets information cross sample boundaries, and any number of packs can share one micro-batch.
-Unpacked (``sbhd``): ``[s, b, heads, dim]`` with plain causal attention.
-GQA: key/value groups are repeated to the query heads, as megatron does.
+causal within each sample (``packed_attention``: one ``varlen_attn`` on CUDA in half precision, with
+the keywords this torch has — ``varlen_features``; a dense block-diagonal mask or one SDPA per sample
+otherwise) — a token attends only to earlier tokens of its own sample — so packing never lets
+information cross sample boundaries, and any number of packs can share one micro-batch. The rotary
+embedding is applied here too (``rope_theta``, the local spec), from the micro-batch's tables
+(``PackedRotaryParams``). Unpacked (``sbhd``): ``[s, b, heads, dim]`` with plain causal attention.
 
 Context parallel (``config.context_parallel_size > 1``, THD only): the local tokens are this CP
 rank's two chunks of every sample (``pretrain.parallel``); keys/values are all-gathered over the CP

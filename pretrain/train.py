@@ -18,9 +18,10 @@ step's ``packs`` manifest). At start rank 0 prints the plan (samples → packs, 
 of the packs seen: ``pretrain.data.plan_data``), at the end the totals consumed.
 
 Per step, ``metrics.jsonl`` (and the ``train_metrics`` manifest) gets loss (token mean over target
-tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s, an MFU estimate
-(6·N_trainable-forward-and-backward·tokens/s / ``peak_tflops``), tokens, images, and the packs and
-source samples consumed over all DP ranks; the stage config is saved as ``stage.json``.
+tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s, MFU and HFU (``model_flops``
+over ``peak_tflops``), the step time and its split (data wait, forward+backward, optimizer), tokens,
+images, and the packs and source samples consumed over all DP ranks; the stage config is saved as
+``stage.json``.
 """
 from __future__ import annotations
 
@@ -151,6 +152,29 @@ def recompute_overrides(recompute: str) -> dict:
     if recompute == "selective":
         return {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "mlp"]}
     return {}
+
+
+def fused_adam(opt) -> int:
+    """Switch the torch ``AdamW`` under megatron's optimizer (its fallback without TE or Apex, which
+    runs the ``foreach`` implementation) to torch's fused CUDA kernel: the param groups' ``fused``
+    flag, which ``AdamW.step`` reads on every step; step counters already loaded on the CPU (a
+    resumed run) move to the parameters' device, where the fused kernel wants them. Returns the
+    number of param groups switched (none when TE/Apex's FusedAdam is in use)."""
+    n = 0
+    for o in getattr(opt, "chained_optimizers", [opt]):
+        inner = getattr(o, "optimizer", None)
+        if not isinstance(inner, torch.optim.AdamW) or type(inner).__module__.split(".")[0] != "torch":
+            continue
+        for g in inner.param_groups:
+            if not all(p.is_cuda and p.is_floating_point() for p in g["params"]):
+                continue
+            g["fused"], g["foreach"] = True, False
+            for p in g["params"]:
+                st = inner.state.get(p, {})
+                if "step" in st and torch.is_tensor(st["step"]) and st["step"].device != p.device:
+                    st["step"] = st["step"].to(p.device, torch.float32)
+            n += 1
+    return n
 
 
 def model_flops(recipe, trainable: str, stats: dict, recompute: str) -> tuple[float, float]:
@@ -313,6 +337,8 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
     cfg.no_sync_func = ddp.no_sync
     if how == "resume" and start:                       # step 0: imported weights, no optimizer state
         dist_ckpt.load_optimizer(src, model, opt)
+    if cuda:
+        fused_adam(opt)
     n_params = _param_count(model)
     peak_flops = (peak_tflops or (989.0 if cuda else 0.2)) * 1e12 * world
     dp, dp_rank = sizes["dp"], ps.get_data_parallel_rank()
@@ -478,6 +504,9 @@ def main(argv=None) -> int:
     ap.add_argument("--distributed-optimizer", choices=["auto", "on", "off"], default="auto",
                     help="auto: on with CUDA (megatron's distributed optimizer checks for CUDA tensors)")
     ap.add_argument("--fp32", action="store_true", help="train in fp32 even on GPU")
+    ap.add_argument("--recompute", choices=RECOMPUTE, help="activation recompute (default: the stage's on GPU, "
+                    "none on CPU): full | selective (core attention + MLP) | none")
+    ap.add_argument("--loader-workers", type=int, help="DataLoader worker processes (default 4 on GPU, 0 on CPU)")
     ap.add_argument("--metrics-out", help="also write this run's per-step metrics here (JSON), from rank 0")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -498,7 +527,8 @@ def _train_cli(a, steps: int | None) -> dict:
                  save_every=a.save_every, stop_after=a.stop_after, save_every_minutes=a.save_every_minutes,
                  keep=a.keep, tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
                  distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
-                 grad_accum=a.grad_accum, bf16=False if a.fp32 else None, epochs=a.epochs, data=a.data)
+                 grad_accum=a.grad_accum, bf16=False if a.fp32 else None, epochs=a.epochs, data=a.data,
+                 recompute=a.recompute, loader_workers=a.loader_workers)
 
 if __name__ == "__main__":
     raise SystemExit(main())

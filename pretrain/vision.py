@@ -14,7 +14,9 @@ fused ``qkv``, ``norm1/2``, ``blocks``).
 Native resolution, packed: every image keeps its own grid (its size from ``packing.tokens``);
 its patches are re-ordered into 2×2 merge windows — (h//2, w//2, h%2, w%2) — so the projector's
 2×2 merge is a reshape, and all images of a micro-batch run as one THD sequence whose attention
-is confined to each image (block-diagonal, ``cu_seqlens`` per image, class token included).
+is confined to each image (block-diagonal, ``cu_seqlens`` per image, class token included). The
+loader prepares that sequence on the CPU (``prepare_images`` → ``VisionInputs``); the tower then
+runs it with one patch-embedding matmul and one varlen attention per layer (``forward_packed``).
 
 Projector (``Projector``, the published ``visual.merger``): LayerNorm (the tower's ε, 1e-5) → 2×2
 neighbour merge (4 consecutive tokens → one 4D vector) → Linear(4D → 4D) → GELU → Linear(4D → LLM
