@@ -1,15 +1,19 @@
-"""Training throughput and MFU of a recipe at a few steps, on the GPU: ``python -m bench.bench_mfu
+"""Training throughput, MFU and HFU of a recipe at a few steps, on the GPU: ``python -m bench.bench_mfu
 --run-dir RUN --recipe llava-ov-1.5-4b --steps 8``.
 
 RUN holds packed data (``pack`` at the sequence length to measure, e.g. 8192) and its tokenizer;
 the weights are a fresh initialisation (a timing needs no trained weights). The run goes through
 ``pretrain.train.train`` — megatron-core's DDP, optimizer and schedule, exactly as a stage runs —
 and stops after ``--steps`` optimizer steps *without* the end-of-stage checkpoint (a 4B model's
-dist checkpoint with Adam state is ~70 GB). MFU is ``6 · params · tokens / step time / peak``
-(peak 989 TFLOP/s dense bf16 for H100/H200 SXM, ``--peak-tflops`` otherwise); with full activation
-recompute the GPU does ~8·N FLOPs per token, so the 6·N MFU under-counts the work done by ~25 %.
-The first ``--warmup`` steps are excluded from the summary. On a machine without CUDA it prints
-that it skipped and returns 0 (``make bench`` runs on CPU-only machines).
+dist checkpoint with Adam state is ~70 GB). MFU counts the model's FLOPs (``pretrain.train.model_flops``:
+6·N per LLM token, 6·N_vit per tower token, causal attention per sample, frozen parts without
+their weight gradients) over the step time and ``--peak-tflops`` (989 dense bf16 for H100/H200
+SXM); HFU adds the recomputed forward. The step time includes the wait for the loader; its share is
+reported, with the forward+backward and optimizer times (CUDA events). The first ``--warmup``
+steps and the profiled ones are excluded from the summary. ``--profile N`` profiles N steps after
+the warm-up (torch.profiler) and reports the top 15 operators by GPU self time and the launch and
+copy counts. On a machine without CUDA it prints that it skipped and returns 0 (``make bench`` runs
+on CPU-only machines).
 """
 from __future__ import annotations
 
@@ -36,10 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--recompute", choices=["full", "selective", "none"], help="default: the stage's")
+    ap.add_argument("--loader-workers", type=int, help="DataLoader worker processes (default: the trainer's)")
     ap.add_argument("--distributed-optimizer", choices=["on", "off"], default="on")
     ap.add_argument("--peak-tflops", type=float)
     ap.add_argument("--profile", type=int, default=0, help="profile this many steps after the warm-up "
-                    "(torch.profiler) and print the top operators by GPU and CPU self time")
+                    "(torch.profiler): top 15 operators by GPU self time, launch and copy counts")
     ap.add_argument("--out", help="write the per-step records and the summary here (JSON)")
     ap.add_argument("--quick", action="store_true", help="(make bench) same as the default on CPU: skip")
     a = ap.parse_args(argv)
@@ -50,29 +55,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import pretrain.train as T
 
-    if a.recompute:
-        T.STAGES[a.stage] = dataclasses.replace(T.STAGES[a.stage], recompute=a.recompute)
+    recompute = a.recompute or T.STAGES[a.stage].recompute
     recs: list[dict] = []
-    stamps: list[float] = []
-
-    prof = None
+    prof, profiled, prof_out = None, set(), {}
 
     def on_step(rec, ddp):
         nonlocal prof
-        recs.append(rec)
+        recs.append({k: v for k, v in rec.items() if k != "pack_ids"})
         if a.profile and rec["step"] == a.warmup:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                       torch.profiler.ProfilerActivity.CUDA])
             prof.__enter__()
-        elif prof is not None and rec["step"] == a.warmup + a.profile:
-            prof.__exit__(None, None, None)
-            for key in ("self_cuda_time_total", "self_cpu_time_total"):
-                print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=60))
-            prof = None
-        stamps.append(time.perf_counter())
+        elif prof is not None:
+            profiled.add(rec["step"])
+            if rec["step"] == a.warmup + a.profile:
+                prof.__exit__(None, None, None)
+                prof_out.update(_profile_summary(prof, a.profile))
+                print(prof_out["table"])
+                prof = None
         mem = torch.cuda.max_memory_allocated() / 2**30
-        print(f"step {rec['step']}: loss {rec['loss']:.4f} {rec['tokens_per_s']:,.0f} tok/s "
-              f"MFU {rec['mfu']:.3f} peak mem {mem:.1f} GiB", flush=True)
+        print(f"step {rec['step']}: loss {rec['loss']:.4f} {rec['tokens_per_s']:,.0f} tok/s MFU {rec['mfu']:.3f} "
+              f"HFU {rec['hfu']:.3f} data {rec['data_wait_s']:.3f}s fwd+bwd {rec['fwd_bwd_s']:.3f}s "
+              f"opt {rec['optimizer_s']:.3f}s peak mem {mem:.1f} GiB", flush=True)
         if rec["step"] >= a.steps:
             raise _Done
 
@@ -80,26 +84,48 @@ def main(argv: list[str] | None = None) -> int:
     try:
         T.train(Path(a.run_dir), a.recipe, a.stage, steps=a.steps, micro_batch=a.micro_batch,
                 grad_accum=a.grad_accum, distributed_optimizer=a.distributed_optimizer == "on",
-                peak_tflops=a.peak_tflops, on_step=on_step, log=lambda *_: None)
+                peak_tflops=a.peak_tflops, on_step=on_step, log=lambda *_: None, recompute=recompute,
+                loader_workers=a.loader_workers)
     except _Done:
         pass
-    timed = recs[a.warmup:] or recs
+    timed = [r for r in recs[a.warmup:] if r["step"] not in profiled] or recs
+    med = (lambda k: statistics.median(r[k] for r in timed))
     summary = {
-        "recipe": a.recipe, "stage": a.stage, "device": torch.cuda.get_device_name(),
-        "recompute": T.STAGES[a.stage].recompute, "distributed_optimizer": a.distributed_optimizer == "on",
+        "recipe": a.recipe, "stage": a.stage, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "recompute": recompute, "distributed_optimizer": a.distributed_optimizer == "on",
         "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": len(recs), "timed_steps": len(timed),
-        "tokens_per_step": statistics.median(r["tokens"] for r in timed),
-        "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in timed),
-        "mfu_median": statistics.median(r["mfu"] for r in timed),
-        "mfu_best": max(r["mfu"] for r in timed),
+        "tokens_per_step": med("tokens"), "tokens_per_s_median": med("tokens_per_s"),
+        "mfu_median": med("mfu"), "mfu_best": max(r["mfu"] for r in timed), "hfu_median": med("hfu"),
+        "step_s_median": med("step_s"), "fwd_bwd_s_median": med("fwd_bwd_s"), "optimizer_s_median": med("optimizer_s"),
+        "data_wait_share": sum(r["data_wait_s"] for r in timed) / sum(r["step_s"] for r in timed),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         "wall_s": time.perf_counter() - t0,
         "command": "python -m bench.bench_mfu " + " ".join(sys.argv[1:] if argv is None else argv),
     }
+    summary.update({k: v for k, v in prof_out.items() if k != "table"})
     print(json.dumps(summary, indent=2))
     if a.out:
-        Path(a.out).write_text(json.dumps({"summary": summary, "steps": recs}, indent=2))
+        Path(a.out).write_text(json.dumps({"summary": summary, "steps": recs, "profile_table": prof_out.get("table")},
+                                          indent=2))
     return 0
+
+
+def _profile_summary(prof, steps: int) -> dict:
+    """Top 15 operators by GPU self time, and per step: kernel launches, memcpys, GPU busy time."""
+    ev = prof.key_averages()
+    table = ev.table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=60)
+    count = {e.key: e.count for e in ev}
+    busy = sum(e.self_device_time_total for e in ev if e.device_type == torch_device_cuda()) / 1e6
+    return {"table": table, "profiled_steps": steps,
+            "launches_per_step": sum(v for k, v in count.items() if "LaunchKernel" in k) / steps,
+            "memcpy_per_step": sum(v for k, v in count.items() if "Memcpy" in k and k.startswith("cuda")) / steps,
+            "gpu_busy_s_per_step": busy / steps}
+
+
+def torch_device_cuda():
+    from torch.autograd import DeviceType
+
+    return DeviceType.CUDA
 
 
 if __name__ == "__main__":

@@ -36,6 +36,22 @@ class PackedBatch:
     cp_index: torch.Tensor | None = None   # context parallel: this rank's token positions (pretrain.parallel)
     n_packs: int = 0             # packs in this micro-batch
     n_samples: int = 0           # source samples inside them
+    pack_ids: list | None = None  # the packs, in stream order
+    vision: object = None        # pretrain.vision.VisionInputs (BatchPrep): the tower's inputs, prepared
+    rotary: tuple | None = None  # (cos, sin) [T, head_dim] fp32: the LLM's rotary tables (BatchPrep)
+    stats: dict | None = None    # FLOP counts' inputs: Σ sample², tower tokens, Σ image² (BatchPrep)
+
+    def pin_memory(self) -> "PackedBatch":
+        """Page-locked copies (``DataLoader(pin_memory=True)`` calls this), so the step's host→device
+        copies are asynchronous."""
+        import dataclasses
+
+        pin = (lambda x: None if x is None else x.pin_memory())
+        return dataclasses.replace(
+            self, tokens=pin(self.tokens), labels=pin(self.labels), loss_mask=pin(self.loss_mask),
+            position_ids=pin(self.position_ids), cu_seqlens=pin(self.cu_seqlens), cp_index=pin(self.cp_index),
+            vision=None if self.vision is None else self.vision.pin_memory(),
+            rotary=None if self.rotary is None else tuple(pin(x) for x in self.rotary))
 
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -92,37 +108,120 @@ def collate(seqs, with_images: bool = True) -> PackedBatch:
     return PackedBatch(torch.from_numpy(ids)[None], torch.from_numpy(labels)[None], torch.from_numpy(lmask)[None],
                        torch.from_numpy(pos)[None], torch.from_numpy(cu).to(torch.int32), int(lens.max()),
                        sum(len(s.images) for s in seqs), images, n_packs=len(seqs),
-                       n_samples=int(sum(len(s.cu_seqlens) - 1 for s in seqs)))
+                       n_samples=int(sum(len(s.cu_seqlens) - 1 for s in seqs)),
+                       pack_ids=[int(s.pack_id) for s in seqs])
+
+
+@dataclass(frozen=True)
+class BatchPrep:
+    """What the loader computes for the step, on the CPU (in its worker processes): the
+    context/sequence-parallel split (``pretrain.parallel.shard_batch``), the LLM's rotary tables,
+    and the vision tower's inputs (``pretrain.vision.prepare_images``) with the LLM positions of
+    the image pads — so the step hands them down and does no per-sample or per-image work."""
+
+    vit: object                 # pretrain.vision.ViTSize
+    rope_dim: int
+    rope_theta: float
+    image_pad_id: int
+    dtype: torch.dtype = torch.float32
+    tp: int = 1
+    cp: int = 1
+    cp_rank: int = 0
+    sequence_parallel: bool = False
+
+    def __call__(self, b: PackedBatch) -> PackedBatch:
+        import dataclasses
+
+        from pretrain.attention import rotary_tables
+        from pretrain.parallel import shard_batch
+        from pretrain.vision import prepare_images
+
+        lens = np.diff(b.cu_seqlens.numpy()).astype(np.int64)
+        stats = {"tokens": int(lens.sum()), "attn_sq": int((lens ** 2).sum())}
+        b = shard_batch(b, self.tp, self.cp, self.cp_rank, self.sequence_parallel)
+        pos = b.position_ids[0] if b.cp_index is None else b.position_ids[0, b.cp_index]
+        vi = prepare_images(b.images or [], self.vit, dtype=self.dtype)
+        where = torch.from_numpy(np.flatnonzero(b.tokens[0].numpy() == self.image_pad_id))
+        if len(where) != vi.patches.shape[0] // 4:
+            raise ValueError(f"packs {b.pack_ids}: {len(where)} <|image_pad|> tokens but {vi.patches.shape[0] // 4} "
+                             "image tokens from the grids — packing and the vision tower disagree on the image grid")
+        vi.token_index = where
+        tower = np.asarray(list(vi.spans), dtype=np.int64)
+        stats.update(vit_tokens=int(tower.sum()), vit_sq=int((tower ** 2).sum()), merged=len(where))
+        return dataclasses.replace(b, vision=vi, images=None, rotary=rotary_tables(pos, self.rope_dim, self.rope_theta),
+                                   stats=stats)
 
 
 def iter_batches(run_dir: str | Path, pack_step: str, micro_batch: int, epochs: int | None = None,
-                 rank: int = 0, world: int = 1, skip: int = 0) -> Iterator[PackedBatch]:
+                 rank: int = 0, world: int = 1, skip: int = 0, start_pack: int = 0, prep=None,
+                 workers: int = 1, worker: int = 0) -> Iterator[PackedBatch]:
     """Deterministic order: shards sorted, packs in file order, repeated ``epochs`` times (None:
-    forever) as one stream — micro-batch ``k`` is packs ``[k·micro_batch, (k+1)·micro_batch)`` of
-    that stream, running across epoch boundaries, so ``S`` steps of global batch ``G`` consume
-    exactly ``S·G`` packs. ``rank`` / ``world``: a data-parallel rank keeps micro-batches ``rank,
-    rank + world, …`` and decodes only those; ``skip``: this rank's first micro-batches to pass over
-    without decoding (a resumed run)."""
+    forever) as one stream — micro-batch ``k`` is packs ``[P + k·micro_batch, P + (k+1)·micro_batch)``
+    of that stream (``P = start_pack``: packs already consumed, a resumed run's loader state),
+    running across epoch boundaries, so ``S`` steps of global batch ``G`` consume exactly ``S·G``
+    packs. ``rank`` / ``world``: a data-parallel rank keeps micro-batches ``rank, rank + world, …``
+    and decodes only those; ``skip``: this rank's first micro-batches to pass over without
+    decoding. ``workers`` / ``worker``: of this rank's micro-batches, this loader worker builds
+    every ``workers``-th (``DataLoader`` hands them out in that order). ``prep``: a ``BatchPrep``
+    applied to each micro-batch."""
     from packing.shards import iter_packed, packed_shards
 
     shards = packed_shards(run_dir, pack_step)
-    e, k, mine, buf = 0, 0, 0, []
+    e, k, mine, buf, seen = 0, 0, 0, [], 0
     while epochs is None or e < epochs:
         n = 0
         for sh in shards:
             for seq in iter_packed(sh):
                 n += 1
+                seen += 1
+                if seen <= start_pack:
+                    continue
                 buf.append(seq)
                 if len(buf) == micro_batch:
                     if k % world == rank:
-                        if mine >= skip:
-                            yield collate(buf)
+                        if mine >= skip and (mine - skip) % workers == worker:
+                            b = collate(buf)
+                            yield b if prep is None else prep(b)
                         mine += 1
                     k += 1
                     buf = []
         if n == 0:
             raise ValueError(f"the packed shards of {pack_step!r} hold no packs — did `ovpipe pack` pack anything?")
         e += 1
+
+
+class PackStream(torch.utils.data.IterableDataset):
+    """``iter_batches`` split over ``DataLoader`` worker processes: worker ``w`` of ``W`` builds this
+    rank's micro-batches ``w, w + W, …`` and the loader yields them in stream order, so the order
+    does not depend on the number of workers."""
+
+    def __init__(self, run_dir, pack_step: str, micro_batch: int, rank: int = 0, world: int = 1,
+                 start_pack: int = 0, prep=None):
+        self.args = (run_dir, pack_step, micro_batch)
+        self.rank, self.world, self.start_pack, self.prep = rank, world, start_pack, prep
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        if info is not None:
+            torch.set_num_threads(1)
+        return iter_batches(*self.args, rank=self.rank, world=self.world, start_pack=self.start_pack,
+                            prep=self.prep, workers=workers, worker=worker)
+
+
+def _as_is(x):
+    return x
+
+
+def loader(run_dir, pack_step: str, micro_batch: int, rank: int = 0, world: int = 1, start_pack: int = 0,
+           prep=None, workers: int = 0, pin_memory: bool = False, prefetch: int = 2):
+    """This rank's micro-batches through a ``torch.utils.data.DataLoader``: decoding, resizing and
+    ``prep`` run in ``workers`` processes (0: in this one), each keeping ``prefetch`` micro-batches
+    ready, copied to page-locked memory when ``pin_memory``."""
+    ds = PackStream(run_dir, pack_step, micro_batch, rank, world, start_pack, prep)
+    kw = {"prefetch_factor": prefetch, "persistent_workers": False} if workers else {}
+    return torch.utils.data.DataLoader(ds, batch_size=None, collate_fn=_as_is, num_workers=workers,
+                                       pin_memory=pin_memory, **kw)
 
 
 @dataclass(frozen=True)

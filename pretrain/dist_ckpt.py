@@ -45,9 +45,10 @@ def model_sharded_state_dict(model) -> dict:
     return sd
 
 
-def save(root: Path, model, opt, step: int, keep: int = 2) -> Path:
+def save(root: Path, model, opt, step: int, keep: int = 2, data: dict | None = None) -> Path:
     """``opt``: a megatron optimizer (its sharded state is saved with the model) or None. Writes
-    ``root/iter_<step>/`` atomically and keeps the newest ``keep``; returns that folder."""
+    ``root/iter_<step>/`` atomically and keeps the newest ``keep``; returns that folder. ``data``:
+    the loader's state (``pretrain.train``: packs consumed), kept in ``step.json``."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
@@ -67,10 +68,18 @@ def save(root: Path, model, opt, step: int, keep: int = 2) -> Path:
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:
-        checkpoint.commit(root, step, keep)
+        checkpoint.commit(root, step, keep, {"data": data} if data else None)
     if dist.is_initialized():
         dist.barrier()
     return root / checkpoint.iter_name(step)
+
+
+def data_state(path: Path) -> dict | None:
+    """The loader state saved with the checkpoint (a root or a folder; None: an older checkpoint
+    without one)."""
+    from pretrain import checkpoint
+
+    return json.loads((checkpoint.resolve(path) / "step.json").read_text()).get("data")
 
 
 def is_complete(path: Path) -> bool:

@@ -60,9 +60,13 @@ class TorchRMSNorm(torch.nn.RMSNorm):
             p.sequence_parallel = bool(config.sequence_parallel)
 
 
-def layer_spec(backend: str = "auto"):
-    """``te`` (GPU, THD via TE fused attention) | ``sdpa`` (local spec + SDPA THD core attention)."""
+def layer_spec(backend: str = "auto", rope_theta: float | None = None):
+    """``te`` (GPU, THD via TE fused attention) | ``sdpa`` (local spec + SDPA THD core attention).
+    ``rope_theta``: the local spec's core attention applies the rotary embedding itself (one op over
+    all tokens from per-micro-batch tables, ``pretrain.attention``); the GPT model is then built
+    without megatron's rotary (``build_llm``)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import ModuleSpec
 
     if backend in ("auto", "te"):
         try:
@@ -77,18 +81,19 @@ def layer_spec(backend: str = "auto"):
 
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     sub = spec.submodules
-    sub.self_attention.submodules.core_attention = SDPACoreAttention
+    sub.self_attention.submodules.core_attention = ModuleSpec(module=SDPACoreAttention,
+                                                              params={"rope_theta": rope_theta})
     sub.input_layernorm = sub.pre_mlp_layernorm = TorchRMSNorm
     sub.self_attention.submodules.q_layernorm = sub.self_attention.submodules.k_layernorm = TorchRMSNorm
     return spec
 
 
-def block_spec(cfg, backend: str = "auto"):
+def block_spec(cfg, backend: str = "auto", rope_theta: float | None = None):
     """The decoder block of this pipeline stage: ``layer_spec`` × its layer count, and the final
     norm (``TorchRMSNorm`` on the local spec, so sequence parallelism works without TE)."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-    spec = layer_spec(backend)
+    spec = layer_spec(backend, rope_theta)
     if spec.submodules.input_layernorm is not TorchRMSNorm:      # TE spec: megatron's default block
         return spec
     return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(cfg), layer_norm=TorchRMSNorm)
@@ -103,16 +108,21 @@ def build_llm(size: LLMSize, tp: int = 1, backend: str = "auto", max_seq_len: in
     from megatron.core.models.gpt import GPTModel
 
     cfg = transformer_config(size, tp, **overrides)
-    return GPTModel(cfg, block_spec(cfg, backend), vocab_size=size.vocab_size, max_sequence_length=max_seq_len,
-                    position_embedding_type="rope", rotary_base=int(size.rope_theta),
+    spec = block_spec(cfg, backend, size.rope_theta)
+    local = hasattr(spec, "layer_specs")
+    # the local spec's core attention applies the rotary embedding (layer_spec); TE's spec keeps megatron's
+    return GPTModel(cfg, spec, vocab_size=size.vocab_size, max_sequence_length=max_seq_len,
+                    position_embedding_type="none" if local else "rope", rotary_base=int(size.rope_theta),
                     share_embeddings_and_output_weights=size.tie_embeddings,
                     pre_process=pre_process, post_process=post_process,
                     scatter_embedding_sequence_parallel=False)
 
 
-def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int):
-    from megatron.core.packed_seq_params import PackedSeqParams
+def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, rotary: tuple | None = None):
+    """THD ``PackedSeqParams`` (``PackedRotaryParams``: with the micro-batch's rotary tables when given)."""
+    from pretrain.attention import PackedRotaryParams
 
     cu = cu_seqlens.to(torch.int32)
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max_seqlen,
-                           max_seqlen_kv=max_seqlen)
+    cos, sin = rotary if rotary is not None else (None, None)
+    return PackedRotaryParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=int(max_seqlen),
+                              max_seqlen_kv=int(max_seqlen), rotary_cos=cos, rotary_sin=sin)

@@ -18,9 +18,10 @@ step's ``packs`` manifest). At start rank 0 prints the plan (samples → packs, 
 of the packs seen: ``pretrain.data.plan_data``), at the end the totals consumed.
 
 Per step, ``metrics.jsonl`` (and the ``train_metrics`` manifest) gets loss (token mean over target
-tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s, an MFU estimate
-(6·N_trainable-forward-and-backward·tokens/s / ``peak_tflops``), tokens, images, and the packs and
-source samples consumed over all DP ranks; the stage config is saved as ``stage.json``.
+tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s, MFU and HFU (``model_flops``
+over ``peak_tflops``), the step time and its split (data wait, forward+backward, optimizer), tokens,
+images, and the packs and source samples consumed over all DP ranks; the stage config is saved as
+``stage.json``.
 """
 from __future__ import annotations
 
@@ -131,7 +132,88 @@ def to_device(b, device):
     mv = (lambda x: None if x is None else x.to(device, non_blocking=True))
     return dataclasses.replace(b, tokens=mv(b.tokens), labels=mv(b.labels), loss_mask=mv(b.loss_mask),
                                position_ids=mv(b.position_ids), cu_seqlens=mv(b.cu_seqlens),
-                               cp_index=mv(b.cp_index), images=[mv(x) for x in b.images or []])
+                               cp_index=mv(b.cp_index), images=[mv(x) for x in b.images or []],
+                               vision=None if b.vision is None else b.vision.to(device),
+                               rotary=None if b.rotary is None else tuple(mv(x) for x in b.rotary))
+
+
+RECOMPUTE = ("full", "selective", "none")
+
+
+def recompute_overrides(recompute: str) -> dict:
+    """``TransformerConfig`` fields of a recompute mode: ``full`` — every LLM layer's activations
+    rebuilt in backward (and every tower layer's); ``selective`` — the core attention and the MLP
+    (the widest activations: 2 × 9,728 per token in the 4B) of each layer, in the tower each MLP;
+    ``none`` — everything kept."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    if recompute == "selective":
+        return {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "mlp"]}
+    return {}
+
+
+def fused_adam(opt) -> int:
+    """Switch the torch ``AdamW`` under megatron's optimizer (its fallback without TE or Apex, which
+    runs the ``foreach`` implementation) to torch's fused CUDA kernel: the param groups' ``fused``
+    flag, which ``AdamW.step`` reads on every step; step counters already loaded on the CPU (a
+    resumed run) move to the parameters' device, where the fused kernel wants them. Returns the
+    number of param groups switched (none when TE/Apex's FusedAdam is in use)."""
+    n = 0
+    for o in getattr(opt, "chained_optimizers", [opt]):
+        inner = getattr(o, "optimizer", None)
+        if not isinstance(inner, torch.optim.AdamW) or type(inner).__module__.split(".")[0] != "torch":
+            continue
+        for g in inner.param_groups:
+            if not all(p.is_cuda and p.is_floating_point() for p in g["params"]):
+                continue
+            g["fused"], g["foreach"] = True, False
+            for p in g["params"]:
+                st = inner.state.get(p, {})
+                if "step" in st and torch.is_tensor(st["step"]) and st["step"].device != p.device:
+                    st["step"] = st["step"].to(p.device, torch.float32)
+            n += 1
+    return n
+
+
+def model_flops(recipe, trainable: str, stats: dict, recompute: str) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of one micro-batch from its ``BatchPrep`` stats.
+
+    Model FLOPs: per LLM token 2·N_llm forward (N_llm: the LLM's matmul weights, the output layer
+    counted once, the input embedding — a lookup — not), per tower token 2·N_vit, per merged image
+    token 2·N_proj; per sample of length s the causal attention 2·s²·(heads·head_dim)·layers
+    forward (half of the square), per image of n tower tokens 4·n²·D·layers. Backward: 2× forward
+    for a trained part; for a frozen one, its input gradient (1× forward) where a trained part lies
+    before it (the LLM in stage 1), nothing where none does (the tower in stage 1). Hardware FLOPs
+    add the recomputed forward: ``full`` the LLM layers and the tower; ``selective`` the MLPs and
+    the core attention."""
+    llm, vit = recipe.llm, recipe.vit
+    h, f, layers = llm.hidden_size, llm.ffn_hidden_size, llm.num_layers
+    attn_w = h * llm.kv_channels * (llm.num_attention_heads * 2 + llm.num_query_groups * 2)
+    mlp_w = 3 * h * f
+    n_llm_layers = layers * (attn_w + mlp_w)
+    n_llm = n_llm_layers + h * llm.vocab_size
+    D, L, I = vit.hidden_size, vit.num_layers, vit.intermediate_size
+    n_vit_mlp = 2 * D * I
+    n_vit_layers = L * (4 * D * D + n_vit_mlp)
+    n_vit = n_vit_layers + 3 * vit.patch_size ** 2 * D
+    n_proj = 16 * D * D + 4 * D * h
+    llm_attn = 2 * stats["attn_sq"] * llm.num_attention_heads * llm.kv_channels * layers
+    vit_attn = 4 * stats["vit_sq"] * D * L
+    fwd_llm = 2 * n_llm * stats["tokens"] + llm_attn
+    fwd_vit = 2 * n_vit * stats["vit_tokens"] + vit_attn
+    fwd_proj = 2 * n_proj * stats["merged"]
+    trains_all = trainable == "all"
+    # backward multipliers: trained 2× (input + weight gradients); frozen 1× behind a trained part
+    mult_vit, mult_proj, mult_llm = (3, 3, 3) if trains_all else (1, 3, 2)
+    mf = mult_vit * fwd_vit + mult_proj * fwd_proj + mult_llm * fwd_llm
+    extra = 0.0
+    if recompute == "full":
+        extra = fwd_llm - 2 * h * llm.vocab_size * stats["tokens"] + fwd_vit
+    elif recompute == "selective":
+        extra = 2 * layers * mlp_w * stats["tokens"] + llm_attn + 2 * L * n_vit_mlp * stats["vit_tokens"]
+    return float(mf), float(mf + extra)
 
 
 def build(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequence_parallel: bool,
@@ -145,12 +227,11 @@ def build(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequen
     if sizes["pp"] > 1:   # packed micro-batches differ in length; megatron's config check asks for this dispatcher
         overrides["moe_token_dispatcher_type"] = "alltoall"
     overrides.update(pipeline_overrides(RECIPES[recipe].llm.num_layers, sizes["pp"]))
-    if recompute == "full":
-        overrides.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    overrides.update(recompute_overrides(recompute))
     model = VLM(RECIPES[recipe], image_pad_id(run_dir, tokenizer), tp=sizes["tp"],
                 backend="auto" if cuda else "sdpa", sequence_parallel=sequence_parallel, dtype=dtype, **overrides)
-    if recompute == "full" and getattr(model, "vision", None) is not None:
-        model.vision.recompute = True           # the tower's activations too, not only the LLM's
+    if getattr(model, "vision", None) is not None:
+        model.vision.recompute = recompute      # the tower's activations too, not only the LLM's
     if cuda:
         model.cuda()
     return model.to(dtype)
@@ -161,7 +242,8 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
           stop_after: int | None = None, tokenizer: str | None = None, tp: int = 1, pp: int = 1, cp: int = 1,
           sequence_parallel: bool = False, distributed_optimizer: bool | None = None, grad_accum: int = 1,
           bf16: bool | None = None, epochs: float | None = None, data: str | None = None,
-          on_step=None, save_every_minutes: float = 0.0, keep: int = 2) -> dict:
+          on_step=None, save_every_minutes: float = 0.0, keep: int = 2,
+          recompute: str | None = None, loader_workers: int | None = None) -> dict:
     """One stage through megatron-core's own training stack: the model in DDP
     (``DistributedDataParallel``, grads reduced over DP×CP), ``get_megatron_optimizer`` (Adam; the
     distributed optimizer on GPU), and the forward/backward schedule of ``get_forward_backward_func``
@@ -181,7 +263,17 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
 
     Gradients are reduced with ``overlap_grad_reduce`` (each DDP bucket's all-reduce / reduce-scatter
     starts during the backward pass, as soon as its last gradient is in): text-only micro-batches
-    keep every bucket complete through ``VLM.embed``'s zero-valued dummy image."""
+    keep every bucket complete through ``VLM.embed``'s zero-valued dummy image.
+
+    ``recompute``: ``full`` | ``selective`` | ``none`` (``recompute_overrides``; default the stage's
+    on GPU, none on CPU). ``loader_workers``: DataLoader worker processes that decode and prepare
+    the micro-batches (``pretrain.data.loader``; default 4 on GPU, 0 — in this process — on CPU).
+    The loader's position (packs consumed) is saved with every checkpoint, and a resumed run
+    continues at the next pack of the stream.
+
+    Each record also holds: the time split of the step — ``data_wait_s`` (waiting for the loader and
+    the host→device copies), ``fwd_bwd_s`` and ``optimizer_s`` (GPU time between CUDA events; host
+    time on CPU) — ``mfu`` / ``hfu`` (``model_flops``), and ``pack_ids`` (this rank's packs)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -191,8 +283,7 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     from pretrain import checkpoint, dist_ckpt
-    from pretrain.data import iter_batches, plan_data
-    from pretrain.parallel import shard_batch
+    from pretrain.data import BatchPrep, loader, plan_data
     from pretrain.recipes import Parallelism, validate
 
     run_dir = Path(run_dir)
@@ -209,7 +300,8 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
     dtype = torch.bfloat16 if bf16 else torch.float32
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
-    recompute = st_cfg.recompute if cuda else "none"    # activation recompute is a GPU-memory trade
+    if recompute is None:
+        recompute = st_cfg.recompute if cuda else "none"    # activation recompute is a GPU-memory trade
     plan = plan_data(run_dir, data, micro_batch, grad_accum, sizes["dp"], steps, epochs, count_samples=rank0)
     steps = plan.steps
     if rank0:
@@ -245,12 +337,23 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
     cfg.no_sync_func = ddp.no_sync
     if how == "resume" and start:                       # step 0: imported weights, no optimizer state
         dist_ckpt.load_optimizer(src, model, opt)
+    if cuda:
+        fused_adam(opt)
     n_params = _param_count(model)
     peak_flops = (peak_tflops or (989.0 if cuda else 0.2)) * 1e12 * world
     dp, dp_rank = sizes["dp"], ps.get_data_parallel_rank()
     cp_rank = ps.get_context_parallel_rank()
-    # same data order as an uninterrupted run: the steps already done are skipped, not decoded
-    batches = iter_batches(run_dir, data, micro_batch, rank=dp_rank, world=dp, skip=start * grad_accum)
+    # same data order as an uninterrupted run: the loader continues at the first pack not consumed
+    # (the checkpoint's loader state; older checkpoints: the steps done × the global batch)
+    state = dist_ckpt.data_state(src) if how == "resume" and start else None
+    if state is not None and state.get("step") not in (None, data):
+        raise ValueError(f"the checkpoint {src} was reading pack step {state['step']!r}, this run reads {data!r}")
+    start_pack = state["packs_consumed"] if state is not None else start * plan.gbs
+    rec_ = RECIPES[recipe]
+    prep = BatchPrep(rec_.vit, rec_.llm.kv_channels, rec_.llm.rope_theta, model.image_pad_id, dtype, sizes["tp"],
+                     sizes["cp"], cp_rank, sequence_parallel)
+    workers = (4 if cuda else 0) if loader_workers is None else loader_workers
+    batches = iter(loader(run_dir, data, micro_batch, dp_rank, dp, start_pack, prep, workers, pin_memory=cuda))
     device = _device()
     reports = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
 
@@ -286,41 +389,57 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
     policy.install()
     try:
         for step in bar:
-            raw = [next(batches) for _ in range(grad_accum)]
-            mbs = [to_device(shard_batch(b, sizes["tp"], sizes["cp"], cp_rank, sequence_parallel), device)
-                   for b in raw]
             t0 = time.perf_counter()
+            raw = [next(batches) for _ in range(grad_accum)]
+            mbs = [to_device(b, device) for b in raw]
+            t_data = time.perf_counter() - t0
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps, peak, st_cfg.min_lr, st_cfg.warmup_frac)
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if cuda else None
+            if cuda:
+                ev[0].record()
+            th0 = time.perf_counter()
             ddp.zero_grad_buffer()
             opt.zero_grad()
             res = fb(forward_step_func=forward_step, data_iterator=iter(mbs), model=[ddp],
                      num_microbatches=grad_accum, seq_length=max(b.tokens.shape[1] for b in mbs),
                      micro_batch_size=1, forward_only=False)
+            if cuda:
+                ev[1].record()
+            th1 = time.perf_counter()
             ok, gn, _ = opt.step()
+            if cuda:
+                ev[2].record()
+            th2 = time.perf_counter()
             # loss sum / target tokens over DP×CP (from the last stage), tokens / images / packs /
-            # samples over DP
-            agg = torch.zeros(6, dtype=torch.float64, device=device)
+            # samples / model and hardware FLOPs over DP
+            agg = torch.zeros(8, dtype=torch.float64, device=device)
             if reports:
                 agg[:2] = torch.stack([r["lm"] for r in res]).sum(0).double()
-                if cp_rank == 0:
-                    agg[2] = sum(int(b.cu_seqlens[-1]) for b in raw)
-                    agg[3] = sum(b.n_images for b in raw)
-                    agg[4] = sum(b.n_packs for b in raw)
-                    agg[5] = sum(b.n_samples for b in raw)
+            if reports and cp_rank == 0:
+                flops = [model_flops(rec_, st_cfg.trainable, b.stats, recompute) for b in raw]
+                agg[2:] = torch.tensor([sum(b.stats["tokens"] for b in raw), sum(b.n_images for b in raw),
+                                        sum(b.n_packs for b in raw), sum(b.n_samples for b in raw),
+                                        sum(x[0] for x in flops), sum(x[1] for x in flops)], dtype=torch.float64)
             if dist.is_initialized():
                 dist.all_reduce(agg)
+            agg = agg.cpu()                                 # the step's one host sync
             dt = time.perf_counter() - t0
+            fwd_bwd, opt_s = (ev[0].elapsed_time(ev[1]) / 1e3, ev[1].elapsed_time(ev[2]) / 1e3) if cuda \
+                else (th1 - th0, th2 - th1)
             ntok = int(agg[2])
             rec = {"step": step + 1, "loss": float(agg[0] / agg[1].clamp(min=1)), "lr": opt.param_groups[0]["lr"],
                    "grad_norm": float(gn) if gn is not None else float("nan"), "tokens_per_s": ntok / dt,
-                   "mfu": 6 * n_params * ntok / dt / peak_flops, "tokens": ntok, "images": int(agg[3]),
-                   "packs": int(agg[4]), "samples": int(agg[5])}
+                   "mfu": float(agg[6]) / dt / peak_flops, "hfu": float(agg[7]) / dt / peak_flops,
+                   "tokens": ntok, "images": int(agg[3]), "packs": int(agg[4]), "samples": int(agg[5]),
+                   "step_s": dt, "data_wait_s": t_data, "fwd_bwd_s": fwd_bwd, "optimizer_s": opt_s,
+                   "pack_ids": [i for b in raw for i in b.pack_ids]}
+            packs_done = start_pack + (step + 1 - start) * plan.gbs
             metrics.append(rec)
             if on_step is not None:
                 on_step(rec, ddp)
             if rank0:
-                f.write(json.dumps(rec) + "\n")
+                f.write(json.dumps({k: v for k, v in rec.items() if k != "pack_ids"}) + "\n")
                 f.flush()
                 bar.set_postfix(loss=f"{rec['loss']:.3f}")
                 if tb is not None:
@@ -331,7 +450,7 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
             due, preempted = policy.decide(step + 1, device)
             stopping = preempted or (bool(stop_after) and step + 1 - start >= stop_after)
             if (due or stopping) and step + 1 < steps:
-                dist_ckpt.save(ckpt, model, opt, step + 1, keep)
+                dist_ckpt.save(ckpt, model, opt, step + 1, keep, {"step": data, "packs_consumed": packs_done})
                 policy.saved()
             if stopping and step + 1 < steps:
                 return {"metrics": metrics, "checkpoint": str(ckpt), "params": n_params,
@@ -341,7 +460,8 @@ def train(run_dir: Path, recipe: str, stage: str, steps: int | None = None, micr
         if f is not None:
             f.close()
     if checkpoint.newest(ckpt, log=None) is None or checkpoint.newest(ckpt, log=None)[0] != steps:
-        dist_ckpt.save(ckpt, model, opt, steps, keep)
+        dist_ckpt.save(ckpt, model, opt, steps, keep,
+                       {"step": data, "packs_consumed": start_pack + (steps - start) * plan.gbs})
     rows = write_metrics_manifest(run_dir, stage, out / "metrics.jsonl")
     if rows:
         log(f"stage {stage}: {consumed(rows, plan)}")
@@ -384,6 +504,9 @@ def main(argv=None) -> int:
     ap.add_argument("--distributed-optimizer", choices=["auto", "on", "off"], default="auto",
                     help="auto: on with CUDA (megatron's distributed optimizer checks for CUDA tensors)")
     ap.add_argument("--fp32", action="store_true", help="train in fp32 even on GPU")
+    ap.add_argument("--recompute", choices=RECOMPUTE, help="activation recompute (default: the stage's on GPU, "
+                    "none on CPU): full | selective (core attention + MLP) | none")
+    ap.add_argument("--loader-workers", type=int, help="DataLoader worker processes (default 4 on GPU, 0 on CPU)")
     ap.add_argument("--metrics-out", help="also write this run's per-step metrics here (JSON), from rank 0")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -404,7 +527,8 @@ def _train_cli(a, steps: int | None) -> dict:
                  save_every=a.save_every, stop_after=a.stop_after, save_every_minutes=a.save_every_minutes,
                  keep=a.keep, tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
                  distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
-                 grad_accum=a.grad_accum, bf16=False if a.fp32 else None, epochs=a.epochs, data=a.data)
+                 grad_accum=a.grad_accum, bf16=False if a.fp32 else None, epochs=a.epochs, data=a.data,
+                 recompute=a.recompute, loader_workers=a.loader_workers)
 
 if __name__ == "__main__":
     raise SystemExit(main())

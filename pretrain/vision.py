@@ -14,7 +14,9 @@ fused ``qkv``, ``norm1/2``, ``blocks``).
 Native resolution, packed: every image keeps its own grid (its size from ``packing.tokens``);
 its patches are re-ordered into 2×2 merge windows — (h//2, w//2, h%2, w%2) — so the projector's
 2×2 merge is a reshape, and all images of a micro-batch run as one THD sequence whose attention
-is confined to each image (block-diagonal, ``cu_seqlens`` per image, class token included).
+is confined to each image (block-diagonal, ``cu_seqlens`` per image, class token included). The
+loader prepares that sequence on the CPU (``prepare_images`` → ``VisionInputs``); the tower then
+runs it with one patch-embedding matmul and one varlen attention per layer (``forward_packed``).
 
 Projector (``Projector``, the published ``visual.merger``): LayerNorm (the tower's ε, 1e-5) → 2×2
 neighbour merge (4 consecutive tokens → one 4D vector) → Linear(4D → 4D) → GELU → Linear(4D → LLM
@@ -29,6 +31,8 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
+
+from pretrain.attention import packed_attention
 
 
 @dataclass(frozen=True)
@@ -71,18 +75,39 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(s.hidden_size, s.hidden_size)
 
     def forward(self, x, cos, sin, lens: list[int]):
+        """``lens``: the per-image token counts (``Spans``: with their ``cu_seqlens`` on the device
+        and the longest, so the attention needs no host sync). Attention is confined to each image:
+        one varlen call over all images (``pretrain.attention.packed_attention``, non-causal)."""
         t = x.shape[0]
         q, k, v = (p(x).view(t, self.heads, self.hd) for p in (self.q_proj, self.k_proj, self.v_proj))
         c, s_ = cos[:, None, :], sin[:, None, :]
         acc = c.dtype                                       # rotary in fp32 (at least), as HF does
         q = (q.to(acc) * c + rotate_half(q.to(acc)) * s_).to(v.dtype)
         k = (k.to(acc) * c + rotate_half(k.to(acc)) * s_).to(v.dtype)
-        # lens: the per-image token counts. Attention is confined to each image: one SDPA per image
-        # (flash / memory-efficient kernels, memory linear in the pack), never a dense pack² mask
-        q, k, v = (z.transpose(0, 1) for z in (q, k, v))
-        out = torch.cat([F.scaled_dot_product_attention(qi[None], ki[None], vi[None])[0]
-                         for qi, ki, vi in zip(q.split(lens, 1), k.split(lens, 1), v.split(lens, 1))], dim=1)
-        return self.out_proj(out.transpose(0, 1).reshape(t, -1))
+        if not isinstance(lens, Spans):
+            lens = Spans(lens)
+        cu = lens.cu_seqlens(x.device)
+        out = packed_attention(q, k, v, cu, lens.max_len, causal=False, bounds=lens.bounds)
+        return self.out_proj(out.reshape(t, -1))
+
+
+class Spans(list):
+    """The per-image token counts of a packed tower sequence (a list of ints), with their
+    cumulative boundaries (``cu``, int32; moved to the device once per micro-batch) and the longest."""
+
+    def __init__(self, lens, cu: torch.Tensor | None = None):
+        super().__init__(int(n) for n in lens)
+        if cu is None:
+            cu = torch.zeros(len(self) + 1, dtype=torch.int32)
+            cu[1:] = torch.tensor(list(self), dtype=torch.int32).cumsum(0)
+        self.cu = cu
+        self.max_len = max(self, default=0)
+        self.bounds = [0] + torch.tensor(list(self)).cumsum(0).tolist() if self else [0]
+
+    def cu_seqlens(self, device) -> torch.Tensor:
+        if self.cu.device != torch.device(device):
+            self.cu = self.cu.to(device, non_blocking=True)
+        return self.cu
 
 
 class MLP(nn.Module):
@@ -103,9 +128,16 @@ class Layer(nn.Module):
         self.layer_norm2 = nn.LayerNorm(s.hidden_size, eps=s.layer_norm_eps)
         self.mlp = MLP(s)
 
+        self.recompute_mlp = False          # selective recompute: the MLP's activations rebuilt in backward
+
     def forward(self, x, cos, sin, lens: list[int]):
         x = x + self.self_attn(self.layer_norm1(x), cos, sin, lens)
-        return x + self.mlp(self.layer_norm2(x))
+        if self.recompute_mlp and self.training and torch.is_grad_enabled():
+            return x + torch.utils.checkpoint.checkpoint(self._mlp, x, use_reentrant=False)
+        return x + self._mlp(x)
+
+    def _mlp(self, x):
+        return self.mlp(self.layer_norm2(x))
 
 
 class Encoder(nn.Module):
@@ -121,6 +153,84 @@ class Embeddings(nn.Module):
         self.patch_embedding = nn.Conv2d(3, s.hidden_size, s.patch_size, s.patch_size, bias=False)
 
 
+@dataclass
+class VisionInputs:
+    """All images of a micro-batch as the tower consumes them, built on the CPU (the loader's
+    workers, ``prepare_images``) so the step itself has no per-image work:
+
+    - ``patches`` [N, 3·p·p]: every image's patches flattened (the stride-p convolution is then one
+      matmul), in 2×2 merge-window order, image after image;
+    - ``gather`` [N + n]: tower position → row of ``cat(class tokens [n], patches [N])`` (each
+      image is its class token, then its patches); ``patch_index`` [N]: the patches' tower positions;
+    - ``cos`` / ``sin`` [N, head_dim] (fp32): the patches' 2D rotary tables (the class token's
+      angle is a parameter, ``class_pos_emb``, added in the forward);
+    - ``spans``: per-image token counts with their ``cu_seqlens`` and the longest (``Spans``);
+    - ``token_index`` [N / 4]: the LLM positions of the ``<|image_pad|>`` tokens they replace
+      (set by ``pretrain.data.collate``)."""
+
+    patches: torch.Tensor
+    gather: torch.Tensor
+    patch_index: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    spans: Spans
+    token_index: torch.Tensor | None = None
+
+    @property
+    def n_images(self) -> int:
+        return len(self.spans)
+
+    def _map(self, fn) -> "VisionInputs":
+        spans = Spans(self.spans, fn(self.spans.cu))
+        return VisionInputs(fn(self.patches), fn(self.gather), fn(self.patch_index), fn(self.cos), fn(self.sin),
+                            spans, None if self.token_index is None else fn(self.token_index))
+
+    def to(self, device) -> "VisionInputs":
+        return self._map(lambda x: x.to(device, non_blocking=True))
+
+    def pin_memory(self) -> "VisionInputs":
+        return self._map(lambda x: x.pin_memory())
+
+
+def patch_angles(s: ViTSize, gh: int, gw: int, order: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """The 2D rotary angles [gh·gw, head_dim] of a grid's patches (in ``order``): half the head's
+    frequencies follow the row, half the column, ``[h, w, h, w]``; fp32 (fp64 for an fp64 model)."""
+    spatial = s.hidden_size // s.num_heads // 2
+    inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, spatial, 2).to(dtype) / spatial))
+    h = torch.arange(gh).repeat_interleave(gw)[order].to(dtype)
+    w = torch.arange(gw).repeat(gh)[order].to(dtype)
+    hw = torch.cat([h[:, None] * inv_freq, w[:, None] * inv_freq], dim=-1)
+    return torch.cat([hw, hw], dim=-1)
+
+
+def prepare_images(images: list[torch.Tensor], s: ViTSize, merge_order: bool = True,
+                   dtype: torch.dtype | None = None, rotary_dtype: torch.dtype = torch.float32) -> VisionInputs:
+    """[3, H, W] images (H, W multiples of the patch) → ``VisionInputs``, on the CPU. ``dtype``:
+    the patches' (the training dtype: the convolution read them in it anyway)."""
+    p = s.patch_size
+    n = len(images)
+    patches, angles, lens = [], [], []
+    for img in images:
+        gh, gw = img.shape[-2] // p, img.shape[-1] // p
+        x = img.reshape(3, gh, p, gw, p).permute(1, 3, 0, 2, 4).reshape(gh * gw, 3 * p * p)
+        order = merge_window_order(gh, gw) if merge_order else torch.arange(gh * gw)
+        patches.append(x[order])
+        angles.append(patch_angles(s, gh, gw, order, rotary_dtype))
+        lens.append(1 + gh * gw)
+    lens_t = torch.tensor(lens, dtype=torch.long)
+    starts = torch.cumsum(lens_t, 0) - lens_t                       # each image's class-token position
+    total = int(lens_t.sum())
+    is_cls = torch.zeros(total, dtype=torch.bool)
+    is_cls[starts] = True
+    patch_index = (~is_cls).nonzero().squeeze(-1)
+    gather = torch.empty(total, dtype=torch.long)
+    gather[starts] = torch.arange(n)
+    gather[patch_index] = n + torch.arange(total - n)
+    ang = torch.cat(angles) if angles else torch.zeros(0, s.hidden_size // s.num_heads, dtype=rotary_dtype)
+    x = torch.cat(patches) if patches else torch.zeros(0, 3 * p * p)
+    return VisionInputs(x if dtype is None else x.to(dtype), gather, patch_index, ang.cos(), ang.sin(), Spans(lens))
+
+
 class RiceViT(nn.Module):
     def __init__(self, s: ViTSize):
         super().__init__()
@@ -129,49 +239,57 @@ class RiceViT(nn.Module):
         self.embeddings = Embeddings(s)
         self.pre_layrnorm = nn.LayerNorm(s.hidden_size, eps=s.layer_norm_eps)
         self.encoder = Encoder(s)
-        self.recompute = False              # the trainer sets it with recompute='full'
-        self.class_pos_emb = nn.Parameter(torch.randn(1, hd // 2) * 0.02)
+        self.recompute = False              # "full" (or True): every layer rebuilt in backward;
+        self.class_pos_emb = nn.Parameter(torch.randn(1, hd // 2) * 0.02)   # "selective": each MLP
         spatial = hd // 2
         self.register_buffer("inv_freq", 1.0 / (s.rope_theta ** (torch.arange(0, spatial, 2).float() / spatial)),
                              persistent=False)
 
+    def _acc(self):
+        return torch.promote_types(self.class_pos_emb.dtype, torch.float32)
+
     def _angles(self, gh: int, gw: int, order: torch.Tensor) -> torch.Tensor:
         # in fp32 (fp64 for an fp64 model) whatever the training dtype: a bf16 model's buffers are
         # bf16, and bf16 frequencies × positions are off by tenths of a radian
-        dev, acc = self.class_pos_emb.device, torch.promote_types(self.class_pos_emb.dtype, torch.float32)
-        spatial = self.size.hidden_size // self.size.num_heads // 2
-        inv_freq = 1.0 / (self.size.rope_theta ** (torch.arange(0, spatial, 2, device=dev).to(acc) / spatial))
-        h = torch.arange(gh, device=dev).repeat_interleave(gw)[order.to(dev)].to(acc)
-        w = torch.arange(gw, device=dev).repeat(gh)[order.to(dev)].to(acc)
-        fh, fw = h[:, None] * inv_freq, w[:, None] * inv_freq
-        hw = torch.cat([fh, fw], dim=-1)
-        patch = torch.cat([hw, hw], dim=-1)
+        acc = self._acc()
+        patch = patch_angles(self.size, gh, gw, order.cpu(), acc).to(self.class_pos_emb.device)
         cls = torch.cat([self.class_pos_emb, self.class_pos_emb], dim=-1).to(acc)
         return torch.cat([cls, patch], dim=0)
 
+    def forward_packed(self, vi: VisionInputs) -> torch.Tensor:
+        """All images of a micro-batch at once: [N_tower, D] hidden states (class token first in each
+        image, patches in merge-window order). One patch-embedding matmul, one varlen attention per
+        layer, no per-image loop and no host sync."""
+        w = self.embeddings.patch_embedding.weight                       # [D, 3, p, p]
+        x = vi.patches.to(w.dtype) @ w.reshape(w.shape[0], -1).t()       # the stride-p conv as a matmul
+        n = vi.n_images
+        cls = self.embeddings.class_embedding.to(x.dtype)[None].expand(n, -1)
+        x = self.pre_layrnorm(torch.cat([cls, x])[vi.gather])
+        acc = self._acc()
+        cls_ang = torch.cat([self.class_pos_emb, self.class_pos_emb], dim=-1).to(acc)
+        cos = torch.cat([cls_ang.cos().expand(n, -1), vi.cos.to(acc)])[vi.gather]
+        sin = torch.cat([cls_ang.sin().expand(n, -1), vi.sin.to(acc)])[vi.gather]
+        spans = vi.spans
+        spans.cu_seqlens(x.device)
+        mode = {True: "full", False: "none"}.get(self.recompute, self.recompute)
+        ckpt = mode == "full" and self.training and torch.is_grad_enabled()
+        for layer in self.encoder.layers:      # recompute: each layer's activations rebuilt in backward
+            layer.recompute_mlp = mode == "selective"
+            x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, spans, use_reentrant=False) if ckpt \
+                else layer(x, cos, sin, spans)
+        return x
+
     def forward(self, images: list[torch.Tensor], merge_order: bool = True) -> tuple[list[torch.Tensor], torch.Tensor]:
         """images: [3, H, W] each (H, W multiples of patch·2). Returns per-image hidden states
-        [1 + gh·gw, D] (class token first, patches in merge-window order) and cu_seqlens."""
-        p = self.size.patch_size
-        toks, angles, lens = [], [], []
-        for img in images:
-            gh, gw = img.shape[-2] // p, img.shape[-1] // p
-            x = self.embeddings.patch_embedding(img[None].to(self.embeddings.patch_embedding.weight.dtype))
-            x = x.flatten(2).transpose(1, 2)[0]
-            order = merge_window_order(gh, gw) if merge_order else torch.arange(gh * gw)
-            toks.append(torch.cat([self.embeddings.class_embedding[None], x[order]], dim=0))
-            angles.append(self._angles(gh, gw, order))
-            lens.append(1 + gh * gw)
-        x = self.pre_layrnorm(torch.cat(toks))
-        ang = torch.cat(angles)
-        cos, sin = ang.cos(), ang.sin()
-        cu = torch.zeros(len(lens) + 1, dtype=torch.long)
-        cu[1:] = torch.tensor(lens).cumsum(0)
-        ckpt = self.recompute and self.training and torch.is_grad_enabled()
-        for layer in self.encoder.layers:      # recompute: each layer's activations rebuilt in backward
-            x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, lens, use_reentrant=False) if ckpt \
-                else layer(x, cos, sin, lens)
-        return [x[cu[i]:cu[i + 1]] for i in range(len(lens))], cu
+        [1 + gh·gw, D] (class token first, patches in merge-window order) and cu_seqlens. A
+        convenience over ``forward_packed`` (the trainer hands prepared ``VisionInputs``)."""
+        dev = self.class_pos_emb.device
+        vi = prepare_images([x.detach().cpu() for x in images], self.size,
+                            merge_order, rotary_dtype=self._acc()).to(dev)
+        x = self.forward_packed(vi)
+        cu = vi.spans.cu.long().cpu()
+        b = vi.spans.bounds
+        return [x[b[i]:b[i + 1]] for i in range(len(b) - 1)], cu
 
 
 class Projector(nn.Module):

@@ -26,7 +26,7 @@ from torch import nn
 
 from pretrain.model import build_llm, packed_seq_params
 from pretrain.recipes import Recipe
-from pretrain.vision import Projector, RiceViT
+from pretrain.vision import Projector, RiceViT, VisionInputs, prepare_images
 
 
 class VLM(nn.Module):
@@ -45,6 +45,7 @@ class VLM(nn.Module):
                              post_process=self.post_process, sequence_parallel=sequence_parallel,
                              **overrides)
         self.image_pad_id = image_pad_id
+        self.rope_theta = recipe.llm.rope_theta
         self.text_only_dummy = True       # run the dummy image on text-only micro-batches (see ``embed``)
         # read by megatron's schedules / DDP / finalize_model_grads
         self.config, self.model_type = self.llm.config, self.llm.model_type
@@ -63,11 +64,16 @@ class VLM(nn.Module):
         for name, p in self.named_parameters():
             p.requires_grad = which == "all" or name.startswith("projector.")
 
-    def image_embeddings(self, images: list[torch.Tensor]) -> torch.Tensor:
-        """RICE-ViT → projector: [Σ (gh·gw)/4, llm_hidden] for the images in order."""
-        dtype = next(self.vision.parameters()).dtype
-        outs, _ = self.vision([x.to(dtype) for x in images])
-        return torch.cat([self.projector(o[1:]) for o in outs])                  # drop each class token
+    def image_embeddings(self, images) -> torch.Tensor:
+        """RICE-ViT → projector: [Σ (gh·gw)/4, llm_hidden] for the images in order: a list of
+        [3, H, W] tensors, or ``VisionInputs`` (the loader's; then no per-image work here). The
+        projector runs once over the patches of all images (class tokens dropped)."""
+        if not isinstance(images, VisionInputs):
+            dtype = next(self.vision.parameters()).dtype
+            images = prepare_images([x.detach().cpu() for x in images], self.vision.size, dtype=dtype,
+                                    rotary_dtype=self.vision._acc()).to(next(self.vision.parameters()).device)
+        x = self.vision.forward_packed(images)
+        return self.projector(x[images.patch_index])
 
     def _vision_needs_grad(self) -> bool:
         return torch.is_grad_enabled() and any(
@@ -77,12 +83,16 @@ class VLM(nn.Module):
         """``0 · Σ`` of the vision tower + projector run on one 2×2-merge dummy image (28×28 px, one
         LLM token): a scalar that is exactly 0 in value and puts every trainable vision/projector
         parameter in the backward graph with a zero gradient. See ``embed``."""
-        patch = self.vision.size.patch_size
         w = self.vision.embeddings.patch_embedding.weight
-        dummy = torch.zeros(3, 2 * patch, 2 * patch, dtype=w.dtype, device=w.device)
-        return 0 * self.image_embeddings([dummy]).sum().to(like.dtype)
+        key = (w.device, w.dtype)
+        if getattr(self, "_dummy", (None,))[0] != key:      # built once, kept on the device
+            patch = self.vision.size.patch_size
+            vi = prepare_images([torch.zeros(3, 2 * patch, 2 * patch)], self.vision.size, dtype=w.dtype,
+                                rotary_dtype=self.vision._acc())
+            self._dummy = (key, vi.to(w.device))
+        return 0 * self.image_embeddings(self._dummy[1]).sum().to(like.dtype)
 
-    def embed(self, tokens, position_ids, images: list[torch.Tensor], cp_index=None):
+    def embed(self, tokens, position_ids, images, cp_index=None):
         """Text embeddings with the image embeddings in the ``<|image_pad|>`` positions.
 
         A micro-batch without any image (text-only samples) would leave the vision tower and the
@@ -95,14 +105,16 @@ class VLM(nn.Module):
         loss) are unchanged, every trainable parameter gets its (zero) gradient exactly once per
         backward — as on a step with images — and the buckets fire."""
         emb = self.llm.embedding(input_ids=tokens, position_ids=position_ids)     # [T, 1, H]
-        if images:
+        has = images.n_images > 0 if isinstance(images, VisionInputs) else bool(images)
+        if has:
             img = self.image_embeddings(images)
-            where = (tokens[0] == self.image_pad_id).nonzero().squeeze(-1)
-            if len(where) != img.shape[0]:
-                raise ValueError(f"{len(where)} <|image_pad|> tokens but {img.shape[0]} image embeddings — "
-                                 f"packing and the vision tower disagree on the image grid")
-            emb = emb.clone()
-            emb[where, 0] = img.to(emb.dtype)
+            where = getattr(images, "token_index", None)
+            if where is None:               # no loader index (a list of images): find the pads, a host sync
+                where = (tokens[0] == self.image_pad_id).nonzero().squeeze(-1)
+                if len(where) != img.shape[0]:
+                    raise ValueError(f"{len(where)} <|image_pad|> tokens but {img.shape[0]} image embeddings — "
+                                     f"packing and the vision tower disagree on the image grid")
+            emb = emb.index_put((where.to(emb.device),), img.to(emb.dtype)[:, None])
         elif self.text_only_dummy and self._vision_needs_grad():
             emb = emb + self.text_only_zero(emb)
         if cp_index is not None:
@@ -114,7 +126,18 @@ class VLM(nn.Module):
         return emb
 
     def forward(self, batch, labels=None):
+        """``batch``: a ``pretrain.data.PackedBatch`` — with ``vision`` (``VisionInputs``) and
+        ``rotary`` (the LLM's tables) when the loader prepared them, else built here."""
         cp_index = getattr(batch, "cp_index", None)
-        emb = self.embed(batch.tokens, batch.position_ids, batch.images, cp_index) if self.pre_process else None
-        return self.llm(None, batch.position_ids, attention_mask=None, decoder_input=emb, labels=batch.labels if labels is None else labels,
-                        packed_seq_params=packed_seq_params(batch.cu_seqlens, batch.max_seqlen))
+        vision = getattr(batch, "vision", None)
+        images = vision if vision is not None else (batch.images or [])
+        emb = self.embed(batch.tokens, batch.position_ids, images, cp_index) if self.pre_process else None
+        rotary = getattr(batch, "rotary", None)
+        if rotary is None and self.llm.position_embedding_type == "none":     # the local spec's rotary
+            from pretrain.attention import rotary_tables
+
+            pos = batch.position_ids[0] if cp_index is None else batch.position_ids[0, cp_index]
+            rotary = rotary_tables(pos, self.config.kv_channels, self.rope_theta)
+        return self.llm(None, batch.position_ids, attention_mask=None, decoder_input=emb,
+                        labels=batch.labels if labels is None else labels,
+                        packed_seq_params=packed_seq_params(batch.cu_seqlens, batch.max_seqlen, rotary))
