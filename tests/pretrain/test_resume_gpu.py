@@ -9,23 +9,9 @@ import pytest
 STEPS, K = 6, 3
 
 
-@pytest.fixture
-def attention_without_varlen(monkeypatch):
-    """torch 2.11's ``varlen_attn`` has no ``enable_gqa`` (docs/GPU notes: the bf16 path's first step
-    crashes there); until pretrain.attention calls it without, bf16 uses the per-sample SDPA path.
-    What this file tests is the optimizer state across a resume, not the attention kernel."""
-    import inspect
-
-    from pretrain import attention
-
-    if attention.varlen_attn is not None and "enable_gqa" not in inspect.signature(attention.varlen_attn).parameters:
-        monkeypatch.setattr(attention, "varlen_attn", None)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
-def test_resume_with_the_distributed_optimizer(megatron_single, conversation_run, tmp_path, bf16,
-                                               attention_without_varlen):
+def test_resume_with_the_distributed_optimizer(megatron_single, conversation_run, tmp_path, bf16):
     from pretrain.train import train
 
     run, _ = conversation_run
@@ -51,8 +37,7 @@ def test_resume_with_the_distributed_optimizer(megatron_single, conversation_run
 
 
 @pytest.mark.gpu
-def test_megatron_alone_loses_the_adam_step(megatron_single, conversation_run, tmp_path, monkeypatch,
-                                            attention_without_varlen):
+def test_megatron_alone_loses_the_adam_step(megatron_single, conversation_run, tmp_path, monkeypatch):
     """The reason for the fix, kept as a canary: without it megatron-core's load raises
     ``KeyError: 'step'``. When an upgrade makes this fail, the fix can go (docs/pretrain.md)."""
     import contextlib
