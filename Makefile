@@ -27,7 +27,8 @@ LOCK       := requirements/lock.txt
 LOCK_ARGS  := --python-version 3.12 --python-platform x86_64-manylinux_2_28 --generate-hashes --no-header -q
 
 $(UV):
-	$(PYTHON312) -m pip install -q --disable-pip-version-check --target .uv uv==$(UV_VERSION)
+	PIP_CONFIG_FILE=/dev/null $(PYTHON312) -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+	  --target .uv uv==$(UV_VERSION)
 
 install: $(VENV)/.installed
 $(VENV)/.installed: $(LOCK) requirements/no-deps.txt pyproject.toml | $(UV)
@@ -35,7 +36,7 @@ $(VENV)/.installed: $(LOCK) requirements/no-deps.txt pyproject.toml | $(UV)
 	$(UV) pip sync -q --python $(BIN)/python --require-hashes $(LOCK)
 	$(UV) pip install -q --python $(BIN)/python --no-deps --require-hashes -r requirements/no-deps.txt
 	$(UV) pip install -q --python $(BIN)/python --no-deps -e .
-	$(BIN)/python -W ignore -c "import torchvision, open_clip, megatron.core, faiss, transformers; print('install ok: torch', __import__('torch').__version__, '| transformers', transformers.__version__, '| megatron-core', megatron.core.__version__)"
+	$(BIN)/python -W ignore -c "import logging; logging.disable(logging.WARNING); import torchvision, open_clip, megatron.core, faiss, transformers; print('install ok: torch', __import__('torch').__version__, '| transformers', transformers.__version__, '| megatron-core', megatron.core.__version__)"
 	touch $@
 
 # Re-resolve every lock from pyproject.toml's ranges (and requirements/*.in). To upgrade one package
