@@ -154,6 +154,15 @@ def main(argv=None) -> int:
             from pretrain.official import check_transformers
 
             check_transformers("importing a LLaVA-OneVision-1.5 folder")
+            from pretrain.hf_llava_ov import check_config          # the config against the recipe, too
+            from pretrain.recipes import RECIPES
+
+            if a.recipe not in RECIPES:
+                raise ValueError(f"recipe: {a.recipe!r} is not one of {sorted(RECIPES)}")
+            cfg_path = Path(a.llava_ov) / "config.json"
+            if not cfg_path.exists():
+                raise FileNotFoundError(f"{a.llava_ov}: no config.json")
+            check_config(json.loads(cfg_path.read_text()), RECIPES[a.recipe], a.llava_ov)
         with runfolder.step_lock(stage_dir(run_dir, stage), wait=a.wait_lock):
             if prepare_import(run_dir, stage, cfg, overwrite=a.overwrite) == "done":
                 print(f"{stage_dir(run_dir, stage) / 'dist_ckpt'}: already imported from {source}")
