@@ -73,3 +73,27 @@ def task_output(log_file: Path):
         term, _terminal = _terminal, None
         with contextlib.suppress(Exception):
             term.close()
+
+
+@contextlib.contextmanager
+def warnings_to(log_file: Path):
+    """Python ``warnings`` (only) appended to ``log_file`` until the block ends: for the part of a command
+    that imports heavy libraries before any task's ``task_output`` (the pretrain launcher)."""
+    import warnings
+
+    if verbose():
+        yield
+        return
+    log_file = Path(log_file)
+    old = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "a") as f:
+            f.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = old

@@ -56,6 +56,15 @@ def main(argv=None) -> int:
     ap.add_argument("--wait-lock", action="store_true",
                     help="wait for another command running this stage to finish, instead of refusing")
     a = ap.parse_args(argv)
+    from ovpipe import console
+
+    # megatron's import-time notices ("Transformer Engine and Apex are not installed") go to the stage's
+    # log, not the terminal, like every step's third-party output (--verbose / OVPIPE_VERBOSE=1: shown)
+    with console.warnings_to(Path(a.run_dir) / "pretrain" / f"stage-{a.stage}" / "logs" / "launch.log"):
+        return _launch(ap, a)
+
+
+def _launch(ap, a) -> int:
     from pretrain.recipes import RECIPES, Parallelism, validate
 
     if a.recipe not in RECIPES:

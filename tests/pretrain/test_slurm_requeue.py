@@ -80,7 +80,7 @@ def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeyp
         _wait(lambda: (sdir / "completions" / "finalized").exists(), 900, "finished stage after the requeue", log)
         _wait(lambda: subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True,
                                      text=True).stdout.strip() == "", 60, "job gone from the queue", log)
-    text = log()
+    text = "\n".join(p.read_text(errors="replace") for p in sorted((sdir / "logs").glob("*.out")))   # whole logs
     resumed = [int(x) for x in re.findall(r"resuming at step (\d+)", text)]
     assert resumed and resumed[0] >= at >= 2, text                   # from its last checkpoint, not from scratch
     assert _losses(run) == _losses(ref)                              # and the same stage, bit for bit
