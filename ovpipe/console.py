@@ -92,8 +92,15 @@ def warnings_to(log_file: Path):
         with open(log_file, "a") as f:
             f.write(warnings.formatwarning(message, category, filename, lineno, line))
 
+    import logging
+
+    # torch logs "No CUDA runtime is found" through its own handler when megatron imports cpp_extension
+    quiet = logging.getLogger("torch.utils.cpp_extension")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     warnings.showwarning = show
     try:
         yield
     finally:
         warnings.showwarning = old
+        quiet.setLevel(level)
