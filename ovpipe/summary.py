@@ -4,6 +4,9 @@ checks first — rows ok and bad for the steps that give rows a status, the step
 wall time and the step folder. The full counters stay in ``stats.json`` (``ovpipe status``)."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 # Per step (by its registered name): the counters worth a place on the line, in order, with labels.
 KEY_COUNTERS: dict[str, tuple[tuple[str, str], ...]] = {
     "ingest": (("samples", "samples"), ("duplicates", "duplicates"), ("files", "files")),
@@ -52,12 +55,9 @@ def step_line(name: str, step: str, counters: dict, tasks: int, seconds: float |
 STAGES = (("curation", "curation."), ("packing", "packing."), ("rl", "rl_select."))
 
 
-def _step_folders(run_dir, depth: int = 3):
+def step_folders(run_dir, depth: int = 3):
     """Every finished step folder under ``run_dir`` (nested run folders such as ``RUN/gym/<game>`` too),
     as (folder, executor.json)."""
-    import json
-    from pathlib import Path
-
     run_dir = Path(run_dir)
     for d in range(1, depth + 1):
         for meta in sorted(run_dir.glob("*/" * d + "executor.json")):
@@ -65,13 +65,22 @@ def _step_folders(run_dir, depth: int = 3):
                 yield meta.parent, json.loads(meta.read_text())
 
 
-def _pretrain_lines(run_dir) -> list[str]:
-    import json
-    from pathlib import Path
+def stage_metrics(path) -> list[dict]:
+    """A pretrain stage's ``metrics.jsonl``, one record per step in step order: the last one written for a
+    step, so a step replayed after a resume counts once."""
+    path = Path(path)
+    last = {}
+    for ln in (path.read_text().splitlines() if path.exists() else []):
+        if ln.strip():
+            m = json.loads(ln)
+            last[m["step"]] = m
+    return [last[s] for s in sorted(last)]
 
+
+def _pretrain_lines(run_dir) -> list[str]:
     lines = []
     for m in sorted(Path(run_dir).glob("pretrain/stage-*/metrics.jsonl")):
-        rows = [json.loads(ln) for ln in m.read_text().splitlines() if ln.strip()]
+        rows = stage_metrics(m)
         if rows:
             stage = m.parent.name.removeprefix("stage-")
             lines.append(f"stage {stage}: {len(rows)} steps, loss {rows[0]['loss']:.3f} → {rows[-1]['loss']:.3f}, "
@@ -84,16 +93,13 @@ def _pretrain_lines(run_dir) -> list[str]:
 def run_summary(run_dir) -> str:
     """The end of ``make demo``: per stage, the steps that ran with their key figures, the pretraining
     losses first → last, and where the run folder is."""
-    import json
-    from pathlib import Path
-
     from ovpipe.registry import all_steps
 
     modules = all_steps()
     run_dir = Path(run_dir)
     by_stage: dict[str, list[str]] = {s: [] for s, _ in STAGES}
     by_stage["other"] = []
-    for folder, meta in _step_folders(run_dir):
+    for folder, meta in step_folders(run_dir):
         counters = json.loads((folder / "stats.json").read_text()).get("counters", {})
         module = modules.get(meta.get("step", ""), "")
         stage = next((s for s, prefix in STAGES if module.startswith(prefix)), "other")

@@ -152,15 +152,9 @@ def _train_here(a, run_dir: Path, world: int, args: list[str]) -> int:
 
 def stage_line(sdir: Path, stage: str, rc: int, seconds: float) -> str:
     """``pretrain stage 1.5: 30 steps, loss 6.260 → 4.102, 60 packs — 12.3 s → RUN/pretrain/stage-1.5``."""
-    import json
+    from ovpipe.summary import stage_metrics
 
-    last = {}
-    metrics = sdir / "metrics.jsonl"
-    for ln in (metrics.read_text().splitlines() if metrics.exists() else []):
-        if ln.strip():
-            m = json.loads(ln)
-            last[m["step"]] = m           # a step redone after a resume: its last record
-    rows = [last[s] for s in sorted(last)]
+    rows = stage_metrics(sdir / "metrics.jsonl")
     what = (f"{len(rows)} steps, loss {rows[0]['loss']:.3f} → {rows[-1]['loss']:.3f}, "
             f"{sum(r.get('packs', 0) for r in rows):,} packs" if rows else "no steps")
     state = "" if rc == 0 else f" (exit {rc}: see {sdir / 'logs' / 'train.log'})"

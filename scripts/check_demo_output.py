@@ -4,10 +4,11 @@ step the demo ran printed its one summary line. `python scripts/check_demo_outpu
 The demo's terminal output is teed to LOG by the Makefile; this runs right after it, so a warning that
 escapes a task's log (a new third-party notice, a print in a step) fails `make demo` with the lines.
 """
-import json
 import re
 import sys
 from pathlib import Path
+
+from ovpipe.summary import step_folders   # the step folders `ovpipe summary` lists
 
 NOISE = [re.compile(p) for p in (
     r"\w*Warning\s*:",                # warnings.showwarning's "file:line: UserWarning: ..." and "Warning: ..."
@@ -20,14 +21,9 @@ NOISE = [re.compile(p) for p in (
 def problems(text: str, run_dir: Path) -> list[str]:
     lines = [seg for ln in text.splitlines() for seg in ln.split("\r")]
     out = [f"noise: {ln.strip()[:200]}" for ln in lines if any(p.search(ln) for p in NOISE)]
-    for meta in sorted(run_dir.glob("**/executor.json")):
-        name = meta.parent.name
-        if not (meta.parent / "stats.json").exists():
-            continue
-        if json.loads(meta.read_text()).get("tasks") is None:
-            continue
-        if not any(re.match(rf"{re.escape(name)}: .* → ", ln) for ln in lines):
-            out.append(f"no summary line for step {meta.parent.relative_to(run_dir)}")
+    for folder, _ in step_folders(run_dir):
+        if not any(re.match(rf"{re.escape(folder.name)}: .* → ", ln) for ln in lines):
+            out.append(f"no summary line for step {folder.relative_to(run_dir)}")
     return out
 
 
