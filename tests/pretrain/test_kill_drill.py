@@ -4,7 +4,6 @@ the same command (``ovpipe pretrain …``) after each kill. The stage must end w
 norms and learning rates, bit for bit (fp32, CPU), and leave no half-written checkpoint behind."""
 import contextlib
 import io
-import json
 import multiprocessing
 import os
 import random
@@ -18,11 +17,10 @@ STEPS, SAVE_EVERY, KILLS, SAVE_DELAY_S = 14, 2, 10, 1.0
 
 
 def _records(run):
-    last = {}
-    for line in (run / "pretrain" / "stage-1.5" / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
-        last[m["step"]] = m                        # a step redone after a kill: its last record
-    return [(s, last[s]["loss"], last[s]["grad_norm"], last[s]["lr"]) for s in sorted(last)]
+    from ovpipe.summary import stage_metrics   # a step redone after a kill: its last record
+
+    return [(m["step"], m["loss"], m["grad_norm"], m["lr"])
+            for m in stage_metrics(run / "pretrain" / "stage-1.5" / "metrics.jsonl")]
 
 
 def _lines(path):

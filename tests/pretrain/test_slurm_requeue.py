@@ -2,7 +2,6 @@
 slurm` submits a short stage, `scontrol requeue` kills it mid-run (SIGTERM, then SIGKILL after KillWait),
 Slurm starts it again, and it resumes from its last checkpoint and ends with an uninterrupted run's
 losses, bit for bit (CPU, fp32)."""
-import json
 import os
 import re
 import shutil
@@ -27,11 +26,9 @@ ARGS = ["--recipe", "tiny", "--stage", "1.5", "--steps", str(STEPS), "--micro-ba
 
 
 def _losses(run):
-    last = {}
-    for line in (run / "pretrain" / "stage-1.5" / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
-        last[m["step"]] = (m["loss"], m["grad_norm"])
-    return [last[s] for s in sorted(last)]
+    from ovpipe.summary import stage_metrics   # the last record per step: a step replayed after the requeue once
+
+    return [(m["loss"], m["grad_norm"]) for m in stage_metrics(run / "pretrain" / "stage-1.5" / "metrics.jsonl")]
 
 
 def _wait(cond, timeout, what, info=lambda: ""):
