@@ -92,11 +92,15 @@ report:
 status:
 	$(OVPIPE) status $(RUN)
 
+# Two pytest workers (pytest-xdist): most tests keep one core busy, so two cut the wall time on the
+# 2-core CI machine; the Slurm tests share one worker (tests/conftest.py). TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
+TEST_XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(TEST_XDIST)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not slurm"
+	$(BIN)/python -m pytest -q $(TEST_XDIST) -m "not slow and not slurm"
 
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'

@@ -22,6 +22,11 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    # Under xdist (`make test` runs two workers) the Slurm tests share one worker: each module starts its
+    # own loopback cluster, and two clusters at once would compete for the same two cores and node name.
+    for item in items:
+        if "slurm" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     if any("gpu" in item.keywords for item in items) and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
         for item in items:

@@ -214,5 +214,8 @@ def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) 
         finally:
             logging.getLogger().removeHandler(handler)
             handler.close()
+    merged = runfolder.merge_stats(sdir, meta["tasks"])
+    # the marker last: whoever waits on it (``--wait``, the next step's check, ``ovpipe status``) then
+    # finds the step's stats.json already written
     (sdir / "completions" / runfolder.FINALIZED).touch()
-    return runfolder.merge_stats(sdir, meta["tasks"])
+    return merged
