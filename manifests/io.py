@@ -22,7 +22,7 @@ PARQUET_OPTS = dict(compression="zstd", row_group_size=1 << 20, write_statistics
 
 def temp_path(path: str | os.PathLike) -> Path:
     """The temp name a file is written under before its rename: ``.tmp-{pid}-{name}`` in the same folder
-    (same filesystem, so the rename is atomic; ``runfolder.clean_temp_files`` knows the pattern)."""
+    (same filesystem, so the rename is atomic; ``runfolder.cleanup.clean_temp_files`` knows the pattern)."""
     path = Path(path)
     return path.with_name(f".tmp-{os.getpid()}-{path.name}")
 

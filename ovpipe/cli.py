@@ -68,7 +68,8 @@ def _run_dir(text: str) -> Path:
 
 
 def cmd_step(args) -> int:
-    from ovpipe import runfolder
+    from ovpipe.runfolder import RunFolderError
+    from ovpipe.runfolder.prepare import prepare, up_to_date
     from ovpipe.config import ConfigError, load_config
     from ovpipe.console import set_verbose
     from ovpipe.executors import LocalExecutor, SlurmExecutor, SlurmOptions
@@ -86,7 +87,7 @@ def cmd_step(args) -> int:
         raise UsageError(f"--tasks {tasks} > {step.max_tasks} (this step needs its whole input at once)")
     run_dir = _run_dir(args.run_dir)
     name = args.name or step.name
-    done = None if args.overwrite else runfolder.up_to_date(run_dir, step, cfg, tasks, name)
+    done = None if args.overwrite else up_to_date(run_dir, step, cfg, tasks, name)
     if done is not None:
         if not args.quiet:
             from ovpipe.summary import key_figures
@@ -99,9 +100,8 @@ def cmd_step(args) -> int:
     except ValueError as e:
         raise UsageError(f"cannot start: {e}") from e
     try:
-        runfolder.prepare(run_dir, step, cfg, tasks, overwrite=args.overwrite, name=args.name,
-                          wait_lock=args.wait_lock)
-    except runfolder.RunFolderError as e:
+        prepare(run_dir, step, cfg, tasks, overwrite=args.overwrite, name=args.name, wait_lock=args.wait_lock)
+    except RunFolderError as e:
         raise UsageError(str(e)) from e
     except OSError as e:  # a read-only run folder, a file where a folder should be, a full disk
         raise UsageError(f"cannot write the step folder {run_dir / name}: "
@@ -235,13 +235,13 @@ def cmd_report(args) -> int:
 
 
 def cmd_status(args) -> int:
-    """Per step: done / running / failed / stale / pending ranks (``runfolder.print_status``);
+    """Per step: done / running / failed / stale / pending ranks (``runfolder.status.print_status``);
     exit 1 only for failed or stale ranks or a failed Slurm job, never for ranks still running or queued.
     Each step submitted to Slurm shows its chain with each job's state (``executors.slurm.status_lines``)."""
-    from ovpipe import runfolder
     from ovpipe.executors.slurm import status_lines
+    from ovpipe.runfolder.status import print_status
 
-    return runfolder.print_status(Path(args.run_dir), slurm_lines=status_lines)
+    return print_status(Path(args.run_dir), slurm_lines=status_lines)
 
 
 def cmd_demo_data(args) -> int:

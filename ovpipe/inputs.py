@@ -19,7 +19,7 @@ A step declares its inputs as ``{kind: declaration}``::
   saved config.
 
 ``resolve`` is the one place these become folders. It serves the check before any work
-(``check_inputs``), the upstream config hashes ``runfolder.prepare`` records and compares
+(``check_inputs``), the upstream config hashes ``runfolder.prepare.prepare`` records and compares
 (``up_to_date``, ``ovpipe status``' stale inputs), the Slurm executor's ``afterok`` chain and the
 reads themselves (``TaskContext.read_input`` and friends read only resolved folders, and refuse a
 kind the step does not declare), so a folder a step reads is a folder whose change it sees.
@@ -71,7 +71,7 @@ def normalise(inputs) -> dict[str, Input]:
 def holds(step_dir: Path, kind: str) -> bool:
     """Whether a step folder holds manifest ``kind``: parts on disk, or ``kind`` among the outputs its
     ``executor.json`` records (a step already launched, e.g. still queued on Slurm; whether it has
-    finished is ``runfolder.prepare``'s check)."""
+    finished is ``runfolder.prepare.prepare``'s check)."""
     step_dir = Path(step_dir)
     if any((step_dir / kind).glob("part-*.parquet")):
         return True

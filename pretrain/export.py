@@ -195,18 +195,19 @@ def main(argv=None) -> int:
     except IncompatibleTransformers as e:
         print(f"ovpipe export-model: {e}", file=sys.stderr)
         return 2
-    from ovpipe import console, runfolder
+    from ovpipe import console
+    from ovpipe.runfolder import RunFolderError, lock
     from pretrain.stage_run import check_exportable, stage_dir
 
     sdir = stage_dir(Path(a.run_dir), a.stage)
     try:
-        with runfolder.step_lock(sdir, wait=a.wait_lock), console.task_output(sdir / "logs" / "export.log"):
+        with lock.step_lock(sdir, wait=a.wait_lock), console.task_output(sdir / "logs" / "export.log"):
             check_exportable(Path(a.run_dir), a.stage)
             from pretrain.train import setup_distributed   # megatron's import notices: into export.log
 
             setup_distributed(1)                 # the dist checkpoint is read into a TP=1 model
             out = export(Path(a.run_dir), a.stage, Path(a.out), a.recipe, a.tokenizer, a.dtype, a.max_shard_size)
-    except (ValueError, FileNotFoundError, runfolder.RunFolderError) as e:
+    except (ValueError, FileNotFoundError, RunFolderError) as e:
         print(f"ovpipe export-model: {e}", file=sys.stderr)
         return 2
     print(f"export-model: stage {a.stage} as a LLaVA-OneVision-1.5 folder → {out}  "

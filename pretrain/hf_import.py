@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         ap.error("--llava-ov imports a whole model; --llm / --vit assemble stage 0 from parts — not both")
     if not (a.llava_ov or a.llm or a.vit):
         ap.error("give --llava-ov, or --llm and/or --vit")
-    from ovpipe import runfolder
+    from ovpipe.runfolder import RunFolderError, lock
     from pretrain.stage_run import ImportConfig, finish_import, prepare_import, stage_dir
 
     stage = a.stage if a.llava_ov else "0"
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
             if not cfg_path.exists():
                 raise FileNotFoundError(f"{a.llava_ov}: no config.json")
             check_config(json.loads(cfg_path.read_text()), RECIPES[a.recipe], a.llava_ov)
-        with runfolder.step_lock(stage_dir(run_dir, stage), wait=a.wait_lock):
+        with lock.step_lock(stage_dir(run_dir, stage), wait=a.wait_lock):
             if prepare_import(run_dir, stage, cfg, overwrite=a.overwrite) == "done":
                 print(f"{stage_dir(run_dir, stage) / 'dist_ckpt'}: already imported from {source}")
                 return 0
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
             else:
                 print(import_hf(run_dir, a.recipe, a.llm, a.vit))
             finish_import(run_dir, stage)
-    except (ValueError, FileNotFoundError, runfolder.RunFolderError) as e:
+    except (ValueError, FileNotFoundError, RunFolderError) as e:
         print(f"hf_import: {e}", file=sys.stderr)
         return 2
     return 0

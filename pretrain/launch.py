@@ -91,7 +91,7 @@ def _launch(ap, a) -> int:
     if a.executor == "slurm" and a.dry_run:      # only the script: no run-folder state is touched
         print(_write_script(a, steps, train_args))
         return 0
-    from ovpipe import runfolder
+    from ovpipe.runfolder import RunFolderError, lock
     from pretrain.checkpoint import CheckpointError
     from pretrain.recipes import STAGES
     from pretrain.stage_run import StageRunConfig, prepare, stage_dir
@@ -102,7 +102,7 @@ def _launch(ap, a) -> int:
                          global_batch=a.micro_batch * a.grad_accum * (world // (a.tp * a.pp * a.cp)), lr=a.lr,
                          seed=a.seed)
     try:
-        with runfolder.step_lock(stage_dir(run_dir, a.stage), wait=a.wait_lock):
+        with lock.step_lock(stage_dir(run_dir, a.stage), wait=a.wait_lock):
             if prepare(run_dir, cfg, overwrite=a.overwrite) == "done":
                 print(f"pretrain stage {a.stage}: already done (same config and inputs) → "
                       f"{stage_dir(run_dir, a.stage)}")
@@ -117,7 +117,7 @@ def _launch(ap, a) -> int:
             else:
                 return _train_here(a, run_dir, world, args)
 
-    except (runfolder.RunFolderError, CheckpointError) as e:
+    except (RunFolderError, CheckpointError) as e:
         print(f"ovpipe pretrain: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:      # sbatch refused the script

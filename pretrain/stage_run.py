@@ -1,4 +1,4 @@
-"""A pretrain stage under the run folder's rules (``ovpipe/runfolder.py``), like every other step.
+"""A pretrain stage under the run folder's rules (``ovpipe/runfolder/``), like every other step.
 
 ``RUN/pretrain/stage-<S>/`` is the stage's step folder: ``config.json`` + ``executor.json`` (config
 hash, the input folders' config hashes), ``.lock``, ``running/00000`` (host, pid, Slurm job; its mtime
@@ -27,7 +27,7 @@ import json
 import os
 from pathlib import Path
 
-from ovpipe import runfolder
+from ovpipe.runfolder import RunFolderError, heartbeat, lock, markers, upstream
 from ovpipe.config import config_hash, config_json
 from ovpipe.step import save_json
 
@@ -76,17 +76,17 @@ def input_hashes(run_dir: Path, stage: str, data: str) -> dict:
     for name in input_folders(run_dir, stage, data):
         d = Path(run_dir) / name
         if not d.is_dir():
-            raise runfolder.RunFolderError(f"pretrain stage {stage}: its input {name!r} does not exist in "
+            raise RunFolderError(f"pretrain stage {stage}: its input {name!r} does not exist in "
                                            f"{run_dir}; run it first (or give --data)")
         meta = _meta(d)
         if meta is None:
-            out[name] = runfolder.EXTERNAL
+            out[name] = upstream.EXTERNAL
             continue
         # an input whose Slurm job is still queued or running is accepted: this stage's job is afterok on it
-        if not runfolder.is_finalized(d) and not runfolder._slurm_pending(d):
-            raise runfolder.RunFolderError(
+        if not markers.is_finalized(d) and not upstream.slurm_pending(d):
+            raise RunFolderError(
                 f"pretrain stage {stage}: its input {name!r} is not finalized "
-                f"({len(runfolder.done_ranks(d))}/{meta.get('tasks')} ranks done); finish it first")
+                f"({len(markers.done_ranks(d))}/{meta.get('tasks')} ranks done); finish it first")
         out[name] = meta.get("config_hash")
     return out
 
@@ -107,13 +107,13 @@ def _input_changes(have: dict, want: dict) -> list[str]:
 
 def prepare(run_dir: Path, cfg: StageRunConfig, overwrite: bool = False) -> str:
     """Check and (re)write the stage's step folder; returns ``"done"`` (nothing to do) or ``"run"``.
-    Call under ``runfolder.step_lock(stage_dir(...))``."""
+    Call under ``runfolder.lock.step_lock(stage_dir(...))``."""
     sdir = stage_dir(run_dir, cfg.stage)
     sdir.mkdir(parents=True, exist_ok=True)
-    live = runfolder.running_ranks(sdir)
+    live = heartbeat.running_ranks(sdir)
     if live:
         info = next(iter(live.values()))
-        raise runfolder.RunFolderError(
+        raise RunFolderError(
             f"{sdir}: the stage is still training (pid {info.get('pid')} on {info.get('host')}"
             + (f", slurm job {info['slurm_job']}" if info.get("slurm_job") else "") + "); wait for it or stop it first")
     inputs = input_hashes(run_dir, cfg.stage, cfg.data)
@@ -135,10 +135,10 @@ def prepare(run_dir: Path, cfg: StageRunConfig, overwrite: bool = False) -> str:
         upstream = _input_changes(have.get("inputs") or {}, inputs)
         if (fields or upstream) and not overwrite:
             parts = ([f"the config changed ({'; '.join(fields)})"] if fields else []) + upstream
-            raise runfolder.RunFolderError(
+            raise RunFolderError(
                 f"{sdir}: {'; '.join(parts)}; rerun with --overwrite to discard this stage's checkpoints "
                 f"and start it over, or use another --run-dir")
-        if not (fields or upstream) and runfolder.is_finalized(sdir) and not overwrite:
+        if not (fields or upstream) and markers.is_finalized(sdir) and not overwrite:
             return "done"
     if overwrite:
         _clear(sdir)
@@ -152,7 +152,7 @@ def _clear(sdir: Path) -> None:
     import shutil
 
     for p in sdir.iterdir():
-        if p.name == runfolder.LOCK_NAME:
+        if p.name == lock.LOCK_NAME:
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
@@ -160,7 +160,7 @@ def _clear(sdir: Path) -> None:
             p.unlink()
 
 
-class _StageMarker(runfolder.RunningMarker):
+class _StageMarker(heartbeat.RunningMarker):
     """The running marker, whose heartbeat also copies the last logged step into ``progress.json``."""
 
     def __init__(self, sdir: Path):
@@ -199,7 +199,7 @@ def tracking(run_dir: Path, stage: str, rank0: bool):
     if not rank0 or not (sdir / "executor.json").exists():
         yield lambda rc: None
         return
-    runfolder.check_inputs_current(run_dir, sdir)
+    upstream.check_inputs_current(run_dir, sdir)
     (sdir / "completions").mkdir(parents=True, exist_ok=True)
     result = {}
     try:
@@ -209,13 +209,13 @@ def tracking(run_dir: Path, stage: str, rank0: bool):
         if not isinstance(e, (KeyboardInterrupt, SystemExit)):
             import traceback
 
-            runfolder.write_failure(sdir, 0, "".join(traceback.format_exception(e)))
+            markers.write_failure(sdir, 0, "".join(traceback.format_exception(e)))
         raise
     finally:
         write_progress(sdir)
     if result.get("rc") == 0:
-        runfolder.mark_done(sdir, 0)
-        (sdir / "completions" / runfolder.FINALIZED).touch()
+        markers.mark_done(sdir, 0)
+        (sdir / "completions" / markers.FINALIZED).touch()
 
 
 
@@ -226,12 +226,12 @@ def check_exportable(run_dir: Path, stage: str) -> None:
     step folder and is not finalized), naming it. A stage imported or trained before these rules
     (no ``executor.json``) is read as it is."""
     sdir = stage_dir(run_dir, stage)
-    if _meta(sdir) is None or runfolder.is_finalized(sdir):
+    if _meta(sdir) is None or markers.is_finalized(sdir):
         return
-    live = runfolder.running_ranks(sdir)
-    what = "still training" if live else "failed" if runfolder.failure_path(sdir, 0).exists() else \
+    live = heartbeat.running_ranks(sdir)
+    what = "still training" if live else "failed" if markers.failure_path(sdir, 0).exists() else \
         "not finished (killed or pre-empted: rerun its `ovpipe pretrain` command to resume it)"
-    raise runfolder.RunFolderError(f"pretrain stage {stage} ({sdir}) is {what}; export a finished stage")
+    raise RunFolderError(f"pretrain stage {stage} ({sdir}) is {what}; export a finished stage")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,15 +247,15 @@ def prepare_import(run_dir: Path, stage: str, cfg: ImportConfig, overwrite: bool
     already there. Call under the stage's lock."""
     sdir = stage_dir(run_dir, stage)
     sdir.mkdir(parents=True, exist_ok=True)
-    if runfolder.running_ranks(sdir):
-        raise runfolder.RunFolderError(f"{sdir}: the stage is training; stop it before importing into it")
+    if heartbeat.running_ranks(sdir):
+        raise RunFolderError(f"{sdir}: the stage is training; stop it before importing into it")
     have = _meta(sdir)
     want = {"step": "import-model", "tasks": 1, "config_hash": config_hash(cfg), "outputs": [], "inputs": {},
             "phases": ["map"]}
     from pretrain import checkpoint
 
     trained = have is not None and have.get("step") != "import-model"
-    if have is not None and have.get("config_hash") == want["config_hash"] and runfolder.is_finalized(sdir) \
+    if have is not None and have.get("config_hash") == want["config_hash"] and markers.is_finalized(sdir) \
             and not overwrite:
         return "done"
     if not overwrite and (trained or (have is None and checkpoint.has_any(sdir / "dist_ckpt"))
@@ -266,7 +266,7 @@ def prepare_import(run_dir: Path, stage: str, cfg: ImportConfig, overwrite: bool
             old = {}
         diff = _field_changes(old, json.loads(config_json(cfg))) if not trained else [
             f"step: {json.dumps(have.get('step'))} → \"import-model\""]
-        raise runfolder.RunFolderError(
+        raise RunFolderError(
             f"{sdir}: already holds checkpoints" + (f" ({'; '.join(diff)})" if diff else "")
             + "; rerun with --overwrite to replace them, or import into another stage / --run-dir")
     _clear(sdir)
@@ -278,5 +278,5 @@ def prepare_import(run_dir: Path, stage: str, cfg: ImportConfig, overwrite: bool
 def finish_import(run_dir: Path, stage: str) -> None:
     sdir = stage_dir(run_dir, stage)
     (sdir / "completions").mkdir(parents=True, exist_ok=True)
-    runfolder.mark_done(sdir, 0)
-    (sdir / "completions" / runfolder.FINALIZED).touch()
+    markers.mark_done(sdir, 0)
+    (sdir / "completions" / markers.FINALIZED).touch()

@@ -1,7 +1,7 @@
 """Local executor: the incomplete ranks in a process pool on this machine, with a tqdm bar.
 
 The whole run — every rank, the reduce and apply ranks of a three-phase step, and the finalize —
-holds the step lock (``runfolder.step_lock``):
+holds the step lock (``runfolder.lock.step_lock``):
 a second command on the same step folder refuses, naming the holder, or waits with
 ``wait_lock``. At the start, under the lock and with no rank running, leftover ``.tmp-*``
 files of killed runs are removed. Pool workers die with the parent: a parent-death signal
@@ -17,7 +17,11 @@ import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from ovpipe import runfolder
+from ovpipe.runfolder import RunFolderError
+from ovpipe.runfolder.cleanup import clean_temp_files
+from ovpipe.runfolder.heartbeat import running_ranks
+from ovpipe.runfolder.lock import step_lock
+from ovpipe.runfolder.markers import pending_ranks
 from ovpipe.executors.task import TaskFailed, finalize_step, reduce_step, run_task
 
 PR_SET_PDEATHSIG = 1
@@ -55,19 +59,19 @@ class LocalExecutor:
     def run(self, step, run_dir: Path, tasks: int, name: str | None = None) -> dict:
         name = name or step.name
         sdir = Path(run_dir) / name
-        with runfolder.step_lock(sdir, wait=self.wait_lock):
-            live = runfolder.running_ranks(sdir)
+        with step_lock(sdir, wait=self.wait_lock):
+            live = running_ranks(sdir)
             if live:
-                raise runfolder.RunFolderError(f"{sdir}: ranks {sorted(live)} are still running; wait for them")
-            runfolder.clean_temp_files(sdir)
+                raise RunFolderError(f"{sdir}: ranks {sorted(live)} are still running; wait for them")
+            clean_temp_files(sdir)
             return self._run(step, Path(run_dir), tasks, name, sdir)
 
     def _run(self, step, run_dir: Path, tasks: int, name: str, sdir: Path) -> dict:
         """map ranks → (three-phase steps: reduce → apply ranks) → finalize, all under the step lock."""
-        self._run_phase(step, run_dir, tasks, name, runfolder.pending_ranks(sdir, tasks), "map")
+        self._run_phase(step, run_dir, tasks, name, pending_ranks(sdir, tasks), "map")
         if step.apply is not None:
             reduce_step(step.name, run_dir, name)
-            self._run_phase(step, run_dir, tasks, name, runfolder.pending_ranks(sdir, tasks, "apply"), "apply")
+            self._run_phase(step, run_dir, tasks, name, pending_ranks(sdir, tasks, "apply"), "apply")
         return finalize_step(step.name, run_dir, name)
 
     def _run_phase(self, step, run_dir: Path, tasks: int, name: str, pending: list[int], phase: str) -> None:

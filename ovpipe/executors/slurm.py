@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ovpipe import runfolder
+from ovpipe.runfolder import RunFolderError, markers
+from ovpipe.runfolder.lock import step_lock
 from ovpipe.slurm_jobs import job_active
 from ovpipe.step import save_json
 
@@ -239,11 +240,11 @@ def chain_status(sdir: Path, record: dict | None = None, rows=...) -> list[dict]
         phase, job = link["phase"], link["job"]
         ranks = _phase_ranks(record, phase)
         if phase in ("map", "apply"):
-            have = runfolder.done_ranks(sdir, phase)
+            have = markers.done_ranks(sdir, phase)
         elif phase == "reduce":
-            have = {0} if runfolder.is_reduced(sdir) else set()
+            have = {0} if markers.is_reduced(sdir) else set()
         else:
-            have = {0} if runfolder.is_finalized(sdir) else set()
+            have = {0} if markers.is_finalized(sdir) else set()
         jrows = by_job.get(job, {})
         st = {"phase": phase, "job": job, "after": link.get("after") or [], "ranks": len(ranks),
               "done": [], "running": [], "pending": [], "failed": [], "reason": "", "logs": {}}
@@ -266,7 +267,7 @@ def chain_status(sdir: Path, record: dict | None = None, rows=...) -> list[dict]
                     st["reason"] = st["reason"] or f"{state} {reason}"
                 elif state:
                     st["reason"] = st["reason"] or state
-                task_log = runfolder.log_path(sdir, r, phase)
+                task_log = markers.log_path(sdir, r, phase)
                 st["logs"][r] = [str(p) for p in (task_log, _slurm_log(sdir, phase, job, r)) if p.exists()]
         if st["failed"]:
             st["state"] = "failed"
@@ -319,7 +320,7 @@ def describe_failure(sdir: Path, states: list[dict]) -> str:
         lines.append(what)
         for r in st["failed"]:
             reason = ""
-            fp = runfolder.failure_path(sdir, r, st["phase"])
+            fp = markers.failure_path(sdir, r, st["phase"])
             if fp.exists():
                 last = [ln for ln in fp.read_text(errors="replace").splitlines() if ln.strip()]
                 reason = f" {last[-1].strip()}" if last else ""
@@ -373,25 +374,25 @@ class SlurmExecutor:
         return deps
 
     def run(self, step, run_dir: Path, tasks: int, name: str | None = None) -> dict:
-        """Submit under the step lock (``runfolder.step_lock``); refuses while the jobs of an
+        """Submit under the step lock (``runfolder.lock.step_lock``); refuses while the jobs of an
         earlier submit of this step folder are still queued or running."""
         run_dir = run_dir.resolve()
         name = self._name = name or step.name
         sdir = run_dir / name
-        with runfolder.step_lock(sdir, wait=self.wait_lock):
+        with step_lock(sdir, wait=self.wait_lock):
             prev = sdir / "slurm_jobs.json"
             if prev.exists():
                 rec = json.loads(prev.read_text())
                 live = [j for j in (rec.get("array"), rec.get("reduce"), rec.get("apply"), rec.get("merge"))
                         if j and job_active(j)]
                 if live:
-                    raise runfolder.RunFolderError(
+                    raise RunFolderError(
                         f"{sdir}: slurm jobs {live} of an earlier submit are still queued or running; "
                         f"wait for them (or scancel them) first")
             return self._submit(step, run_dir, tasks, name, sdir)
 
     def _submit(self, step, run_dir: Path, tasks: int, name: str, sdir: Path) -> dict:
-        pending = runfolder.pending_ranks(sdir, tasks)
+        pending = markers.pending_ranks(sdir, tasks)
         deps = self.upstream_jobs(step, run_dir)
         if self.dependency:
             deps.append(self.dependency)
@@ -415,20 +416,20 @@ class SlurmExecutor:
         if step.apply is not None:
             # The reduce (unless done and no map rank reruns), then the apply ranks: all of them after a new
             # reduce (a rank whose marker holds the same digest returns at once), else the pending ones.
-            if pending or not runfolder.is_reduced(sdir):
+            if pending or not markers.is_reduced(sdir):
                 record["reduce"] = submit("reduce", render_single_job(step.name, run_dir, "reduce", self.options,
                                                                       python, name, after),
                                           sdir / "launch_reduce.slurm")
                 apply_ranks = list(range(tasks))
             else:
-                apply_ranks = runfolder.pending_ranks(sdir, tasks, "apply")
+                apply_ranks = markers.pending_ranks(sdir, tasks, "apply")
             record["apply_ranks"] = apply_ranks
             if apply_ranks:
                 record["apply"] = submit("apply", render_launch_script(step.name, run_dir, tasks, apply_ranks,
                                                                        self.workers, self.options, python, name,
                                                                        after, phase="apply"),
                                          sdir / "launch_apply.slurm")
-        if not record["chain"] and runfolder.is_finalized(sdir):
+        if not record["chain"] and markers.is_finalized(sdir):
             return {"slurm": record, "nothing_to_do": True}
         record["merge"] = submit("merge", render_single_job(step.name, run_dir, "merge", self.options, python,
                                                             name, after),
@@ -456,7 +457,7 @@ class SlurmExecutor:
                 if line != last and self.progress:
                     print(f"{name} [{time.time() - t0:6.0f} s] {line}", file=out, flush=True)
                     last = line
-                if live == [] or (live is None and runfolder.is_finalized(sdir)):
+                if live == [] or (live is None and markers.is_finalized(sdir)):
                     break
                 if timeout_s is not None and time.time() - t0 > timeout_s:
                     raise TimeoutError(f"{name}: slurm jobs {jobs} still queued or running after {timeout_s:.0f} s")
@@ -467,7 +468,7 @@ class SlurmExecutor:
             print(f"\n{name}: stopped waiting; the jobs {jobs} keep running (ovpipe status {sdir.parent}; "
                   f"scancel {' '.join(jobs)} to stop them)", file=out, flush=True)
             raise
-        if not runfolder.is_finalized(sdir):
+        if not markers.is_finalized(sdir):
             states = chain_status(sdir, record) or []
             detail = describe_failure(sdir, states) or describe_chain(states)
             raise SlurmChainFailed(f"{name}: its Slurm chain ended without finishing the step\n{detail}")

@@ -18,7 +18,11 @@ import traceback
 import warnings
 from pathlib import Path
 
-from ovpipe import console, runfolder
+from ovpipe import console
+from ovpipe.runfolder import markers
+from ovpipe.runfolder.cleanup import clean_temp_files
+from ovpipe.runfolder.heartbeat import RunningMarker
+from ovpipe.runfolder.upstream import check_inputs_current
 from ovpipe.config import load_config
 from ovpipe.registry import get_step
 from ovpipe.step import TaskContext, save_json
@@ -71,35 +75,35 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
     log = logging.getLogger("ovpipe")
     with _task_scope(sdir, rank, phase, who):
         # Its input steps must still be finalized with the config this step was prepared on.
-        runfolder.check_inputs_current(run_dir, sdir)
+        check_inputs_current(run_dir, sdir)
         if phase == "apply":
             if step.apply is None:
                 raise ValueError(f"step {step_name!r} has no apply phase")
-            if not runfolder.is_reduced(sdir):
-                raise TaskFailed(f"{who}: the reduce has not run (no {sdir / 'completions' / runfolder.REDUCED}); "
+            if not markers.is_reduced(sdir):
+                raise TaskFailed(f"{who}: the reduce has not run (no {sdir / 'completions' / markers.REDUCED}); "
                                  f"rerun the step")
-            if rank in runfolder.done_ranks(sdir, "apply"):   # a Slurm array over every rank, resumed
+            if rank in markers.done_ranks(sdir, "apply"):   # a Slurm array over every rank, resumed
                 log.info("%s: already applied the current reduce", who)
-                return json.loads((sdir / "stats" / f"{runfolder.rank_name(rank, phase)}.json").read_text())
+                return json.loads((sdir / "stats" / f"{markers.rank_name(rank, phase)}.json").read_text())
         # A restarted rank: drop the temp files a killed (or ENOSPC'd) earlier try left behind.
-        runfolder.clean_temp_files(sdir, rank)
+        clean_temp_files(sdir, rank)
         cfg = load_step_config(step, sdir)
         # A (re)run rank invalidates an earlier finalize (it must see this rank's new part) and, for a
         # map rank of a three-phase step, the reduce (it must see this rank's new partial).
-        (sdir / "completions" / runfolder.FINALIZED).unlink(missing_ok=True)
+        (sdir / "completions" / markers.FINALIZED).unlink(missing_ok=True)
         if phase == "map":
-            (sdir / "completions" / runfolder.REDUCED).unlink(missing_ok=True)
+            (sdir / "completions" / markers.REDUCED).unlink(missing_ok=True)
         task = TaskContext.for_step(step, cfg, run_dir, rank, world_size, name, workers=workers, phase=phase)
         log.info("start %s %s rank %d/%d", step_name, phase, rank, world_size)
         t0 = time.perf_counter()
         (step.run if phase == "map" else step.apply)(cfg, task)
         task.stats.timings["total" if phase == "map" else "apply"] += time.perf_counter() - t0
-        _record_peak_rss(task, runfolder.rank_name(rank, phase))
+        _record_peak_rss(task, markers.rank_name(rank, phase))
         if _should_fail(name if phase == "map" else f"{name}/apply", rank):
             raise RuntimeError(f"injected failure ({FAIL_ENV}) in {who}")
         stats = task.stats.to_dict()
-        save_json(sdir / "stats" / f"{runfolder.rank_name(rank, phase)}.json", stats)
-        runfolder.mark_done(sdir, rank, phase)
+        save_json(sdir / "stats" / f"{markers.rank_name(rank, phase)}.json", stats)
+        markers.mark_done(sdir, rank, phase)
         log.info("done %s %s rank %d: %s", step_name, phase, rank, json.dumps(stats["counters"]))
         return stats
 
@@ -110,9 +114,9 @@ def _task_scope(sdir: Path, rank: int, phase: str, who: str):
     ``running/`` marker (pid/host/Slurm job + heartbeat, removed at the end) and a fresh peak-memory
     count; on an exception, the traceback in the log and ``failures/``, re-raised as ``TaskFailed``
     (interrupts as they are) — the completion marker is then absent and a rerun redoes the task."""
-    log_file = runfolder.log_path(sdir, rank, phase)
+    log_file = markers.log_path(sdir, rank, phase)
     handler = _file_logger(log_file)
-    marker = runfolder.RunningMarker(sdir, rank, phase=phase)
+    marker = RunningMarker(sdir, rank, phase=phase)
     output = contextlib.ExitStack()
     try:
         output.enter_context(console.task_output(log_file))   # third-party noise → the log, not the terminal
@@ -125,7 +129,7 @@ def _task_scope(sdir: Path, rank: int, phase: str, who: str):
     except BaseException as e:
         tb = traceback.format_exc()
         logging.getLogger("ovpipe").error("%s failed:\n%s", who, tb)
-        runfolder.write_failure(sdir, rank, tb, phase)
+        markers.write_failure(sdir, rank, tb, phase)
         if isinstance(e, (KeyboardInterrupt, SystemExit, TaskFailed)):
             raise
         raise TaskFailed(f"{who} failed: {e!r} (log: {log_file})") from e
@@ -160,7 +164,7 @@ def _after_map_ranks(step_name: str, run_dir, name: str | None):
     name = name or step_name
     sdir = run_dir / name
     meta = json.loads((sdir / "executor.json").read_text())
-    pending = runfolder.pending_ranks(sdir, meta["tasks"])
+    pending = markers.pending_ranks(sdir, meta["tasks"])
     if pending:
         raise TaskFailed(f"{name}: map ranks {pending} are not complete; rerun the step to finish them")
     return run_dir, step, name, sdir, meta
@@ -171,23 +175,23 @@ def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) ->
     ``completions/reduced`` marker with the artifact's digest. A no-op when already reduced.
     Returns the digest."""
     run_dir, step, name, sdir, meta = _after_map_ranks(step_name, run_dir, name)
-    digest = runfolder.reduce_digest(sdir)
+    digest = markers.reduce_digest(sdir)
     if digest is not None:
         return digest
     with _task_scope(sdir, 0, "reduce", f"{name} reduce"):
-        runfolder.check_inputs_current(run_dir, sdir)
+        check_inputs_current(run_dir, sdir)
         # A restarted reduce (a requeued Slurm job): drop what a killed earlier try left in reduced/.
         for leftover in (sdir / "reduced").glob(".tmp-*") if (sdir / "reduced").is_dir() else []:
             leftover.unlink(missing_ok=True)
         cfg = load_step_config(step, sdir)
-        (sdir / "completions" / runfolder.FINALIZED).unlink(missing_ok=True)
+        (sdir / "completions" / markers.FINALIZED).unlink(missing_ok=True)
         task = TaskContext.for_step(step, cfg, run_dir, 0, meta["tasks"], name, phase="reduce")
         t0 = time.perf_counter()
         step.reduce(cfg, task)
         task.stats.timings["reduce"] += time.perf_counter() - t0
         _record_peak_rss(task, "reduce")
         save_json(sdir / "stats" / "reduce.json", task.stats.to_dict())
-        digest = runfolder.mark_reduced(sdir)
+        digest = markers.mark_reduced(sdir)
         logging.getLogger("ovpipe").info("reduce %s done: digest %s", name, digest)
         return digest
 
@@ -196,12 +200,12 @@ def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) 
     """After every rank is done: the step's global ``finalize`` (once), then merged stats."""
     run_dir, step, name, sdir, meta = _after_map_ranks(step_name, run_dir, name)
     if step.apply is not None:
-        if not runfolder.is_reduced(sdir):
+        if not markers.is_reduced(sdir):
             raise TaskFailed(f"{name}: the reduce has not run; rerun the step")
-        pending = runfolder.pending_ranks(sdir, meta["tasks"], "apply")
+        pending = markers.pending_ranks(sdir, meta["tasks"], "apply")
         if pending:
             raise TaskFailed(f"{name}: apply ranks {pending} are not complete; rerun the step to finish them")
-    if step.finalize is not None and not runfolder.is_finalized(sdir):
+    if step.finalize is not None and not markers.is_finalized(sdir):
         handler = _file_logger(sdir / "logs" / "finalize.log")
         try:
             with console.task_output(sdir / "logs" / "finalize.log"):
@@ -214,8 +218,8 @@ def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) 
         finally:
             logging.getLogger().removeHandler(handler)
             handler.close()
-    merged = runfolder.merge_stats(sdir, meta["tasks"])
+    merged = markers.merge_stats(sdir, meta["tasks"])
     # the marker last: whoever waits on it (``--wait``, the next step's check, ``ovpipe status``) then
     # finds the step's stats.json already written
-    (sdir / "completions" / runfolder.FINALIZED).touch()
+    (sdir / "completions" / markers.FINALIZED).touch()
     return merged

@@ -22,7 +22,6 @@ import json, sys
 from pathlib import Path
 import numpy, pyarrow, pyarrow.parquet, pyarrow.compute, duckdb          # imports are not the task's memory
 import curation.balance, manifests.io, ovpipe.executors.task, packing.binpack
-from ovpipe import runfolder
 from ovpipe.executors.task import reduce_step, run_task
 from ovpipe.mapreduce import vmhwm_bytes
 

@@ -181,7 +181,7 @@ def test_debug_flag_shows_the_traceback(tmp_path, capsys):
 
 
 def test_unexpected_error_is_one_line_exit_1(tmp_path, capsys, monkeypatch):
-    import ovpipe.runfolder as rf
+    import ovpipe.runfolder.prepare as rf
 
     def boom(*a, **k):
         raise RuntimeError("disk on fire")

@@ -10,7 +10,8 @@ import pytest
 from curation.balance import BalanceConfig, balance, uniform_draws
 from manifests import read_manifest
 from manifests.io import write_part, write_table
-from ovpipe import mapreduce, runfolder
+from ovpipe import mapreduce
+from ovpipe.runfolder import markers, status
 from ovpipe.cli import main
 
 
@@ -130,7 +131,7 @@ def test_resume_redoes_only_the_failed_phase_rank_and_status_shows_phases(tmp_pa
     monkeypatch.setenv("OVPIPE_FAIL_RANKS", "balance/apply:1")
     assert main(["balance", "--run-dir", str(run), "--tasks", "3", "--quiet"]) == 1
     assert "apply rank 1" in capsys.readouterr().err
-    st = runfolder.step_status(sdir)
+    st = status.step_status(sdir)
     assert st["done"] == 3 and st["phases"]["reduce"] == "done"
     assert st["phases"]["apply"]["done"] == 2 and [r for r, _ in st["phases"]["apply"]["failed"]] == [1]
     assert main(["status", str(run)]) == 1
@@ -142,7 +143,7 @@ def test_resume_redoes_only_the_failed_phase_rank_and_status_shows_phases(tmp_pa
     monkeypatch.delenv("OVPIPE_FAIL_RANKS")
     assert main(["balance", "--run-dir", str(run), "--tasks", "3", "--quiet"]) == 0
     assert _mtimes(sdir, logs) == before          # map ranks, the reduce and the other apply ranks not redone
-    assert runfolder.is_finalized(sdir) and not (sdir / "failures" / "apply-00001").exists()
+    assert markers.is_finalized(sdir) and not (sdir / "failures" / "apply-00001").exists()
     assert merged_bytes(run, tmp_path) == merged_bytes(ref, tmp_path)
     assert main(["status", str(run)]) == 0
 
@@ -159,7 +160,7 @@ def test_resume_redoes_only_the_failed_phase_rank_and_status_shows_phases(tmp_pa
 
     # a reduce whose artifact changed: every apply rank is pending again
     (sdir / "completions" / "reduced").write_text("another-digest\n")
-    assert runfolder.pending_ranks(sdir, 3, "apply") == [0, 1, 2]
+    assert markers.pending_ranks(sdir, 3, "apply") == [0, 1, 2]
 
 
 def test_apply_rank_refuses_without_the_reduce(tmp_path):

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ovpipe import runfolder
+from ovpipe.runfolder import RunFolderError, cleanup, lock, markers, prepare, status
 from ovpipe.cli import main
 
 HERE = Path(__file__).parent
@@ -81,7 +81,7 @@ def test_second_identical_command_refuses_naming_the_holder(tmp_path, capsys):
     finally:
         out, err = a.communicate(timeout=60)
     assert a.returncode == 0, err
-    assert runfolder.is_finalized(run / "t-slow")
+    assert markers.is_finalized(run / "t-slow")
     # The lock died with A: the same command is now a no-op that succeeds.
     assert main(["t-slow", "--run-dir", str(run), "--quiet", "--tasks", "2", "--set", "seconds=20",
                  "--set", f"flag={flag}"]) == 0
@@ -89,20 +89,20 @@ def test_second_identical_command_refuses_naming_the_holder(tmp_path, capsys):
 
 def test_wait_lock_waits_for_the_holder(tmp_path):
     sdir = tmp_path / "run" / "t-slow"
-    code = ("import sys, time; from ovpipe import runfolder\n"
-            f"with runfolder.step_lock({str(sdir)!r}):\n"
+    code = ("import sys, time; from ovpipe.runfolder import lock\n"
+            f"with lock.step_lock({str(sdir)!r}):\n"
             "    print('held', flush=True); time.sleep(1.5)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(runfolder.StepLocked, match=f"pid {holder.pid}"):
-            with runfolder.step_lock(sdir):
+        with pytest.raises(lock.StepLocked, match=f"pid {holder.pid}"):
+            with lock.step_lock(sdir):
                 pass
         t0 = time.time()
-        with runfolder.step_lock(sdir, wait=True):
+        with lock.step_lock(sdir, wait=True):
             assert holder.poll() is not None or time.time() - t0 > 0.3
             assert json.loads((sdir / ".lock").read_text())["pid"] == os.getpid()
-            with runfolder.step_lock(sdir):    # re-entrant in one process
+            with lock.step_lock(sdir):    # re-entrant in one process
                 pass
     finally:
         holder.wait(timeout=30)
@@ -136,17 +136,17 @@ def test_downstream_refuses_unfinalized_or_changed_upstream(tmp_path, monkeypatc
 
     down = get_step("t-down")
     cfg = load_config(down.config, {})
-    assert runfolder.up_to_date(run, down, cfg, 1) is None    # not a no-op any more
+    assert prepare.up_to_date(run, down, cfg, 1) is None    # not a no-op any more
     capsys.readouterr()
     assert main(["t-down", "--run-dir", str(run), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "'t-slow'" in err and "another config" in err and "--overwrite" in err
-    with pytest.raises(runfolder.RunFolderError) as e:
-        runfolder.prepare(run, down, cfg, 1)
+    with pytest.raises(RunFolderError) as e:
+        prepare.prepare(run, down, cfg, 1)
     assert "'t-slow'" in str(e.value) and "another config" in str(e.value) and "--overwrite" in str(e.value)
     from ovpipe.executors import LocalExecutor
 
-    runfolder.prepare(run, down, cfg, 1, overwrite=True)
+    prepare.prepare(run, down, cfg, 1, overwrite=True)
     LocalExecutor(progress=False).run(down, run, 1)
     new_hash = json.loads((run / "t-slow" / "executor.json").read_text())["config_hash"]
     assert json.loads((run / "t-down" / "executor.json").read_text())["inputs"] == {"t-slow": new_hash}
@@ -191,16 +191,16 @@ def test_status_running_vs_stale_and_temp_files_removed(tmp_path, capsys):
     sdir = run / "t-slow"
     try:
         _wait_for(lambda: (sdir / "running" / "00000").exists(), what="rank 0 to start")
-        st = runfolder.step_status(sdir)
+        st = status.step_status(sdir)
         assert [r for r, _ in st["running"]] == [0] and st["failed"] == [] and st["stale"] == []
-        assert runfolder.print_status(run) == 0
+        assert status.print_status(run) == 0
         assert "rank 0 running: pid" in capsys.readouterr().out
     finally:
         a.send_signal(signal.SIGKILL)
         a.wait(timeout=30)
-    st = runfolder.step_status(sdir)
+    st = status.step_status(sdir)
     assert [r for r, _ in st["stale"]] == [0] and st["running"] == [] and st["failed"] == []
-    assert runfolder.print_status(run) == 1
+    assert status.print_status(run) == 1
     assert "rank 0 stale" in capsys.readouterr().out
 
     # what a kill mid-write or a full disk leaves behind
@@ -214,7 +214,7 @@ def test_status_running_vs_stale_and_temp_files_removed(tmp_path, capsys):
     assert main(["t-slow", "--run-dir", str(run), "--quiet", "--set", "seconds=30", "--set", f"flag={flag}"]) == 0
     assert not any(p.exists() for p in leftovers)
     assert list(sdir.rglob(".tmp-*")) == []
-    st = runfolder.step_status(sdir)
+    st = status.step_status(sdir)
     assert st["done"] == 1 and st["stale"] == [] and st["finalized"]
     assert not (sdir / "running" / "00000").exists()
 
@@ -226,7 +226,7 @@ def test_restarted_rank_removes_only_its_own_temp_files(tmp_path):
     for p in mine + other:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.touch()
-    assert runfolder.clean_temp_files(sdir, rank=3) == 2
+    assert cleanup.clean_temp_files(sdir, rank=3) == 2
     assert not any(p.exists() for p in mine) and all(p.exists() for p in other)
 
 

@@ -2,7 +2,7 @@
 markers and squeue's rows — squeue's rows given here, so no cluster is needed."""
 import json
 
-from ovpipe import runfolder
+from ovpipe.runfolder import markers
 from ovpipe.executors.slurm import chain_status, describe_chain, describe_failure
 
 RECORD = {"ranks": [0, 1, 2, 3], "apply_ranks": [0, 1, 2, 3], "array": "12", "reduce": "13", "apply": "14",
@@ -37,7 +37,7 @@ def test_running_chain(tmp_path):
 def test_failed_rank_cancels_the_rest(tmp_path):
     """Rank 2 raised (its failures/ file, its logs); the jobs afterok on the array were cancelled."""
     sdir = _step(tmp_path, done=(0, 1, 3))
-    runfolder.write_failure(sdir, 2, "Traceback (most recent call last):\n  ...\nValueError: bad row group\n")
+    markers.write_failure(sdir, 2, "Traceback (most recent call last):\n  ...\nValueError: bad row group\n")
     (sdir / "logs" / "task_00002.log").write_text("boom\n")
     (sdir / "logs" / "slurm-12_2.out").write_text("boom\n")
     rows = [("12", "2", "FAILED", "NonZeroExitCode"), ("13", "", "CANCELLED", "DependencyNeverSatisfied")]
@@ -54,12 +54,12 @@ def test_failed_rank_cancels_the_rest(tmp_path):
 
 def test_done_from_markers_after_squeue_forgot_the_jobs(tmp_path):
     sdir = _step(tmp_path, done=(0, 1, 2, 3))
-    runfolder.mark_reduced(sdir)
+    markers.mark_reduced(sdir)
     for r in range(4):
-        runfolder.mark_done(sdir, r, "apply")
-    (sdir / "completions" / runfolder.FINALIZED).touch()
+        markers.mark_done(sdir, r, "apply")
+    (sdir / "completions" / markers.FINALIZED).touch()
     st = chain_status(sdir, rows=[])
     assert [s["state"] for s in st] == ["done"] * 4
     # squeue cannot answer (no controller): what the markers do not show is unknown, not failed
-    (sdir / "completions" / runfolder.FINALIZED).unlink()
+    (sdir / "completions" / markers.FINALIZED).unlink()
     assert chain_status(sdir, rows=None)[-1]["state"] == "unknown"

@@ -31,7 +31,7 @@ def _lines(path):
 def test_kill_drill_ends_bit_identical(packed_demo, tmp_path):
     import drill_child  # noqa: F401  (tests/pretrain is on sys.path: rootdir-relative test imports)
 
-    from ovpipe.runfolder import print_status
+    from ovpipe.runfolder.status import print_status
     from pretrain import checkpoint
 
     ctx = multiprocessing.get_context("forkserver")

@@ -9,7 +9,7 @@ import sys
 import time
 
 from ovpipe.cli import main
-from ovpipe.runfolder import print_status
+from ovpipe.runfolder.status import print_status
 
 ARGS = ["--recipe", "tiny", "--stage", "1.5", "--steps", "2", "--micro-batch", "1", "--lr", "0.003"]
 
@@ -22,7 +22,7 @@ def _status(run):
 
 def _hold_lock(sdir, seconds):
     """Another command holding the stage's lock (a second process: flock is per open file)."""
-    code = ("import sys, time; from pathlib import Path; from ovpipe.runfolder import step_lock\n"
+    code = ("import sys, time; from pathlib import Path; from ovpipe.runfolder.lock import step_lock\n"
             "with step_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(float(sys.argv[2]))\n")
     p = subprocess.Popen([sys.executable, "-c", code, str(sdir), str(seconds)], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"

@@ -1,0 +1,152 @@
+"""``ovpipe status``: per step folder, its ranks done / running / failed / stale / pending, its reduce and
+apply phases, whether its inputs changed since it ran, and the chain of its Slurm jobs.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ovpipe.runfolder.heartbeat import describe_running, rank_alive
+from ovpipe.runfolder.markers import done_ranks, failure_path, is_finalized, is_reduced, log_path, running_path
+from ovpipe.runfolder.upstream import stale_inputs
+
+
+def _phase_status(sdir: Path, tasks: int, phase: str) -> dict:
+    done = done_ranks(sdir, phase)
+    failed, stale, running, pending = [], [], [], []
+    for r in range(tasks):
+        if r in done:
+            continue
+        log = log_path(sdir, r, phase)
+        rp = running_path(sdir, r, phase)
+        if rp.exists():
+            alive, info = rank_alive(rp)
+            if alive:
+                running.append((r, describe_running(info)))
+                continue
+        if failure_path(sdir, r, phase).exists():
+            failed.append((r, str(log)))
+        elif rp.exists() or (log.exists() and log.stat().st_size > 0 and phase == "map"):
+            stale.append((r, str(log)))
+        else:
+            pending.append(r)
+    return {"tasks": tasks, "done": len(done), "failed": failed, "stale": stale, "running": running,
+            "pending": pending}
+
+
+def _reduce_status(sdir: Path) -> str:
+    """done | running (…) | failed | stale | pending"""
+    if is_reduced(sdir):
+        return "done"
+    rp = running_path(sdir, 0, "reduce")
+    if rp.exists():
+        alive, info = rank_alive(rp)
+        if alive:
+            return f"running ({describe_running(info)})"
+        return "stale"
+    return "failed" if failure_path(sdir, 0, "reduce").exists() else "pending"
+
+
+def step_status(sdir: Path) -> dict:
+    """Ranks done / running / failed / stale / pending (of the map phase, the only phase of most steps).
+
+    running: a ``running/{rank}`` marker whose task is alive (same host: its pid lives and the
+    heartbeat is fresh; another host: the heartbeat is fresh). failed: ``failures/{rank}`` (the
+    task raised). stale: started and neither done, failed nor alive (a killed task: its marker's
+    pid is dead or its heartbeat old, or no marker but a non-empty log). pending: never started.
+    A three-phase step adds ``phases``: ``{"reduce": "done" | "running (…)" | "failed" | "stale" |
+    "pending", "apply": {the same counts for the apply ranks}}``."""
+    meta = json.loads((sdir / "executor.json").read_text())
+    tasks = meta["tasks"]
+    out = {"step": sdir.name, **_phase_status(sdir, tasks, "map"), "finalized": is_finalized(sdir)}
+    if "apply" in meta.get("phases", ()):
+        out["phases"] = {"reduce": _reduce_status(sdir), "apply": _phase_status(sdir, tasks, "apply")}
+    return out
+
+
+def slurm_chain(sdir: Path) -> tuple[list[str], bool]:
+    """``slurm: map 12 → reduce 13 (afterok:12) → apply 14 (afterok:13) → merge 15 (afterok:14)``: the jobs of
+    the last Slurm submit of the step, as ``slurm_jobs.json`` records them (no queue asked), and False.
+    ``ovpipe status`` passes ``executors.slurm.status_lines`` instead, which adds each job's state."""
+    try:
+        rec = json.loads((Path(sdir) / "slurm_jobs.json").read_text())
+    except (OSError, ValueError):
+        return [], False
+    parts = [f"{j['phase']} {j['job']}" + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else "")
+             for j in rec.get("chain") or []]
+    return ([f"    slurm: {' → '.join(parts)}"] if parts else []), False
+
+
+def _rank_counts_line(label: str, st: dict) -> str:
+    return (f"{label:<16} {st['done']:>3}/{st['tasks']:<2} {len(st['running']):>7} {len(st['failed']):>6} "
+            f"{len(st['stale']):>5} {len(st['pending']):>7}")
+
+
+def _rank_detail_lines(st: dict, what: str) -> tuple[list[str], bool]:
+    """The running / failed / stale ranks of one phase, and whether any failed or is stale."""
+    lines = [f"    {what} {rank} running: {info}" for rank, info in st["running"]]
+    lines += [f"    {what} {rank} failed: {log}" for rank, log in st["failed"]]
+    lines += [f"    {what} {rank} stale (killed? neither done nor running): {log}" for rank, log in st["stale"]]
+    return lines, bool(st["failed"] or st["stale"])
+
+
+def print_status(run_dir: Path, out=None, slurm_lines=None) -> int:
+    """``ovpipe status RUN``: one line per step, then each running / failed / stale rank; a three-phase
+    step adds its reduce and apply lines, and a Slurm step the chain of its jobs. A finished step whose
+    inputs changed since it ran (``stale_inputs``) shows ``stale`` in the ``final`` column, with why.
+    Exit code 1 when a rank (or the reduce) failed or is stale (killed), or a job of its Slurm chain failed
+    or was cancelled, else 0 (running or pending is no error). ``slurm_lines(sdir) -> (lines, failed)``
+    describes a step's Slurm chain (default: the job ids only, ``slurm_chain``)."""
+    out = out or sys.stdout
+    run_dir = Path(run_dir)
+    # step folders, and step folders one level down (``pretrain/stage-<S>``: a stage is a step)
+    steps = sorted(p.parent for p in [*run_dir.glob("*/executor.json"), *run_dir.glob("*/*/executor.json")])
+    if not steps:
+        print(f"{run_dir}: no steps run yet", file=out)
+        return 0
+    rc = 0
+    print(f"{'step':<16} {'done':>6} {'running':>7} {'failed':>6} {'stale':>5} {'pending':>7}  final", file=out)
+    seen: dict = {}
+    for sdir in steps:
+        st = step_status(sdir)
+        label = str(sdir.relative_to(run_dir))
+        stale = stale_inputs(run_dir, label, seen)
+        final = "stale" if stale and st["finalized"] else "yes" if st["finalized"] else "no"
+        print(f"{_rank_counts_line(label, st)}  {final}", file=out)
+        lines, bad = _rank_detail_lines(st, "rank")
+        lines += [f"    stale: {why}; rerun with --overwrite" for why in stale]
+        progress = _progress_line(sdir)
+        if progress:
+            lines.insert(0, progress)
+        if "phases" in st:   # a three-phase step: map (the line above) → reduce → apply
+            red = st["phases"]["reduce"]
+            lines.append(f"{'  ├ reduce':<16} {red:>6}")
+            apply_lines, apply_bad = _rank_detail_lines(st["phases"]["apply"], "apply rank")
+            lines += [_rank_counts_line("  └ apply", st["phases"]["apply"]), *apply_lines]
+            bad = bad or apply_bad or red in ("failed", "stale")
+        chain, chain_failed = (slurm_lines or slurm_chain)(sdir)
+        lines += chain
+        bad = bad or chain_failed
+        for line in lines:
+            print(line, file=out)
+        rc |= int(bad)
+    # Slurm jobs of a folder with no executor.json (submitted outside the step model)
+    for sdir in sorted(p.parent for p in run_dir.glob("*/*/slurm_jobs.json") if not (p.parent / "executor.json").exists()):
+        chain, chain_failed = (slurm_lines or slurm_chain)(sdir)
+        if chain:
+            print(str(sdir.relative_to(run_dir)), file=out)
+            for line in chain:
+                print(line, file=out)
+        rc |= int(chain_failed)
+    return rc
+
+
+def _progress_line(sdir: Path) -> str | None:
+    """``progress.json`` of a long single task (a pretrain stage): ``at step 12/30 (loss 5.61)``."""
+    try:
+        p = json.loads((Path(sdir) / "progress.json").read_text())
+    except (OSError, ValueError):
+        return None
+    loss = f" (loss {p['loss']:.4f})" if isinstance(p.get("loss"), (int, float)) else ""
+    return f"    at step {p.get('step')}/{p.get('steps')}{loss}"
