@@ -21,15 +21,20 @@ that one resolver, and so do the pre-start check, the upstream hashes and ``ovpi
 runs. ``finalize(cfg, ctx)`` (optional) runs once after every rank completed — locally
 right after the pool, on Slurm in the follow-up job — for reports and small global fix-ups.
 
-A step that needs the whole corpus is three-phase (``docs/scale.md``, ``ovpipe/mapreduce.py``)::
+Three shapes, told apart by which bodies the ``Step`` holds (``Step.phases``; ``docs/scale.md``):
 
-    STEP = Step("balance", BalanceConfig, run=count_concepts, reduce=reduce_counts, apply=apply_weights, ...)
+* **map** — ``Step(name, Config, run)``: rank r of N runs ``run`` over its share of the input;
+* **map → reduce → apply** — ``Step(name, Config, run, reduce=..., apply=...)``, for a step that needs the
+  whole corpus (``balance``, ``ingest``): ``run`` is the map body (rank r streams its share,
+  ``task.write_partial``), ``reduce(cfg, ctx)`` runs once after every map rank (``ctx.iter_partials`` →
+  ``ctx.write_reduced``: a small artifact), ``apply(cfg, ctx)`` per rank after it (``ctx.read_reduced`` +
+  its share → manifest parts);
+* **reduce → apply** — ``Step(name, Config, reduce=..., apply=...)`` with no ``run``, for a step whose
+  global pass reads its inputs directly (``pack`` solves the packing over every length, ``select``
+  cuts the sorted prompt list), so there is no per-rank partial to make first.
 
-``run`` is then the map body (rank r streams its share, ``task.write_partial``), ``reduce(cfg, ctx)``
-runs once after every map rank (``ctx.iter_partials`` → ``ctx.write_reduced``: a small artifact),
-``apply(cfg, ctx)`` runs per rank after it (``ctx.read_reduced`` + its share → manifest parts), and
-``finalize`` last. Locally: pool → reduce → pool → finalize; on Slurm: map array → reduce job →
-apply array → merge job, each ``afterok`` on the one before.
+``finalize`` comes last in every shape. Locally: [pool →] reduce → pool → finalize; on Slurm:
+[map array →] reduce job → apply array → merge job, each ``afterok`` on the one before.
 """
 from __future__ import annotations
 
@@ -50,7 +55,7 @@ log = logging.getLogger("ovpipe")
 class Step:
     name: str
     config: type
-    run: Callable[[Any, "TaskContext"], Any]
+    run: Callable[[Any, "TaskContext"], Any] | None = None   # the map body; None: a reduce-first step
     # {kind: config field naming its step folder(s) | Input(...) | None}: every manifest read from the
     # run folder (ovpipe/inputs.py); the older tuple of kinds is accepted too
     inputs: Any = ()
@@ -61,7 +66,7 @@ class Step:
     # check(cfg, run_dir) -> None: raise ValueError naming what is missing (an upstream step folder,
     # a tokenizer path) — run by the CLI before any work, so it fails in a second, not at task time.
     check: Callable[[Any, Path], None] | None = None
-    # Three-phase steps: reduce(cfg, ctx) once after every map rank (``run``), apply(cfg, ctx) per rank after it.
+    # reduce(cfg, ctx) once (after every map rank, if the step has ``run``), apply(cfg, ctx) per rank after it.
     reduce: Callable[[Any, "TaskContext"], Any] | None = None
     apply: Callable[[Any, "TaskContext"], Any] | None = None
 
@@ -70,12 +75,15 @@ class Step:
 
         object.__setattr__(self, "inputs", normalise(self.inputs))
         if (self.reduce is None) != (self.apply is None):
-            raise ValueError(f"step {self.name!r}: reduce and apply come together (map → reduce → apply)")
+            raise ValueError(f"step {self.name!r}: reduce and apply come together (map → reduce → apply, "
+                             f"or reduce → apply without run)")
+        if self.run is None and self.apply is None:
+            raise ValueError(f"step {self.name!r}: give run (a map step), or reduce and apply (a reduce-first step)")
 
     @property
     def phases(self) -> tuple[str, ...]:
-        """("map",) for a plain step; ("map", "reduce", "apply") for a three-phase one."""
-        return ("map", "reduce", "apply") if self.apply is not None else ("map",)
+        """The phases in the order they run: ("map",), ("map", "reduce", "apply") or ("reduce", "apply")."""
+        return ("map",) * (self.run is not None) + ("reduce", "apply") * (self.apply is not None)
 
 
 def require_manifest(run_dir: Path, kind: str, step: str | None = None, field: str | None = None) -> None:

@@ -8,14 +8,14 @@ Items: every ``lengths`` row with status ``ok`` or ``truncated``, one per distin
 (``copies_from: none``), ``balanced.copies`` (curation's concept balancing) or the sum of
 ``mixed.copies`` of the ``mix_step`` folder (the instruction mix); a sample missing there gets 0.
 
-Three phases (``docs/scale.md``): the reduce solves the global packing once, out of core
+Reduce → apply (a reduce-first step, ``docs/scale.md``): the reduce solves the global packing once, out of core
 (``packing.solve``: the items stream to disk and are sorted a partition at a time; ~32 bytes of memory
 per item) and writes the solution — per bin its slot range and load, per slot its sample id, length,
 turns kept and source sample — under ``reduced/``; each apply rank reads only its contiguous
 ``pack_id`` range of it, a chunk of bins at a time, and writes those packs — manifest part and tar
 shards — so the expensive part (reading images, tokenising into shards) is parallel over ranks and the
-result is identical for any task count. (The map phase is empty: the item → slot assignment is a
-global sort by key within each length, so the solve is not a sum of per-slice partials.) Shards are
+result is identical for any task count. (No map phase: the item → slot assignment is a global sort
+by key within each length, so the solve is not a sum of per-slice partials.) Shards are
 named by ``pack_id`` range, never by rank: shard ``j`` is ``pack-{j:06d}.tar`` and holds pack_ids
 ``[j·packs_per_shard, (j+1)·packs_per_shard)``, and the rank split is over whole shards
 (``shard_bounds``), so every shard is written by exactly one rank and the tars, their names and the
@@ -75,12 +75,6 @@ class PackConfig:
         check_step_folder("lengths_step", self.lengths_step)
         if self.copies_from == "mixed":
             check_step_folder("mix_step", self.mix_step)
-
-
-def map_nothing(cfg: PackConfig, task: TaskContext) -> None:
-    """Map phase: nothing. The solve needs every item in one order (the item → slot assignment is a
-    global sort by key within each length), so it runs once, in the reduce — out of core
-    (``packing.solve``)."""
 
 
 def solve_once(cfg: PackConfig, task: TaskContext) -> None:
@@ -334,6 +328,6 @@ INPUTS = {
     "captions": Input(via="lengths_step", when=lambda c: c.write_shards),
 }
 
-STEP = Step("pack", PackConfig, map_nothing, inputs=INPUTS, outputs=("packs",), reduce=solve_once,
+STEP = Step("pack", PackConfig, inputs=INPUTS, outputs=("packs",), reduce=solve_once,
             apply=write_packs, finalize=finalize,
             description="offline hash-bucket BFD packing into fixed-length sequences")

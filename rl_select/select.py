@@ -23,11 +23,11 @@ Split of the kept prompts (``split_rule``):
 * ``prompt_type``: answer-only rollouts show a gap → stage 1, else stage 2;
 * ``category``: categories in ``cot_categories`` → stage 2, the rest → stage 1.
 
-Vectorised with polars: 10M rollouts in seconds (``bench/bench_rl.py``). Map → reduce → apply
+Vectorised with polars: 10M rollouts in seconds (``bench/bench_rl.py``). Reduce → apply
 (``docs/scale.md``), so no task holds the corpus:
 
-* map (``map_nothing``): nothing;
-* reduce (``cut_ranges``): DuckDB under ``OVPIPE_REDUCE_MEMORY`` (1GB, spilling) counts the prompts —
+* reduce first (``cut_ranges``; no map: which prompts a rank owns depends on the sorted union of every
+  input's prompt ids, computed once): DuckDB under ``OVPIPE_REDUCE_MEMORY`` (1GB, spilling) counts the prompts —
   non-duplicate ``rl_prompts`` ∪ every prompt with a non-format reward — and streams their ids in
   order, keeping the first and last prompt_id of each apply rank's ``slice_bounds`` slice
   (``reduced/ranges.npz``); a NULL prompt_id is an error;
@@ -213,11 +213,6 @@ KEYS = ("SELECT prompt_id FROM read_parquet($rl_prompts) WHERE status <> 'duplic
         "UNION SELECT prompt_id FROM read_parquet($rewards) WHERE reward_type <> 'format'")
 
 
-def map_nothing(cfg: SelectConfig, task: TaskContext) -> None:
-    """Map phase: nothing. Which prompts a rank owns depends on the sorted union of every input's
-    prompt ids, which the reduce computes once."""
-
-
 def cut_ranges(cfg: SelectConfig, task: TaskContext) -> None:
     """Reduce: count the prompts (``KEYS``) and stream them in prompt_id order through DuckDB (a sort
     that spills past its memory limit), keeping only the first and last prompt_id of each apply rank's
@@ -314,7 +309,7 @@ def finalize(cfg: SelectConfig, task: TaskContext) -> None:
     (task.step_dir / "report.md").write_text("\n".join(lines) + "\n")
 
 
-STEP = Step("select", SelectConfig, map_nothing,
+STEP = Step("select", SelectConfig,
             inputs={"rewards": None, "rl_prompts": None,
                     # the only split rule that needs each rollout's template
                     "rollouts": Input("rollouts_step", when=lambda c: c.split_rule == "prompt_type")}, outputs=("selection",),

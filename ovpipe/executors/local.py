@@ -1,6 +1,6 @@
 """Local executor: the incomplete ranks in a process pool on this machine, with a tqdm bar.
 
-The whole run — every rank, the reduce and apply ranks of a three-phase step, and the finalize —
+The whole run — every rank, the reduce and apply ranks of a step that has them, and the finalize —
 holds the step lock (``runfolder.lock.step_lock``):
 a second command on the same step folder refuses, naming the holder, or waits with
 ``wait_lock``. At the start, under the lock and with no rank running, leftover ``.tmp-*``
@@ -67,9 +67,11 @@ class LocalExecutor:
             return self._run(step, Path(run_dir), tasks, name, sdir)
 
     def _run(self, step, run_dir: Path, tasks: int, name: str, sdir: Path) -> dict:
-        """map ranks → (three-phase steps: reduce → apply ranks) → finalize, all under the step lock."""
-        self._run_phase(step, run_dir, tasks, name, pending_ranks(sdir, tasks), "map")
-        if step.apply is not None:
+        """map ranks → reduce → apply ranks → finalize (the phases the step has: ``Step.phases``), all
+        under the step lock."""
+        if "map" in step.phases:
+            self._run_phase(step, run_dir, tasks, name, pending_ranks(sdir, tasks), "map")
+        if "apply" in step.phases:
             reduce_step(step.name, run_dir, name)
             self._run_phase(step, run_dir, tasks, name, pending_ranks(sdir, tasks, "apply"), "apply")
         return finalize_step(step.name, run_dir, name)

@@ -1,20 +1,21 @@
 """Slurm executor: one ``sbatch --array`` over the incomplete ranks, a follow-up merge job — and for
-a three-phase step (``Step.reduce``/``Step.apply``) a reduce job and an apply array between them.
+a step with a reduce (``Step.reduce``/``Step.apply``) a reduce job and an apply array before the merge.
 
-What it does, in order:
+What it does, in order (the phases the step has, ``Step.phases``):
 1. writes ``RUN/<step>/launch_script.slurm`` (kept: it is what was submitted), whose
-   ``--array`` lists only the ranks without a completion marker, throttled with ``%workers``;
+   ``--array`` lists only the map ranks without a completion marker, throttled with ``%workers``;
 2. ``sbatch --parsable`` it, with ``#SBATCH --dependency=afterok:<merge job>`` on any step of the
    same run folder that produces one of this step's inputs and is still queued or running;
-3. three-phase steps: ``launch_reduce.slurm`` (one job, ``afterok`` on the map array: partials →
-   ``reduced/``), then ``launch_apply.slurm`` (an array, ``afterok`` on the reduce job);
+3. steps with a reduce: ``launch_reduce.slurm`` (one job, ``afterok`` on the map array — or, for a
+   reduce-first step with no map array, on the input steps' merge jobs — → ``reduced/``), then
+   ``launch_apply.slurm`` (an array, ``afterok`` on the reduce job);
 4. submits the merge job ``launch_merge.slurm`` (``afterok`` on the array before it): the step's
    ``finalize`` and merged stats;
 5. records the job ids and their chain in ``RUN/<step>/slurm_jobs.json`` (``merge`` is what later
    steps chain on; ``ovpipe status`` prints the chain).
 
 Every script carries its ``#SBATCH --dependency=afterok:…`` line, so the launch scripts themselves
-show the chain ``map → reduce → apply → merge``.
+show the chain ``map → reduce → apply → merge`` (``reduce → apply → merge`` for a reduce-first step).
 
 Each array task runs the same task body as the local executor. ``--signal=B:USR1@grace`` asks
 Slurm to warn the batch shell before the time limit; the trap stops the task and requeues
@@ -68,7 +69,7 @@ def _dependency_lines(after: list[str] | None) -> list[str]:
 def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[int], workers: int,
                          opts: SlurmOptions, python: str | None = None, name: str | None = None,
                          after: list[str] | None = None, phase: str = "map") -> str:
-    """The array script of the ``map`` phase (every step) or the ``apply`` phase (three-phase steps),
+    """The array script of the ``map`` phase or the ``apply`` phase (steps with a reduce),
     ``afterok`` on the jobs in ``after``."""
     python = python or sys.executable
     name = name or step_name
@@ -126,7 +127,7 @@ def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[
 
 def render_single_job(step_name: str, run_dir: Path, phase: str, opts: SlurmOptions, python: str | None = None,
                       name: str | None = None, after: list[str] | None = None) -> str:
-    """The one-job script of the ``reduce`` phase (three-phase steps) or the ``merge`` (finalize + stats)."""
+    """The one-job script of the ``reduce`` phase (steps with a reduce) or the ``merge`` (finalize + stats)."""
     python = python or sys.executable
     name = name or step_name
     sdir = (run_dir / name).resolve()
@@ -149,7 +150,7 @@ def render_single_job(step_name: str, run_dir: Path, phase: str, opts: SlurmOpti
     lines += [
         "",
         f"# ovpipe step {step_name!r}: the {phase} job "
-        + ("(partials of every map rank → reduced/, once)" if phase == "reduce" else "(finalize, merged stats)"),
+        + ("(→ reduced/, once, before the apply ranks)" if phase == "reduce" else "(finalize, merged stats)"),
         "set -uo pipefail",
         "export PYTHONUNBUFFERED=1",
     ]
@@ -392,7 +393,7 @@ class SlurmExecutor:
             return self._submit(step, run_dir, tasks, name, sdir)
 
     def _submit(self, step, run_dir: Path, tasks: int, name: str, sdir: Path) -> dict:
-        pending = markers.pending_ranks(sdir, tasks)
+        pending = markers.pending_ranks(sdir, tasks) if "map" in step.phases else []   # a reduce-first step: none
         deps = self.upstream_jobs(step, run_dir)
         if self.dependency:
             deps.append(self.dependency)
@@ -413,7 +414,7 @@ class SlurmExecutor:
             record["array"] = submit("map", render_launch_script(step.name, run_dir, tasks, pending, self.workers,
                                                                  self.options, python, name, after),
                                      sdir / "launch_script.slurm")
-        if step.apply is not None:
+        if "apply" in step.phases:
             # The reduce (unless done and no map rank reruns), then the apply ranks: all of them after a new
             # reduce (a rank whose marker holds the same digest returns at once), else the pending ones.
             if pending or not markers.is_reduced(sdir):

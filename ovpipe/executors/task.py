@@ -1,8 +1,9 @@
 """The task body both executors run: load the saved config, run one rank, write its
 parts, then its stats, then — last — its completion marker.
 
-Three-phase steps (``Step.reduce``/``Step.apply``) run three bodies: ``run_task(phase="map")`` per
-rank (marker ``completions/{rank}``), ``reduce_step`` once (marker ``completions/reduced``, holding
+A step with a reduce (``Step.reduce``/``Step.apply``, ``ovpipe/step.py``) runs up to three bodies:
+``run_task(phase="map")`` per rank (marker ``completions/{rank}``; none in a reduce-first step),
+``reduce_step`` once (marker ``completions/reduced``, holding
 a digest of ``reduced/``), ``run_task(phase="apply")`` per rank (marker ``completions/apply-{rank}``,
 holding the digest it applied), then ``finalize_step``. A (re)run map rank invalidates the reduce
 and the finalize; a redone reduce whose artifact comes out different makes every apply rank
@@ -69,6 +70,8 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         raise ValueError(f"phase must be map or apply, got {phase!r}")
     run_dir = Path(run_dir)
     step = get_step(step_name)
+    if phase not in step.phases:
+        raise ValueError(f"step {step_name!r} has no {phase} phase (its phases: {' → '.join(step.phases)})")
     name = name or step_name  # the step folder: a step can run twice in one run under two names
     sdir = run_dir / name
     who = f"{name} rank {rank}" if phase == "map" else f"{name} apply rank {rank}"
@@ -77,8 +80,6 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         # Its input steps must still be finalized with the config this step was prepared on.
         check_inputs_current(run_dir, sdir)
         if phase == "apply":
-            if step.apply is None:
-                raise ValueError(f"step {step_name!r} has no apply phase")
             if not markers.is_reduced(sdir):
                 raise TaskFailed(f"{who}: the reduce has not run (no {sdir / 'completions' / markers.REDUCED}); "
                                  f"rerun the step")
@@ -158,20 +159,21 @@ def _record_peak_rss(task: TaskContext, who: str) -> None:
 
 
 def _after_map_ranks(step_name: str, run_dir, name: str | None):
-    """The step, its folder and ``executor.json`` — refused while a map rank is not complete."""
+    """The step, its folder and ``executor.json`` — refused while a map rank is not complete (a
+    reduce-first step has none)."""
     run_dir = Path(run_dir)
     step = get_step(step_name)
     name = name or step_name
     sdir = run_dir / name
     meta = json.loads((sdir / "executor.json").read_text())
-    pending = markers.pending_ranks(sdir, meta["tasks"])
+    pending = markers.pending_ranks(sdir, meta["tasks"]) if "map" in step.phases else []
     if pending:
         raise TaskFailed(f"{name}: map ranks {pending} are not complete; rerun the step to finish them")
     return run_dir, step, name, sdir, meta
 
 
 def reduce_step(step_name: str, run_dir: str | Path, name: str | None = None) -> str:
-    """Once, after every map rank: the step's ``reduce`` (partials → ``reduced/``), then the
+    """Once, after every map rank (first thing, for a reduce-first step): the step's ``reduce`` (partials → ``reduced/``), then the
     ``completions/reduced`` marker with the artifact's digest. A no-op when already reduced.
     Returns the digest."""
     run_dir, step, name, sdir, meta = _after_map_ranks(step_name, run_dir, name)

@@ -90,9 +90,9 @@ def up_to_date(run_dir: Path, step, cfg, tasks: int, name: str | None = None) ->
         meta = json.loads((sdir / "executor.json").read_text())
         if (meta.get("step"), meta.get("tasks"), meta.get("config_hash")) != (step.name, tasks, config_hash(cfg)):
             return None
-        if pending_ranks(sdir, tasks) or not is_finalized(sdir):
+        if ("map" in step.phases and pending_ranks(sdir, tasks)) or not is_finalized(sdir):
             return None
-        if step.apply is not None and (not is_reduced(sdir) or pending_ranks(sdir, tasks, "apply")):
+        if "apply" in step.phases and (not is_reduced(sdir) or pending_ranks(sdir, tasks, "apply")):
             return None
         if "inputs" in meta and meta["inputs"] != upstream_hashes(run_dir, step, cfg, name, allow_pending=False):
             return None

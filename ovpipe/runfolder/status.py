@@ -49,19 +49,24 @@ def _reduce_status(sdir: Path) -> str:
 
 
 def step_status(sdir: Path) -> dict:
-    """Ranks done / running / failed / stale / pending (of the map phase, the only phase of most steps).
+    """Ranks done / running / failed / stale / pending: of the map phase (the only phase of most steps),
+    or of the apply phase for a reduce-first step (``executor.json`` ``phases``: ``["reduce", "apply"]``).
 
     running: a ``running/{rank}`` marker whose task is alive (same host: its pid lives and the
     heartbeat is fresh; another host: the heartbeat is fresh). failed: ``failures/{rank}`` (the
     task raised). stale: started and neither done, failed nor alive (a killed task: its marker's
     pid is dead or its heartbeat old, or no marker but a non-empty log). pending: never started.
-    A three-phase step adds ``phases``: ``{"reduce": "done" | "running (…)" | "failed" | "stale" |
-    "pending", "apply": {the same counts for the apply ranks}}``."""
+    A step with a reduce adds ``phases``: ``{"reduce": "done" | "running (…)" | "failed" | "stale" |
+    "pending", "apply": {the same counts for the apply ranks}}``; ``order`` lists the phases as they run."""
     meta = json.loads((sdir / "executor.json").read_text())
     tasks = meta["tasks"]
-    out = {"step": sdir.name, **_phase_status(sdir, tasks, "map"), "finalized": is_finalized(sdir)}
-    if "apply" in meta.get("phases", ()):
-        out["phases"] = {"reduce": _reduce_status(sdir), "apply": _phase_status(sdir, tasks, "apply")}
+    order = list(meta.get("phases") or ["map"])
+    ranks = "map" if "map" in order else "apply"
+    out = {"step": sdir.name, **_phase_status(sdir, tasks, ranks), "finalized": is_finalized(sdir), "order": order}
+    if "apply" in order:
+        out["phases"] = {"reduce": _reduce_status(sdir),
+                         "apply": {k: out[k] for k in ("tasks", "done", "failed", "stale", "running", "pending")}
+                         if ranks == "apply" else _phase_status(sdir, tasks, "apply")}
     return out
 
 
@@ -92,8 +97,9 @@ def _rank_detail_lines(st: dict, what: str) -> tuple[list[str], bool]:
 
 
 def print_status(run_dir: Path, out=None, slurm_lines=None) -> int:
-    """``ovpipe status RUN``: one line per step, then each running / failed / stale rank; a three-phase
-    step adds its reduce and apply lines, and a Slurm step the chain of its jobs. A finished step whose
+    """``ovpipe status RUN``: one line per step, then each running / failed / stale rank; a map → reduce →
+    apply step adds its reduce and apply lines (a reduce-first step: its line counts the apply ranks, and
+    a ``reduce first`` line follows), and a Slurm step the chain of its jobs. A finished step whose
     inputs changed since it ran (``stale_inputs``) shows ``stale`` in the ``final`` column, with why.
     Exit code 1 when a rank (or the reduce) failed or is stale (killed), or a job of its Slurm chain failed
     or was cancelled, else 0 (running or pending is no error). ``slurm_lines(sdir) -> (lines, failed)``
@@ -114,12 +120,17 @@ def print_status(run_dir: Path, out=None, slurm_lines=None) -> int:
         stale = stale_inputs(run_dir, label, seen)
         final = "stale" if stale and st["finalized"] else "yes" if st["finalized"] else "no"
         print(f"{_rank_counts_line(label, st)}  {final}", file=out)
-        lines, bad = _rank_detail_lines(st, "rank")
+        reduce_first = "map" not in st["order"]
+        lines, bad = _rank_detail_lines(st, "apply rank" if reduce_first else "rank")
         lines += [f"    stale: {why}; rerun with --overwrite" for why in stale]
         progress = _progress_line(sdir)
         if progress:
             lines.insert(0, progress)
-        if "phases" in st:   # a three-phase step: map (the line above) → reduce → apply
+        if reduce_first:     # reduce → apply (the line above)
+            red = st["phases"]["reduce"]
+            lines.append(f"{'  └ reduce first':<16} {red:>6}")
+            bad = bad or red in ("failed", "stale")
+        elif "phases" in st:   # map (the line above) → reduce → apply
             red = st["phases"]["reduce"]
             lines.append(f"{'  ├ reduce':<16} {red:>6}")
             apply_lines, apply_bad = _rank_detail_lines(st["phases"]["apply"], "apply rank")

@@ -38,3 +38,32 @@ def sleepy(cfg: SleepConfig, task: TaskContext) -> None:
 
 
 SLEEPY = Step("sleepy", SleepConfig, sleepy)
+
+
+@dataclass
+class NumbersConfig:
+    n: int = 10         # the numbers 0..n-1, cut by the reduce into one range per apply rank
+
+
+def cut_numbers(cfg: NumbersConfig, task: TaskContext) -> None:
+    import numpy as np
+
+    from ovpipe.step import slice_bounds
+
+    task.write_reduced("ranges", lo=np.array([slice_bounds(cfg.n, r, task.world_size)[0]
+                                              for r in range(task.world_size)] + [cfg.n]))
+
+
+def write_numbers(cfg: NumbersConfig, task: TaskContext) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lo = task.read_reduced("ranges")["lo"]
+    out = task.part_path("numbers")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"x": list(range(int(lo[task.rank]), int(lo[task.rank + 1])))}), out)
+    task.stats.inc("numbers", int(lo[task.rank + 1] - lo[task.rank]))
+
+
+# A reduce-first step (no map phase): the reduce cuts the work, each apply rank writes its range.
+NUMBERS = Step("numbers", NumbersConfig, reduce=cut_numbers, apply=write_numbers, outputs=("numbers",))

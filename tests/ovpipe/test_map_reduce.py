@@ -2,6 +2,7 @@
 computation for 1, 3 and 8 tasks, resume per phase, `ovpipe status` per phase, numpy's summation order."""
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -223,3 +224,56 @@ def test_prefetch_keeps_order_raises_and_stops_early():
     g.close()                                    # the producer stops a few items ahead, never runs on
     n = len(pulled)
     assert n <= 5 + 4 and not any(t.name == "ovpipe-prefetch" for t in threading.enumerate())
+
+
+def test_reduce_first_step_runs_no_map_and_resumes_only_the_failed_apply_rank(tmp_path, monkeypatch, capsys):
+    """``Step(reduce=..., apply=...)`` without ``run``: no map rank runs (no marker, no log), the status
+    counts the apply ranks under a ``reduce first`` line, and a rerun redoes only what did not finish."""
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from ovpipe.executors.task import run_task
+    from ovpipe.registry import get_step
+
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("OVPIPE_EXTRA_STEPS", "numbers=slurm_steps:NUMBERS")
+    monkeypatch.syspath_prepend(here)
+    assert get_step("numbers").phases == ("reduce", "apply")
+    run = tmp_path / "run"
+    sdir = run / "numbers"
+    args = ["numbers", "--run-dir", str(run), "--tasks", "3", "--set", "n=10", "--quiet"]
+    monkeypatch.setenv("OVPIPE_FAIL_RANKS", "numbers/apply:1")
+    assert main(args) == 1
+    assert json.loads((sdir / "executor.json").read_text())["phases"] == ["reduce", "apply"]
+    st = status.step_status(sdir)
+    assert (st["done"], st["phases"]["reduce"], [r for r, _ in st["failed"]]) == (2, "done", [1])
+    assert main(["status", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"numbers +2/3 .* no\n", out) and re.search(r"└ reduce first +done", out)
+    assert "apply rank 1 failed" in out and "├" not in out
+
+    logs = ["reduce.log", "apply_00000.log", "apply_00002.log"]
+    before = _mtimes(sdir, logs)
+    monkeypatch.delenv("OVPIPE_FAIL_RANKS")
+    assert main(args) == 0
+    assert _mtimes(sdir, logs) == before          # the reduce and the done apply ranks are not redone
+    parts = sorted((sdir / "numbers").glob("part-*.parquet"))
+    assert [pq.read_table(p).column("x").to_pylist() for p in parts] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert not list((sdir / "logs").glob("task_*")) and not any(p.name.isdigit() for p in (sdir / "completions").iterdir())
+    assert json.loads((sdir / "stats.json").read_text())["counters"]["numbers"] == 10
+    assert main(["status", str(run)]) == 0
+    assert main(args[:-1]) == 0 and "already done" in capsys.readouterr().out   # nothing left: a no-op
+    with pytest.raises(ValueError, match="has no map phase"):
+        run_task("numbers", run, 0, 3)
+    sys.modules.pop("slurm_steps", None)
+
+
+def test_a_step_needs_run_or_reduce_and_apply():
+    from ovpipe.step import Step
+
+    with pytest.raises(ValueError, match="give run"):
+        Step("nothing", dict)
+    with pytest.raises(ValueError, match="reduce and apply come together"):
+        Step("half", dict, reduce=lambda c, t: None)
+    assert Step("plain", dict, lambda c, t: None).phases == ("map",)

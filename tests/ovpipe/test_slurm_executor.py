@@ -33,7 +33,7 @@ def slurm():
 @pytest.fixture
 def slurm_env(slurm, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
-    monkeypatch.setenv("OVPIPE_EXTRA_STEPS", "count-ok=slurm_steps:COUNT,sleepy=slurm_steps:SLEEPY")
+    monkeypatch.setenv("OVPIPE_EXTRA_STEPS", "count-ok=slurm_steps:COUNT,sleepy=slurm_steps:SLEEPY,numbers=slurm_steps:NUMBERS")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     sys.path.insert(0, str(HERE))
     yield slurm
@@ -178,6 +178,39 @@ def test_three_phase_step_chains_map_reduce_apply_with_afterok(slurm_env, tmp_pa
     assert [j["phase"] for j in rec["chain"]] == ["apply", "merge"] and rec["apply_ranks"] == [1]
     assert "#SBATCH --array=1%1" in (sdir / "launch_apply.slurm").read_text()
     assert merged_bytes(run, tmp_path) == merged_bytes(ref, tmp_path)
+
+
+def test_reduce_first_step_chains_reduce_apply_merge_without_a_map_array(slurm_env, tmp_path, capsys):
+    """A reduce-first step (``Step(reduce=..., apply=...)``, no ``run``): the chain is reduce job → apply
+    array afterok on it → merge afterok on the apply array, with no map array submitted; a lost apply
+    rank is resubmitted alone (apply → merge), the reduce not redone."""
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run"
+    args = ["numbers", "--run-dir", str(run), "--tasks", "3", "--workers", "2", "--set", "n=10",
+            "--executor", "slurm", "--wait", "--quiet"]
+    assert main(args) == 0
+    sdir = run / "numbers"
+    rec = json.loads((sdir / "slurm_jobs.json").read_text())
+    assert [(j["phase"], j["after"]) for j in rec["chain"]] == [
+        ("reduce", []), ("apply", [rec["reduce"]]), ("merge", [rec["apply"]])]
+    assert rec["array"] is None and rec["ranks"] == [] and not (sdir / "launch_script.slurm").exists()
+    assert "--dependency" not in (sdir / "launch_reduce.slurm").read_text()
+    assert f"#SBATCH --dependency=afterok:{rec['reduce']}" in (sdir / "launch_apply.slurm").read_text()
+    parts = sorted((sdir / "numbers").glob("part-*.parquet"))
+    assert [pq.read_table(p).column("x").to_pylist() for p in parts] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert main(["status", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert (f"slurm: reduce {rec['reduce']} done → apply {rec['apply']} done 3/3 (afterok:{rec['reduce']}) → "
+            f"merge {rec['merge']} done (afterok:{rec['apply']})") in out
+    assert re.search(r"└ reduce first +done", out)
+
+    reduced = (sdir / "completions" / "reduced").stat().st_mtime_ns
+    (sdir / "completions" / "apply-00001").unlink()
+    assert main(args) == 0
+    rec = json.loads((sdir / "slurm_jobs.json").read_text())
+    assert [j["phase"] for j in rec["chain"]] == ["apply", "merge"] and rec["apply_ranks"] == [1]
+    assert (sdir / "completions" / "reduced").stat().st_mtime_ns == reduced
 
 
 def test_wait_fails_naming_the_failed_rank_and_its_logs(slurm_env, demo_corpus, tmp_path, monkeypatch, capsys):

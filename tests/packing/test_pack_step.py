@@ -126,11 +126,14 @@ def test_task_count_does_not_change_packs(packed_run, tmp_path, tasks):
     assert list(tars) == sorted(tars) == [f"pack-{j:06d}.tar" for j in range(-(-len(packs) // 8))]
     assert len(tars) == 3  # 2 ranks at --tasks 2 (the fixture), 1 each at 3, one idle rank at 4
     # issue 13: the packing is solved once (the reduce), each apply rank writes its pack range from it
-    assert json.loads((run / "pack" / "executor.json").read_text())["phases"] == ["map", "reduce", "apply"]
+    assert json.loads((run / "pack" / "executor.json").read_text())["phases"] == ["reduce", "apply"]
     assert sorted(p.name for p in (run / "pack" / "reduced").iterdir()) == ["bin_load.npy", "bin_start.npy",
                                                                             "slots.parquet", "summary.npz"]
     assert sorted(p.name for p in (run / "pack" / "completions").iterdir() if p.name.startswith("apply-")) == \
         [f"apply-{r:05d}" for r in range(tasks)]
+    # a reduce-first step: no map ranks ran (no map marker, no map log)
+    assert not any(p.name.isdigit() for p in (run / "pack" / "completions").iterdir())
+    assert not list((run / "pack" / "logs").glob("task_*.log"))
 
 
 def test_shard_bounds_split_over_whole_shards():
