@@ -60,26 +60,25 @@ Such a file never fails the task: the step completes, and ``SELECT * FROM shards
 not read: a ``missing_image`` (or ``missing_caption``) row naming it. Errors that are not about
 the data (an I/O error, a config error such as ``format`` not fitting the file type) still fail.
 
-Three phases (map → reduce → apply, ``docs/scale.md``), so the ``samples`` parts come out as
-contiguous ``sample_id`` ranges — canonical order as they lie, so no later task (``lengths``,
-``embed-images``, an apply rank) sorts the whole manifest to find its slice:
+Three phases (map → reduce → apply, ``docs/scale.md``) around the framework's external sort
+(``ovpipe/shuffle.py``), so the ``samples`` parts come out as contiguous ``sample_id`` ranges —
+canonical order as they lie, so no later task (``lengths``, ``embed-images``, an apply rank) sorts the
+whole manifest to find its slice:
 
 - **map**: work is split in units (a tar; a Parquet row group; ``JSON_CHUNK_ROWS`` JSON records): unit
-  ``u`` of the ``i``-th input file (sorted) goes to rank ``(i + u) % world_size``. The rank's rows are
-  written every ``SPILL_BYTES`` as a sorted run (``shuffle/map-{rank}-{run}.parquet``, small row groups)
-  and counted per bucket (the first 4 hex digits of ``sample_id``: an xxh3, so buckets are balanced);
-  the partial is that bucket count. The file's ``shards`` row is written here. Memory: one run.
+  ``u`` of the ``i``-th input file (sorted) goes to rank ``(i + u) % world_size``. The rank's rows go to
+  sorted spill runs under ``shuffle/`` (``SpillWriter``), counted per ``sample_id`` bucket; the partial
+  is that bucket count. The file's ``shards`` row is written here. Memory: one run.
 - **reduce**: sums the bucket counts and cuts the buckets into ``world_size`` ranges of ≈ equal rows
-  (``reduced/ranges.npz``).
+  (``bucket_cuts`` → ``reduced/ranges.npz``).
 - **apply**: rank r merges its id range of every run into canonical order (ties by map rank and read
-  order, as the merged manifest orders them), a sub-range of ≈ ``MERGE_BYTES`` at a time, reading only
-  the runs' row groups that overlap it (``merge_runs``); it marks duplicates as the rows stream and
-  writes its part batch by batch.
+  order, as the merged manifest orders them) a sub-range at a time (``merge_runs``); it marks
+  duplicates as the rows stream (``FirstOccurrence``) and writes its part batch by batch.
 - **finalize**: the counts (``shards.samples``, ``status/*``), the report, and the spill runs removed
   (like a MapReduce job's map outputs: a rank of a finished ingest is redone by redoing the step).
 
 The merged manifest is byte-identical for any task count, spill size or batch size
-(``tests/curation/test_ingest_shuffle.py``), and to this step's output before the shuffle.
+(``tests/curation/test_ingest_shuffle.py``).
 """
 from __future__ import annotations
 
@@ -328,71 +327,8 @@ def shard_format_of(path: str, fmt: str | None) -> str:
     return "tar" if path.endswith(".tar") else "parquet" if path.endswith(".parquet") else "json"
 
 
-CONVERT_ROWS = 8192        # rows a map rank holds as Python dicts before making them an Arrow table
-SPILL_BYTES = 256 << 20    # Arrow bytes a map rank holds before writing them, sorted, as one spill run
-SPILL_GROUP_ROWS = 1024    # rows per row group of a spill run: an apply rank's id range prunes the rest
-MERGE_BYTES = 128 << 20    # decoded bytes an apply rank merges at once (a sub-range of its buckets)
-BUCKET_HEX = 4             # a bucket is the first 4 hex digits of sample_id (top 16 bits of the xxh3)
-N_BUCKETS = 16 ** BUCKET_HEX
-
-
 def shuffle_dir(task: TaskContext) -> Path:
     return task.step_dir / "shuffle"
-
-
-def spill_path(task: TaskContext, rank: int, run: int) -> Path:
-    """Map rank ``rank``'s ``run``-th spill: names sort in (rank, run) order = the order rows were read."""
-    return shuffle_dir(task) / f"map-{rank:05d}-{run:05d}.parquet"
-
-
-class _Spill:
-    """A map rank's rows, made Arrow tables every ``CONVERT_ROWS`` and written every ``SPILL_BYTES`` as
-    a sorted run (stable sort by ``SORT_KEYS``, row groups of ``SPILL_GROUP_ROWS``), with the rank's
-    per-bucket row counts: memory one run."""
-
-    def __init__(self, task: TaskContext):
-        import numpy as np
-
-        self.task, self.rows, self.tables, self.nbytes, self.runs = task, [], [], 0, 0
-        self.buckets = np.zeros(N_BUCKETS, np.int64)
-        d = shuffle_dir(task)
-        d.mkdir(parents=True, exist_ok=True)
-        for old in [*d.glob(f"map-{task.rank:05d}-*.parquet"), *d.glob(f".tmp-*-map-{task.rank:05d}-*")]:
-            old.unlink()   # a rerun of this rank (a killed try left runs behind)
-
-    def add(self, row: dict) -> None:
-        sid = row["sample_id"]
-        if len(sid) != 16 or sid.strip("0123456789abcdef"):
-            raise ValueError(f"sample_id {sid!r} is not an xxh3-64 hex digest")
-        self.buckets[int(sid[:BUCKET_HEX], 16)] += 1
-        self.rows.append(row)
-        if len(self.rows) >= CONVERT_ROWS:
-            self._convert()
-            if self.nbytes >= SPILL_BYTES:
-                self.flush()
-
-    def _convert(self) -> None:
-        from manifests.io import as_manifest_table
-
-        if self.rows:
-            t = as_manifest_table(self.rows, "samples")
-            self.tables.append(t)
-            self.nbytes += t.nbytes
-            self.rows = []
-
-    def flush(self) -> None:
-        import pyarrow as pa
-
-        from manifests.io import write_table
-        from manifests.schemas import SORT_KEYS
-
-        self._convert()
-        if not self.tables:
-            return
-        t = pa.concat_tables(self.tables).sort_by([(k, "ascending") for k in SORT_KEYS["samples"]])
-        self.tables, self.nbytes = [], 0
-        write_table(t, spill_path(self.task, self.task.rank, self.runs), row_group_rows=SPILL_GROUP_ROWS)
-        self.runs += 1
 
 
 def run(cfg: IngestConfig, task: TaskContext) -> None:
@@ -401,8 +337,10 @@ def run(cfg: IngestConfig, task: TaskContext) -> None:
     ``shards`` rows."""
     import numpy as np
 
+    from ovpipe.shuffle import SpillWriter
+
     files = expand_inputs(cfg.inputs)
-    spill = _Spill(task)
+    spill = SpillWriter(shuffle_dir(task), task.rank, "samples")
     shards: list[dict] = []
     n = 0
     with task.progress(None, unit="sample") as bar:
@@ -448,43 +386,21 @@ def run(cfg: IngestConfig, task: TaskContext) -> None:
 
 def cut_ranges(cfg: IngestConfig, task: TaskContext) -> None:
     """Reduce: sum the map ranks' bucket counts and cut the buckets into ``world_size`` contiguous
-    ranges balanced by rows (``slice_bounds`` of the row count, at bucket granularity) — apply rank r
-    owns ids ``[cuts[r], cuts[r+1])``. Writes ``reduced/ranges.npz`` (cuts, each map rank's run count,
-    the bucket counts)."""
+    ranges balanced by rows (``ovpipe.shuffle.bucket_cuts``) — apply rank r owns ids ``[cuts[r],
+    cuts[r+1])``. Writes ``reduced/ranges.npz`` (cuts, each map rank's run count, the bucket counts)."""
     import numpy as np
 
-    from ovpipe.step import slice_bounds
+    from ovpipe.shuffle import N_BUCKETS, bucket_cuts, spill_files
 
     total = np.zeros(N_BUCKETS, np.int64)
     runs = []
     for part in task.iter_partials("buckets"):
         total += part["counts"]
         runs.append(int(part["runs"][0]))
-    spill_files(task, runs)
-    below = np.concatenate([[0], np.cumsum(total)])          # rows in buckets < b
-    n = int(below[-1])
-    w = task.world_size
-    cuts = [int(np.searchsorted(below, slice_bounds(n, r, w)[0], side="left")) for r in range(w)] + [N_BUCKETS]
-    task.stats.inc("shuffled_rows", n)
+    spill_files(shuffle_dir(task), runs)
+    cuts = bucket_cuts(total, task.world_size)
+    task.stats.inc("shuffled_rows", int(total.sum()))
     task.write_reduced("ranges", cuts=np.array(cuts, np.int64), runs=np.array(runs, np.int64), buckets=total)
-
-
-def spill_files(task: TaskContext, runs) -> list[Path]:
-    """Every map rank's spill runs (``runs[r]`` of rank r), in (rank, run) order; a missing one is an
-    error that says why: ``finalize`` removes the shuffle once every apply rank is done (as a MapReduce
-    job drops its map outputs), so redoing a rank of a finished ingest means redoing the step."""
-    files = [spill_path(task, m, j) for m in range(len(runs)) for j in range(int(runs[m]))]
-    gone = [f for f in files if not f.exists()]
-    if gone:
-        raise FileNotFoundError(
-            f"{gone[0]} (and {len(gone) - 1} more): spill runs of the shuffle are missing — the step had finished "
-            f"and its finalize removed them; to redo part of a finished ingest, remove {task.step_dir} and rerun "
-            f"the step")
-    return files
-
-
-def _bucket_hex(b: int) -> str | None:
-    return None if b >= N_BUCKETS else f"{b:0{BUCKET_HEX}x}"
 
 
 def write_samples(cfg: IngestConfig, task: TaskContext) -> None:
@@ -494,113 +410,44 @@ def write_samples(cfg: IngestConfig, task: TaskContext) -> None:
     and read order, as the merged manifest orders them — keeps its status and the later ones become
     ``duplicate``, whatever the task split."""
     from ovpipe.mapreduce import BATCH_ROWS
+    from ovpipe.shuffle import merge_runs, spill_files
 
     r = task.read_reduced("ranges")
     cuts, runs = r["cuts"], r["runs"]
     lo_b, hi_b = int(cuts[task.rank]), int(cuts[task.rank + 1])
-    files = spill_files(task, runs)
+    files = spill_files(shuffle_dir(task), runs)
     marker = _DuplicateMarker()
     with task.part_writer("samples", row_group_rows=BATCH_ROWS) as w, \
             task.progress(int(r["buckets"][lo_b:hi_b].sum()), unit="sample", desc=f"ingest[apply {task.rank}]") as bar:
-        for batch in merge_runs(files, r["buckets"], lo_b, hi_b, task.stats, BATCH_ROWS):
+        for batch in merge_runs(files, "samples", r["buckets"], lo_b, hi_b, task.stats, BATCH_ROWS):
             batch = marker.mark(batch)
             w.write(batch)
             bar.update(batch.num_rows)
     task.stats.inc("duplicates", marker.marked)
 
 
-def merge_runs(files: list[Path], buckets, lo_b: int, hi_b: int, stats=None, batch_rows: int = 65536):
-    """The rows of the sorted runs ``files`` whose bucket is in ``[lo_b, hi_b)``, in canonical order
-    (``SORT_KEYS``, ties by file then row: a stable sort of the runs concatenated in order), as record
-    batches. The range is cut into sub-ranges of whole buckets holding about ``MERGE_BYTES`` of decoded
-    rows (from ``buckets``, the global counts, and the runs' bytes per row); for each, every run's row
-    groups whose [min, max] id overlaps it (footer statistics, read once) are read, filtered to the
-    sub-range, concatenated in run order and stably sorted. Memory: one sub-range, plus at most a
-    partial row group per run at each end."""
-    import bisect
-
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from manifests.schemas import SORT_KEYS
-
-    if not files or lo_b >= hi_b:
-        return
-    index, nbytes, nrows = [], 0, 0
-    for f in files:
-        md = pq.ParquetFile(f).metadata
-        col = md.schema.to_arrow_schema().get_field_index("sample_id")
-        mins, maxs, groups = [], [], []
-        for g in range(md.num_row_groups):
-            rg = md.row_group(g)
-            nbytes, nrows = nbytes + rg.total_byte_size, nrows + rg.num_rows
-            if rg.num_rows:
-                st = rg.column(col).statistics
-                mins.append(st.min)
-                maxs.append(st.max)
-                groups.append(g)
-        index.append((f, mins, maxs, groups))
-    per_chunk = max(1, int(MERGE_BYTES / max(nbytes / max(nrows, 1), 1)))
-    keys = [(k, "ascending") for k in SORT_KEYS["samples"]]
-    cum = np.concatenate([[0], np.cumsum(buckets[lo_b:hi_b])])
-    a = 0
-    while a < hi_b - lo_b:
-        b = max(int(np.searchsorted(cum, cum[a] + per_chunk, side="right")) - 1, a + 1)   # whole buckets
-        lo, hi = _bucket_hex(lo_b + a), _bucket_hex(lo_b + b)
-        tables, read = [], 0
-        for f, mins, maxs, groups in index:
-            g0 = bisect.bisect_left(maxs, lo)                    # first group reaching the sub-range
-            g1 = bisect.bisect_left(mins, hi) if hi is not None else len(mins)   # groups starting before its end
-            if g0 >= g1:
-                continue
-            t = pq.ParquetFile(f).read_row_groups(groups[g0:g1], use_threads=False)
-            read += t.num_rows
-            ids = t.column("sample_id")
-            keep = pc.greater_equal(ids, lo) if hi is None else pc.and_(pc.greater_equal(ids, lo), pc.less(ids, hi))
-            tables.append(t.filter(keep))
-        if stats is not None:
-            stats.inc("merge_subranges")
-            stats.inc("merge_rows_read", read)      # rows decoded: the sub-range's + the partial row groups
-        if tables:
-            t = pa.concat_tables(tables)
-            del tables
-            if t.num_rows:
-                yield from t.sort_by(keys).to_batches(max_chunksize=batch_rows)
-            del t
-        a = b
-
-
 class _DuplicateMarker:
     """Marks every row whose ``sample_id`` equals an earlier row's, over a stream in canonical order
-    (the state carries across batches): ``duplicate`` with the first occurrence named in ``error``."""
+    (``ovpipe.shuffle.FirstOccurrence``): ``duplicate`` with the first occurrence named in ``error``."""
 
     def __init__(self):
-        self.prev, self.first, self.marked = None, None, 0
+        from ovpipe.shuffle import FirstOccurrence
+
+        self.first, self.marked = FirstOccurrence("sample_id", origin=("shard", "key")), 0
 
     def mark(self, batch):
         import pyarrow as pa
-        import pyarrow.compute as pc
 
-        sid = batch.column("sample_id")
-        n = batch.num_rows
-        if n == 0:
+        repeats = self.first.repeats(batch)
+        if repeats is None:
             return batch
-        repeats = (self.prev is not None and sid[0].as_py() == self.prev) or (
-            n > 1 and pc.any(pc.equal(sid.slice(1), sid.slice(0, n - 1))).as_py())
-        if not repeats:
-            self.prev = sid[n - 1].as_py()
-            self.first = (batch.column("shard")[n - 1].as_py(), batch.column("key")[n - 1].as_py())
-            return batch
-        ids, shard, key = sid.to_pylist(), batch.column("shard").to_pylist(), batch.column("key").to_pylist()
+        shard, key = batch.column("shard").to_pylist(), batch.column("key").to_pylist()
         status, error = batch.column("status").to_pylist(), batch.column("error").to_pylist()
-        for i in range(n):
-            if ids[i] != self.prev:
-                self.prev, self.first = ids[i], (shard[i], key[i])
+        for i, first in enumerate(repeats):
+            if first is None:
                 continue
-            text = f"{Path(self.first[0]).name}/{self.first[1]}"
-            if (shard[i], key[i]) == self.first:
+            text = f"{Path(first[0]).name}/{first[1]}"
+            if (shard[i], key[i]) == first:
                 text += " (an earlier copy with the same key)"
             status[i], error[i] = "duplicate", f"duplicate of {text}"
             self.marked += 1

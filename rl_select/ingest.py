@@ -165,28 +165,36 @@ def run(cfg: RLIngestConfig, task: TaskContext) -> None:
 
 def finalize(cfg: RLIngestConfig, task: TaskContext) -> None:
     """Identical prompts (same prompt_id) across all parts: the first (part, row) stays, the rest
-    become ``status = duplicate`` — so a prompt is never rolled out, scored or exported twice."""
+    become ``status = duplicate`` — so a prompt is never rolled out, scored or exported twice. The parts
+    are each sorted by prompt_id, so their ids are merged in (prompt_id, part, row) order
+    (``ovpipe.shuffle.merge_sorted``: a batch per part at a time) and the repeats found as they stream;
+    only the parts that hold a repeat are rewritten."""
     import pyarrow as pa
 
     from manifests.io import read_part, write_part
+    from ovpipe.shuffle import FirstOccurrence, merge_sorted
 
     files = task.output_files("rl_prompts")
-    seen: set[str] = set()
-    for f in files:
-        t = read_part(f, "rl_prompts")
-        ids = t.column("prompt_id").to_pylist()
+    first = FirstOccurrence("prompt_id")
+    repeats: dict[int, list[int]] = {}       # part → its rows that repeat an earlier prompt
+    for t in merge_sorted(files, "prompt_id", ["prompt_id", "status"]):
+        rep = first.repeats(t)
+        if rep is None:
+            continue
+        part, row, status = (t.column(c).to_pylist() for c in ("_file", "_row", "status"))
+        for i, r in enumerate(rep):
+            if r is not None and status[i] != "duplicate":
+                repeats.setdefault(part[i], []).append(row[i])
+    for k, rows in sorted(repeats.items()):
+        t = read_part(files[k], "rl_prompts")
         status = t.column("status").to_pylist()
         error = t.column("error").to_pylist()
-        changed = False
-        for i, pid in enumerate(ids):
-            if pid in seen and status[i] != "duplicate":
-                status[i], error[i], changed = "duplicate", "same source, question, answer and images as another row", True
-                task.stats.inc("duplicates")
-            seen.add(pid)
-        if changed:
-            t = t.set_column(t.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
-            t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
-            write_part(t, f, "rl_prompts")
+        for i in rows:
+            status[i], error[i] = "duplicate", "same source, question, answer and images as another row"
+        task.stats.inc("duplicates", len(rows))
+        t = t.set_column(t.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
+        t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
+        write_part(t, files[k], "rl_prompts")
 
 
 STEP = Step("rl-ingest", RLIngestConfig, run, outputs=("rl_prompts",), finalize=finalize,

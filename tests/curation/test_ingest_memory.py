@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy, pyarrow, pyarrow.parquet, pyarrow.compute, duckdb, PIL.Image, xxhash   # not the task's memory
 import curation.ingest, curation.formats, curation.formats_parquet, manifests.io, ovpipe.executors.task
 from ovpipe.executors.task import run_task
-import ovpipe.mapreduce
+import ovpipe.mapreduce, ovpipe.shuffle
 from ovpipe.mapreduce import vmhwm_bytes
 
 run, phase = Path(sys.argv[1]), sys.argv[2]
-curation.ingest.SPILL_BYTES = 8 << 20     # both corpora pass these many times over: a spill run, a
-curation.ingest.MERGE_BYTES = 8 << 20     # merged sub-range and a written row group are the bound
+ovpipe.shuffle.SPILL_BYTES = 8 << 20      # both corpora pass these many times over: a spill run, a
+ovpipe.shuffle.MERGE_BYTES = 8 << 20      # merged sub-range and a written row group are the bound
 ovpipe.mapreduce.BATCH_ROWS = 8192         # (defaults: 256 MiB, 128 MiB, 64K rows)
 base = vmhwm_bytes()
 if phase == "map":

@@ -13,9 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-import curation.ingest as ingest_mod
 import ovpipe.mapreduce
-from curation.ingest import N_BUCKETS, _DuplicateMarker
+import ovpipe.shuffle as shuffle_mod
+from curation.ingest import _DuplicateMarker
+from ovpipe.shuffle import N_BUCKETS, SpillWriter
 from manifests import read_manifest
 from manifests.io import manifest_files, parts_in_canonical_order, write_table
 from ovpipe.cli import main
@@ -67,10 +68,10 @@ def test_id_range_parts_same_bytes_for_any_split(tmp_path, monkeypatch):
     files = _corpus(tmp_path / "data")
     _ingest(tmp_path / "ref", files, 1)                       # default spill runs and batches
     ref = _bytes(tmp_path / "ref", tmp_path)
-    monkeypatch.setattr(ingest_mod, "CONVERT_ROWS", 7)        # a run every 7 rows: many runs per map rank
-    monkeypatch.setattr(ingest_mod, "SPILL_BYTES", 1)
-    monkeypatch.setattr(ingest_mod, "SPILL_GROUP_ROWS", 3)    # many row groups per run (pruned by range)
-    monkeypatch.setattr(ingest_mod, "MERGE_BYTES", 4000)      # many sub-ranges per apply rank
+    monkeypatch.setattr(shuffle_mod, "CONVERT_ROWS", 7)        # a run every 7 rows: many runs per map rank
+    monkeypatch.setattr(shuffle_mod, "SPILL_BYTES", 1)
+    monkeypatch.setattr(shuffle_mod, "SPILL_GROUP_ROWS", 3)    # many row groups per run (pruned by range)
+    monkeypatch.setattr(shuffle_mod, "MERGE_BYTES", 4000)      # many sub-ranges per apply rank
     monkeypatch.setattr(ovpipe.mapreduce, "BATCH_ROWS", 4)    # duplicate runs cut by batch boundaries
     for tasks in (1, 3, 8):
         run = tmp_path / f"t{tasks}"
@@ -125,8 +126,8 @@ def test_a_rerun_map_rank_replaces_its_spill_runs(tmp_path, monkeypatch):
     too); the other rank's runs are not redone; the result is the reference's bytes."""
     files = _corpus(tmp_path / "data", n_files=2, rows=30)
     _ingest(tmp_path / "ref", files, 2)
-    monkeypatch.setattr(ingest_mod, "CONVERT_ROWS", 5)
-    monkeypatch.setattr(ingest_mod, "SPILL_BYTES", 1)
+    monkeypatch.setattr(shuffle_mod, "CONVERT_ROWS", 5)
+    monkeypatch.setattr(shuffle_mod, "SPILL_BYTES", 1)
     run = tmp_path / "run"
     args = ["ingest", "--set", f"inputs={json.dumps([str(p) for p in files])}", "--run-dir", str(run),
             "--tasks", "2", "--quiet"]
@@ -155,9 +156,6 @@ def test_a_rerun_map_rank_replaces_its_spill_runs(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bad", ["ABCDEF0123456789", "00ff"])
 def test_spill_refuses_an_id_that_is_not_an_xxh3_digest(tmp_path, bad):
-    class _T:
-        step_dir, rank = tmp_path, 0
-
-    spill = ingest_mod._Spill(_T())
+    spill = SpillWriter(tmp_path / "shuffle", 0, "samples")
     with pytest.raises(ValueError, match="not an xxh3-64 hex digest"):
         spill.add({"sample_id": bad})

@@ -82,3 +82,36 @@ def test_duplicates_marked_across_files(tmp_path):
                  "--run-dir", str(tmp_path / "run"), "--quiet", "--tasks", "2"]) == 0
     st = sorted(r["status"] for r in read_manifest(tmp_path / "run", "rl_prompts").to_pylist())
     assert st == ["duplicate", "ok"]
+
+
+def test_duplicates_within_and_across_parts_first_part_row_stays(tmp_path):
+    """The first (part, row) of each prompt_id stays, every later copy — in its own part or another — is a
+    ``duplicate``, counted once; a rerun of the finalize changes nothing."""
+    import json as _json
+
+    from manifests.io import manifest_files
+    from ovpipe.executors.task import finalize_step
+
+    qs = ["1+1?", "2+2?", "3+3?", "4+4?", "5+5?"]
+    for f in range(4):      # file f repeats some questions of the others and one of its own
+        rows = [{"question": qs[(f + i) % 5], "answer": "x"} for i in range(3)] + [{"question": qs[f], "answer": "x"}]
+        (tmp_path / f"set{f}.jsonl").write_text("".join(_json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    assert main(["rl-ingest", "--set", f"inputs=['{tmp_path}/*.jsonl']", "--set", "source=s", "--run-dir", str(run),
+                 "--quiet", "--tasks", "3"]) == 0
+    parts = manifest_files(run, "rl_prompts")
+    assert len(parts) == 3
+    seen, n_dup = set(), 0
+    for p in parts:
+        for r in pq.read_table(p).to_pylist():
+            assert (r["status"] == "duplicate") == (r["prompt_id"] in seen), (p.name, r)
+            n_dup += r["prompt_id"] in seen
+            seen.add(r["prompt_id"])
+    assert len(seen) == 5 and n_dup == 16 - 5
+    stats = _json.loads((run / "rl-ingest" / "stats.json").read_text())["counters"]
+    assert stats["duplicates"] == n_dup
+    before = [p.read_bytes() for p in parts]
+    (run / "rl-ingest" / "completions" / "finalized").unlink()
+    (run / "rl-ingest" / "stats" / "finalize.json").unlink()
+    assert finalize_step("rl-ingest", run)["counters"].get("duplicates", 0) == 0   # already marked: none new
+    assert [p.read_bytes() for p in parts] == before

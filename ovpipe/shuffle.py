@@ -1,0 +1,294 @@
+"""An external sort by a hash id, in bounded memory: the shuffle of a map → reduce → apply step
+(``ovpipe/mapreduce.py``) whose output parts must be contiguous id ranges, and the merge of sorted parts
+that finds the first occurrence of every id (deduplication).
+
+The key is an xxh3-64 hex digest (``sample_id``, ``prompt_id``): uniform, so its first ``BUCKET_HEX`` hex
+digits cut the id space into ``N_BUCKETS`` balanced buckets with no sampling.
+
+- **map** (``SpillWriter``): a rank's rows become Arrow tables every ``CONVERT_ROWS`` and, every
+  ``SPILL_BYTES``, one sorted **spill run** (``<dir>/map-{rank}-{run}.parquet``: a stable sort by the
+  manifest's ``SORT_KEYS``, row groups of ``SPILL_GROUP_ROWS``); it counts its rows per bucket — the
+  rank's partial. Memory: one run.
+- **reduce** (``bucket_cuts``): the summed bucket counts cut into ``world_size`` ranges of ≈ equal rows.
+- **apply** (``merge_runs``): rank r merges its bucket range of every run (``spill_files``) into
+  canonical order, a sub-range of ≈ ``MERGE_BYTES`` decoded rows at a time, reading only the row groups
+  whose footer min/max overlaps it. Memory: one sub-range.
+- **first occurrences** (``FirstOccurrence``): over a stream in key order, which rows repeat an earlier
+  row's key, and where that first row came from — the state carries across batches, so the answer does
+  not depend on how the stream is cut.
+- **sorted parts** (``merge_sorted``): the rows of parts that are each sorted by the key, merged into
+  (key, part, row) order a batch per part at a time — to find duplicates over a step's whole output
+  without holding its ids.
+
+Ties between equal keys keep the order the rows were read (map rank, run, row), so the merged result
+is the same for any task count, spill size or batch size (``tests/curation/test_ingest_shuffle.py``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+CONVERT_ROWS = 8192        # rows a map rank holds as Python dicts before making them an Arrow table
+SPILL_BYTES = 256 << 20    # Arrow bytes a map rank holds before writing them, sorted, as one spill run
+SPILL_GROUP_ROWS = 1024    # rows per row group of a spill run: an apply rank's id range prunes the rest
+MERGE_BYTES = 128 << 20    # decoded bytes an apply rank merges at once (a sub-range of its buckets)
+BUCKET_HEX = 4             # a bucket is the first 4 hex digits of the key (top 16 bits of the xxh3)
+N_BUCKETS = 16 ** BUCKET_HEX
+
+
+# ------------------------------------------------------------------------------------------ map
+
+def spill_path(directory: Path, rank: int, run: int) -> Path:
+    """Map rank ``rank``'s ``run``-th spill: names sort in (rank, run) order = the order rows were read."""
+    return Path(directory) / f"map-{rank:05d}-{run:05d}.parquet"
+
+
+class SpillWriter:
+    """A map rank's rows of manifest ``kind``, made Arrow tables every ``CONVERT_ROWS`` and written every
+    ``SPILL_BYTES`` as a sorted run (stable sort by ``SORT_KEYS[kind]``, row groups of ``SPILL_GROUP_ROWS``),
+    with the rank's per-bucket row counts (``buckets``) and its number of runs (``runs``): memory one run.
+    Opening it removes the runs an earlier try of the same rank left (a rerun rank starts from scratch)."""
+
+    def __init__(self, directory: Path, rank: int, kind: str):
+        import numpy as np
+
+        from manifests.schemas import SORT_KEYS
+
+        self.directory, self.rank, self.kind, self.key = Path(directory), rank, kind, SORT_KEYS[kind][0]
+        self.rows, self.tables, self.nbytes, self.runs = [], [], 0, 0
+        self.buckets = np.zeros(N_BUCKETS, np.int64)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for old in [*self.directory.glob(f"map-{rank:05d}-*.parquet"), *self.directory.glob(f".tmp-*-map-{rank:05d}-*")]:
+            old.unlink()
+
+    def add(self, row: dict) -> None:
+        sid = row[self.key]
+        if len(sid) != 16 or sid.strip("0123456789abcdef"):
+            raise ValueError(f"{self.key} {sid!r} is not an xxh3-64 hex digest")
+        self.buckets[int(sid[:BUCKET_HEX], 16)] += 1
+        self.rows.append(row)
+        if len(self.rows) >= CONVERT_ROWS:
+            self._convert()
+            if self.nbytes >= SPILL_BYTES:
+                self.flush()
+
+    def _convert(self) -> None:
+        from manifests.io import as_manifest_table
+
+        if self.rows:
+            t = as_manifest_table(self.rows, self.kind)
+            self.tables.append(t)
+            self.nbytes += t.nbytes
+            self.rows = []
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        from manifests.io import write_table
+        from manifests.schemas import SORT_KEYS
+
+        self._convert()
+        if not self.tables:
+            return
+        t = pa.concat_tables(self.tables).sort_by([(k, "ascending") for k in SORT_KEYS[self.kind]])
+        self.tables, self.nbytes = [], 0
+        write_table(t, spill_path(self.directory, self.rank, self.runs), row_group_rows=SPILL_GROUP_ROWS)
+        self.runs += 1
+
+
+# --------------------------------------------------------------------------------------- reduce
+
+def bucket_cuts(counts, world_size: int) -> list[int]:
+    """``world_size`` contiguous bucket ranges balanced by rows (``slice_bounds`` of the row count, at
+    bucket granularity): apply rank r owns buckets ``[cuts[r], cuts[r+1])``."""
+    import numpy as np
+
+    from ovpipe.mapreduce import slice_bounds
+
+    below = np.concatenate([[0], np.cumsum(counts)])          # rows in buckets < b
+    n = int(below[-1])
+    return [int(np.searchsorted(below, slice_bounds(n, r, world_size)[0], side="left"))
+            for r in range(world_size)] + [N_BUCKETS]
+
+
+def spill_files(directory: Path, runs) -> list[Path]:
+    """Every map rank's spill runs (``runs[r]`` of rank r), in (rank, run) order; a missing one is an
+    error that says why: the step's finalize removes the shuffle once every apply rank is done (as a
+    MapReduce job drops its map outputs), so redoing a rank of a finished step means redoing the step."""
+    directory = Path(directory)
+    files = [spill_path(directory, m, j) for m in range(len(runs)) for j in range(int(runs[m]))]
+    gone = [f for f in files if not f.exists()]
+    if gone:
+        raise FileNotFoundError(
+            f"{gone[0]} (and {len(gone) - 1} more): spill runs of the shuffle are missing — the step had finished "
+            f"and its finalize removed them; to redo part of a finished {directory.parent.name}, remove "
+            f"{directory.parent} and rerun the step")
+    return files
+
+
+# ---------------------------------------------------------------------------------------- apply
+
+def _bucket_hex(b: int) -> str | None:
+    return None if b >= N_BUCKETS else f"{b:0{BUCKET_HEX}x}"
+
+
+def merge_runs(files: list[Path], kind: str, buckets, lo_b: int, hi_b: int, stats=None,
+               batch_rows: int = 65536) -> Iterator:
+    """The rows of the sorted runs ``files`` of manifest ``kind`` whose bucket is in ``[lo_b, hi_b)``, in
+    canonical order (``SORT_KEYS``, ties by file then row: a stable sort of the runs concatenated in
+    order), as record batches. The range is cut into sub-ranges of whole buckets holding about
+    ``MERGE_BYTES`` of decoded rows (from ``buckets``, the global counts, and the runs' bytes per row); for
+    each, every run's row groups whose [min, max] key overlaps it (footer statistics, read once) are read,
+    filtered to the sub-range, concatenated in run order and stably sorted. Memory: one sub-range, plus at
+    most a partial row group per run at each end. ``stats`` counts ``merge_subranges`` and
+    ``merge_rows_read``."""
+    import bisect
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from manifests.schemas import SORT_KEYS
+
+    if not files or lo_b >= hi_b:
+        return
+    key = SORT_KEYS[kind][0]
+    index, nbytes, nrows = [], 0, 0
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        col = md.schema.to_arrow_schema().get_field_index(key)
+        mins, maxs, groups = [], [], []
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            nbytes, nrows = nbytes + rg.total_byte_size, nrows + rg.num_rows
+            if rg.num_rows:
+                st = rg.column(col).statistics
+                mins.append(st.min)
+                maxs.append(st.max)
+                groups.append(g)
+        index.append((f, mins, maxs, groups))
+    per_chunk = max(1, int(MERGE_BYTES / max(nbytes / max(nrows, 1), 1)))
+    keys = [(k, "ascending") for k in SORT_KEYS[kind]]
+    cum = np.concatenate([[0], np.cumsum(buckets[lo_b:hi_b])])
+    a = 0
+    while a < hi_b - lo_b:
+        b = max(int(np.searchsorted(cum, cum[a] + per_chunk, side="right")) - 1, a + 1)   # whole buckets
+        lo, hi = _bucket_hex(lo_b + a), _bucket_hex(lo_b + b)
+        tables, read = [], 0
+        for f, mins, maxs, groups in index:
+            g0 = bisect.bisect_left(maxs, lo)                    # first group reaching the sub-range
+            g1 = bisect.bisect_left(mins, hi) if hi is not None else len(mins)   # groups starting before its end
+            if g0 >= g1:
+                continue
+            t = pq.ParquetFile(f).read_row_groups(groups[g0:g1], use_threads=False)
+            read += t.num_rows
+            ids = t.column(key)
+            keep = pc.greater_equal(ids, lo) if hi is None else pc.and_(pc.greater_equal(ids, lo), pc.less(ids, hi))
+            tables.append(t.filter(keep))
+        if stats is not None:
+            stats.inc("merge_subranges")
+            stats.inc("merge_rows_read", read)      # rows decoded: the sub-range's + the partial row groups
+        if tables:
+            t = pa.concat_tables(tables)
+            del tables
+            if t.num_rows:
+                yield from t.sort_by(keys).to_batches(max_chunksize=batch_rows)
+            del t
+        a = b
+
+
+# ------------------------------------------------------------------------------ first occurrences
+
+class FirstOccurrence:
+    """Over a stream of batches in ``key`` order (the state carries across batches): which rows repeat an
+    earlier row's key, and the ``origin`` columns of that earlier, first row."""
+
+    def __init__(self, key: str, origin: tuple[str, ...] = ()):
+        self.key, self.origin = key, tuple(origin)
+        self.prev, self.first = None, None
+
+    def repeats(self, batch) -> list[tuple | None] | None:
+        """None when no row of ``batch`` repeats a key; else per row None (a first occurrence) or the
+        first occurrence's ``origin`` values (a tuple, ``()`` without ``origin``)."""
+        import pyarrow.compute as pc
+
+        ids = batch.column(self.key)
+        n = batch.num_rows
+        if n == 0:
+            return None
+        if not ((self.prev is not None and ids[0].as_py() == self.prev)
+                or (n > 1 and pc.any(pc.equal(ids.slice(1), ids.slice(0, n - 1))).as_py())):
+            self.prev = ids[n - 1].as_py()
+            self.first = tuple(batch.column(c)[n - 1].as_py() for c in self.origin)
+            return None
+        keys = ids.to_pylist()
+        origin = [batch.column(c).to_pylist() for c in self.origin]
+        out: list[tuple | None] = []
+        for i in range(n):
+            if keys[i] != self.prev:
+                self.prev, self.first = keys[i], tuple(o[i] for o in origin)
+                out.append(None)
+            else:
+                out.append(self.first)
+        return out
+
+
+# ----------------------------------------------------------------------------------- sorted parts
+
+def merge_sorted(files: list[Path], key: str, columns: list[str], batch_rows: int = 65536) -> Iterator:
+    """The rows of ``files`` — Parquet parts each sorted by ``key`` — merged into (key, file, row) order, as
+    tables of ``columns`` plus ``_file`` (the index in ``files``) and ``_row`` (the row in that file). A
+    k-way merge a batch at a time: each file's next batch is read, and every buffered row whose key is
+    below the smallest last key of the files still open is final (no later row can come before it).
+    Memory: about one batch of ``columns`` per file, whatever the files' sizes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    read = columns if key in columns else [key, *columns]
+    readers, buffers, rows = [], [], []
+    for f in files:
+        readers.append(pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=read,
+                                                                         use_threads=False))
+        buffers.append(None)
+        rows.append(0)
+
+    def pull(i: int) -> bool:
+        """Append file i's next batch to its buffer; False when the file is done."""
+        for batch in readers[i]:
+            if batch.num_rows == 0:
+                continue
+            t = pa.Table.from_batches([batch]).append_column("_file", pa.array([i] * batch.num_rows, pa.int32()))
+            t = t.append_column("_row", pa.array(range(rows[i], rows[i] + batch.num_rows), pa.int64()))
+            rows[i] += batch.num_rows
+            buffers[i] = t if buffers[i] is None else pa.concat_tables([buffers[i], t])
+            return True
+        readers[i] = None
+        return False
+
+    for i in range(len(files)):
+        pull(i)
+    while True:
+        for i in range(len(files)):
+            if readers[i] is not None and (buffers[i] is None or buffers[i].num_rows == 0):
+                pull(i)
+        live = [i for i in range(len(files)) if buffers[i] is not None and buffers[i].num_rows]
+        if not live:
+            return
+        open_ = [i for i in live if readers[i] is not None]
+        frontier = min(buffers[i].column(key)[-1].as_py() for i in open_) if open_ else None
+        taken = []
+        for i in live:
+            t = buffers[i]
+            n = t.num_rows if frontier is None else int(pc.sum(pc.less(t.column(key), frontier)).as_py() or 0)
+            if n:
+                taken.append(t.slice(0, n))
+                buffers[i] = t.slice(n)
+        if not taken:      # every buffered row is at the frontier: read further in the files that end there
+            for i in open_:
+                if buffers[i].column(key)[-1].as_py() == frontier:
+                    pull(i)
+            continue
+        merged = pa.concat_tables(taken).sort_by([(key, "ascending"), ("_file", "ascending"), ("_row", "ascending")])
+        yield merged.select([*columns, "_file", "_row"]).combine_chunks()

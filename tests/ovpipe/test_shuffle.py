@@ -1,0 +1,60 @@
+"""``ovpipe.shuffle``: the merge of parts each sorted by a key gives (key, part, row) order whatever the
+batch size, and first occurrences are found the same way however the stream is cut. (The spill runs,
+bucket cuts and range merge are exercised through ``ingest``: ``tests/curation/test_ingest_shuffle.py``.)"""
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ovpipe.shuffle import FirstOccurrence, bucket_cuts, merge_sorted
+
+
+def _parts(tmp_path, sizes=(7, 0, 12, 1, 9), seed=0):
+    """Parts sorted by ``id`` (stable: equal ids keep their written order), ids drawn from a small pool so
+    they repeat within and across parts; ``n`` tells the rows apart."""
+    rng = np.random.default_rng(seed)
+    pool = [f"{x:016x}" for x in rng.integers(0, 2 ** 63, 10)]
+    files, rows = [], []
+    for k, size in enumerate(sizes):
+        ids = sorted(rng.choice(pool, size).tolist())
+        f = tmp_path / f"part-{k:05d}.parquet"
+        pq.write_table(pa.table({"id": pa.array(ids, pa.string()), "n": pa.array(range(size), pa.int64())}), f,
+                       row_group_size=4)
+        files.append(f)
+        rows += [(s, k, i) for i, s in enumerate(ids)]
+    return files, sorted(rows)
+
+
+@pytest.mark.parametrize("batch_rows", [1, 3, 1000])
+def test_merge_sorted_gives_key_part_row_order_for_any_batch_size(tmp_path, batch_rows):
+    files, want = _parts(tmp_path)
+    got = []
+    for t in merge_sorted(files, "id", ["id", "n"], batch_rows=batch_rows):
+        assert t.column_names == ["id", "n", "_file", "_row"]
+        got += list(zip(*(t.column(c).to_pylist() for c in ("id", "_file", "_row"))))
+        assert t.column("n").to_pylist() == t.column("_row").to_pylist()   # the row it says it is
+    assert got == want
+
+
+def test_first_occurrence_is_the_same_however_the_stream_is_cut(tmp_path):
+    files, rows = _parts(tmp_path, seed=3)
+    seen, want = set(), []
+    for s, k, i in rows:
+        want.append(None if s in seen else (k, i))
+        seen.add(s)
+    for batch_rows in (1, 2, 5, 1000):
+        f = FirstOccurrence("id", origin=("_file", "_row"))
+        got = []
+        for t in merge_sorted(files, "id", ["id"], batch_rows=batch_rows):
+            rep = f.repeats(t)
+            firsts = list(zip(t.column("_file").to_pylist(), t.column("_row").to_pylist()))
+            got += firsts if rep is None else [fi if r is None else None for fi, r in zip(firsts, rep)]
+        assert got == want, batch_rows
+
+
+def test_bucket_cuts_balance_rows_at_bucket_granularity():
+    counts = np.zeros(16 ** 4, np.int64)
+    counts[[3, 10, 10_000, 40_000, 65_535]] = [5, 5, 5, 5, 4]
+    cuts = bucket_cuts(counts, 3)
+    assert cuts[0] == 0 and cuts[-1] == 16 ** 4 and cuts == sorted(cuts)
+    assert [int(counts[a:b].sum()) for a, b in zip(cuts, cuts[1:])] == [10, 10, 4]
