@@ -74,16 +74,6 @@ def test_generic_jsonl_with_paths_and_bad_rows(tmp_path):
     assert (ok["source"], ok["category"], ok["answer_type"]) == ("colors", "perception", "string")
 
 
-def test_duplicates_marked_across_files(tmp_path):
-    rows = [{"problem": "<image>2+2?", "answer": "4", "images": [{"bytes": png("red")}]}]
-    for name in ("a", "b"):
-        pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{name}.parquet")
-    assert main(["rl-ingest", "--set", f"inputs=['{tmp_path}/*.parquet']", "--set", "layout=geometry3k",
-                 "--run-dir", str(tmp_path / "run"), "--quiet", "--tasks", "2"]) == 0
-    st = sorted(r["status"] for r in read_manifest(tmp_path / "run", "rl_prompts").to_pylist())
-    assert st == ["duplicate", "ok"]
-
-
 def test_duplicates_within_and_across_parts_first_part_row_stays(tmp_path):
     """The first (part, row) of each prompt_id stays, every later copy — in its own part or another — is a
     ``duplicate``, counted once; a rerun of the finalize changes nothing."""
@@ -115,3 +105,14 @@ def test_duplicates_within_and_across_parts_first_part_row_stays(tmp_path):
     (run / "rl-ingest" / "stats" / "finalize.json").unlink()
     assert finalize_step("rl-ingest", run)["counters"].get("duplicates", 0) == 0   # already marked: none new
     assert [p.read_bytes() for p in parts] == before
+
+
+def test_duplicates_marked_across_files(tmp_path):
+    rows = [{"problem": "<image>2+2?", "answer": "4", "images": [{"bytes": png("red")}]}]
+    for name in ("a", "b"):
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{name}.parquet")
+    assert main(["rl-ingest", "--set", f"inputs=['{tmp_path}/*.parquet']", "--set", "layout=geometry3k",
+                 "--run-dir", str(tmp_path / "run"), "--quiet", "--tasks", "2"]) == 0
+    st = sorted(r["status"] for r in read_manifest(tmp_path / "run", "rl_prompts").to_pylist())
+    assert st == ["duplicate", "ok"]
+
