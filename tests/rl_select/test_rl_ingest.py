@@ -115,4 +115,3 @@ def test_duplicates_marked_across_files(tmp_path):
                  "--run-dir", str(tmp_path / "run"), "--quiet", "--tasks", "2"]) == 0
     st = sorted(r["status"] for r in read_manifest(tmp_path / "run", "rl_prompts").to_pylist())
     assert st == ["duplicate", "ok"]
-
