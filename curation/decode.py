@@ -151,7 +151,8 @@ def read_jpeg(row: dict, to_uint8, draft: int | None = None):
     import torch
     from PIL import Image
 
-    from curation.ingest import exif_orientation, read_image_bytes
+    from curation.image_header import exif_orientation
+    from curation.ingest import read_image_bytes
 
     try:
         data = read_image_bytes(row)

@@ -6,7 +6,8 @@ import pytest
 import xxhash
 from PIL import Image
 
-from curation.ingest import inspect_image, read_image_bytes
+from curation.image_header import inspect_image
+from curation.ingest import read_image_bytes
 from manifests import read_manifest
 from ovpipe.cli import main
 

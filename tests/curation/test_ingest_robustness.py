@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from curation.ingest import DEFAULT_MAX_PIXELS, inspect_image, jpeg_complete
+from curation.image_header import DEFAULT_MAX_PIXELS, inspect_image, jpeg_complete
 from manifests import read_manifest
 from manifests.catalog import connect
 from ovpipe.cli import main

@@ -96,7 +96,7 @@ def test_pixels_apply_exif_orientation():
 
     from PIL import Image
 
-    from curation.ingest import inspect_image
+    from curation.image_header import inspect_image
     from pretrain.data import pixels
 
     stored = Image.new("RGB", (56, 28), (255, 0, 0))
