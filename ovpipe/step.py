@@ -3,15 +3,15 @@
 A step module defines, with light imports at module level::
 
     @dataclass
-    class PackConfig: ...
+    class LengthsConfig: ...
 
-    def run(cfg: PackConfig, task: TaskContext) -> None:
-        lengths = task.read_input_slice("lengths")    # this rank's share of the input
+    def run(cfg: LengthsConfig, task: TaskContext) -> None:
+        samples = task.read_input_slice("samples")    # this rank's share of the input
         ...
-        task.stats.inc("packs", n)
-        task.write_part("packs", table)               # RUN/pack/packs/part-{rank:05d}.parquet
+        task.stats.inc("too_long", n)
+        task.write_part("lengths", table)             # RUN/lengths/lengths/part-{rank:05d}.parquet
 
-    STEP = Step("pack", PackConfig, run, inputs={"lengths": "lengths_step"}, outputs=("packs",))
+    STEP = Step("lengths", LengthsConfig, run, inputs={"samples": "samples_steps"}, outputs=("lengths",))
 
 ``inputs`` declares every manifest the step reads against the config field naming its folder
 (``ovpipe/inputs.py``: optional ones marked ``Input(field, when=...)``); the task's reads go through
