@@ -27,8 +27,8 @@ import json
 import os
 from pathlib import Path
 
-from ovpipe.runfolder import RunFolderError, heartbeat, lock, markers, upstream
 from ovpipe.config import config_hash, config_json
+from ovpipe.runfolder import RunFolderError, heartbeat, lock, markers, upstream
 from ovpipe.step import save_json
 
 PROGRESS = "progress.json"

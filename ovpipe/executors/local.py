@@ -17,12 +17,12 @@ import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from ovpipe.executors.task import TaskFailed, finalize_step, reduce_step, run_task
 from ovpipe.runfolder import RunFolderError
 from ovpipe.runfolder.cleanup import clean_temp_files
 from ovpipe.runfolder.heartbeat import running_ranks
 from ovpipe.runfolder.lock import step_lock
 from ovpipe.runfolder.markers import pending_ranks
-from ovpipe.executors.task import TaskFailed, finalize_step, reduce_step, run_task
 
 PR_SET_PDEATHSIG = 1
 

@@ -20,12 +20,12 @@ import warnings
 from pathlib import Path
 
 from ovpipe import console
+from ovpipe.config import load_config
+from ovpipe.registry import get_step
 from ovpipe.runfolder import markers
 from ovpipe.runfolder.cleanup import clean_temp_files
 from ovpipe.runfolder.heartbeat import RunningMarker
 from ovpipe.runfolder.upstream import check_inputs_current
-from ovpipe.config import load_config
-from ovpipe.registry import get_step
 from ovpipe.step import TaskContext, save_json
 
 # Fault injection for resume tests and drills: OVPIPE_FAIL_RANKS="ingest:2,pack:0" makes

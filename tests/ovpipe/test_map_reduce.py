@@ -12,8 +12,8 @@ from curation.balance import BalanceConfig, balance, uniform_draws
 from manifests import read_manifest
 from manifests.io import write_part, write_table
 from ovpipe import mapreduce
-from ovpipe.runfolder import markers, status
 from ovpipe.cli import main
+from ovpipe.runfolder import markers, status
 
 
 def test_pairwise_sum_is_numpy_sum_bit_for_bit():

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ovpipe.runfolder import RunFolderError, cleanup, lock, markers, prepare, status
 from ovpipe.cli import main
+from ovpipe.runfolder import RunFolderError, cleanup, lock, markers, prepare, status
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent

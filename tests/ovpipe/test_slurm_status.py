@@ -2,8 +2,8 @@
 markers and squeue's rows — squeue's rows given here, so no cluster is needed."""
 import json
 
-from ovpipe.runfolder import markers
 from ovpipe.executors.slurm import chain_status, describe_chain, describe_failure
+from ovpipe.runfolder import markers
 
 RECORD = {"ranks": [0, 1, 2, 3], "apply_ranks": [0, 1, 2, 3], "array": "12", "reduce": "13", "apply": "14",
           "merge": "15", "chain": [{"phase": "map", "job": "12", "after": ["9"]},
