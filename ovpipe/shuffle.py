@@ -17,7 +17,7 @@ digits cut the id space into ``N_BUCKETS`` balanced buckets with no sampling.
   row's key, and where that first row came from — the state carries across batches, so the answer does
   not depend on how the stream is cut.
 - **sorted parts** (``merge_sorted``): the rows of parts that are each sorted by the key, merged into
-  (key, part, row) order a batch per part at a time — to find duplicates over a step's whole output
+  (key, part, row) order a row group per part at a time — to find duplicates over a step's whole output
   without holding its ids.
 
 Ties between equal keys keep the order the rows were read (map rank, run, row), so the merged result
@@ -241,24 +241,33 @@ def merge_sorted(files: list[Path], key: str, columns: list[str], batch_rows: in
     tables of ``columns`` plus ``_file`` (the index in ``files``) and ``_row`` (the row in that file). A
     k-way merge a batch at a time: each file's next batch is read, and every buffered row whose key is
     below the smallest last key of the files still open is final (no later row can come before it).
-    Memory: about one batch of ``columns`` per file, whatever the files' sizes."""
+    Memory: per file, the row group being read (pyarrow fetches a column chunk whole) of ``columns`` and
+    a batch or two — not the files' rows. A file whose rows are not
+    in ``key`` order is an error naming it (the merge would be wrong, not slow)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     read = columns if key in columns else [key, *columns]
-    readers, buffers, rows = [], [], []
+    readers, buffers, rows, last = [], [], [], []
     for f in files:
         readers.append(pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=read,
                                                                          use_threads=False))
         buffers.append(None)
         rows.append(0)
+        last.append(None)
 
     def pull(i: int) -> bool:
         """Append file i's next batch to its buffer; False when the file is done."""
         for batch in readers[i]:
             if batch.num_rows == 0:
                 continue
+            k = batch.column(key)
+            if (last[i] is not None and k[0].as_py() < last[i]) or (
+                    batch.num_rows > 1 and pc.any(pc.less(k.slice(1), k.slice(0, batch.num_rows - 1))).as_py()):
+                raise ValueError(f"{files[i]}: rows are not in {key} order — merge_sorted needs each part sorted "
+                                 f"(manifests.io.write_part(sort=True))")
+            last[i] = k[batch.num_rows - 1].as_py()
             t = pa.Table.from_batches([batch]).append_column("_file", pa.array([i] * batch.num_rows, pa.int32()))
             t = t.append_column("_row", pa.array(range(rows[i], rows[i] + batch.num_rows), pa.int64()))
             rows[i] += batch.num_rows

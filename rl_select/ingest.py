@@ -167,7 +167,7 @@ def finalize(cfg: RLIngestConfig, task: TaskContext) -> None:
     """Identical prompts (same prompt_id) across all parts: the first (part, row) stays, the rest
     become ``status = duplicate`` — so a prompt is never rolled out, scored or exported twice. The parts
     are each sorted by prompt_id, so their ids are merged in (prompt_id, part, row) order
-    (``ovpipe.shuffle.merge_sorted``: a batch per part at a time) and the repeats found as they stream;
+    (``ovpipe.shuffle.merge_sorted``: a row group per part at a time) and the repeats found as they stream;
     only the parts that hold a repeat are rewritten."""
     import pyarrow as pa
 

@@ -58,3 +58,10 @@ def test_bucket_cuts_balance_rows_at_bucket_granularity():
     cuts = bucket_cuts(counts, 3)
     assert cuts[0] == 0 and cuts[-1] == 16 ** 4 and cuts == sorted(cuts)
     assert [int(counts[a:b].sum()) for a, b in zip(cuts, cuts[1:])] == [10, 10, 4]
+
+
+def test_merge_sorted_refuses_a_part_out_of_order(tmp_path):
+    f = tmp_path / "part-00000.parquet"
+    pq.write_table(pa.table({"id": ["00b", "00a"]}), f)
+    with pytest.raises(ValueError, match="not in id order"):
+        list(merge_sorted([f], "id", ["id"]))
