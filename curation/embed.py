@@ -21,7 +21,7 @@ import numpy as np
 
 from curation.decode import DECODE_MODES, JPEG_DECODERS
 from ovpipe.config import check_step_folder
-from ovpipe.step import Step, TaskContext, require_manifest
+from ovpipe.step import Step, TaskContext
 
 
 @dataclass
@@ -53,9 +53,6 @@ class EmbedImagesConfig:
         if self.jpeg_decode == "nvjpeg" and self.device == "cpu":
             raise ValueError("jpeg_decode='nvjpeg' needs a CUDA device, got device='cpu'")
         check_step_folder("samples_step", self.samples_step)
-
-    def check(self, run_dir) -> None:
-        require_manifest(run_dir, "samples", self.samples_step, "samples_step")
 
 
 def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, workers: int, stats=None,
@@ -143,20 +140,19 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     from curation.clip import load_clip
     from curation.decode import (decoded_batches, embed_batches, make_decoder, manifest_batches, resolve_decode,
                                  split_preprocess)
-    from manifests.io import manifest_num_rows
     from manifests.schemas import schema_for
     from ovpipe.step import slice_bounds
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    n = manifest_num_rows(task.run_dir, "samples", cfg.samples_step)
-    lo, hi = slice_bounds(n, task.rank, task.world_size)
+    lo, hi = slice_bounds(task.input_num_rows("samples"), task.rank, task.world_size)
     net, preprocess, _, device = load_clip(cfg.model, cfg.pretrained, cfg.device)
     pre = split_preprocess(preprocess)
     decoder = make_decoder(pre, device, cfg.jpeg_decode, cfg.nvjpeg_share, cfg.jpeg_draft)
     mode = resolve_decode(cfg.decode, device)
     task.stats.info["decode"] = (f"{mode}, jpeg {'nvjpeg' if decoder.nvjpeg_share else 'cpu'}"
                                  + (" (draft)" if cfg.jpeg_draft else ""))
-    source = partial(manifest_batches, str(task.run_dir), cfg.samples_step, SAMPLE_COLUMNS, lo, hi, cfg.batch_size)
+    files = [str(f) for f in task.input_files("samples")]     # plain paths: the decode workers read them too
+    source = partial(manifest_batches, files, SAMPLE_COLUMNS, lo, hi, cfg.batch_size, str(task.step_dir))
     batches = decoded_batches(source, decoder, mode, cfg.decode_workers, cfg.prefetch,
                               pin_memory=device.startswith("cuda"))
     name = f"emb-{task.rank:05d}.npy"
@@ -190,6 +186,5 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
         raise
 
 
-STEP = Step("embed-images", EmbedImagesConfig, run, inputs=("samples",), outputs=("image_embeddings",),
-            check=EmbedImagesConfig.check,
+STEP = Step("embed-images", EmbedImagesConfig, run, inputs={"samples": "samples_step"}, outputs=("image_embeddings",),
             description="MetaCLIP image embeddings (open_clip)")
