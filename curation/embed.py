@@ -90,7 +90,6 @@ class NpyRowWriter:
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.raw = self.path.with_name(f".tmp-{os.getpid()}-{self.path.name}.raw")
-        self.tmp = self.path.with_name(f".tmp-{os.getpid()}-{self.path.name}")
         self._f = open(self.raw, "wb")
         self.rows, self.dim = 0, None
 
@@ -111,19 +110,19 @@ class NpyRowWriter:
         """Finish the shard; ``dim`` is its width if no row was written."""
         import shutil
 
+        from manifests.io import atomic_write
+
         self._f.close()
         header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
                   "shape": (self.rows, self.dim if self.dim is not None else dim)}
-        with open(self.tmp, "wb") as out, open(self.raw, "rb") as raw:
+        with atomic_write(self.path) as tmp, open(tmp, "wb") as out, open(self.raw, "rb") as raw:
             np.lib.format.write_array_header_1_0(out, header)
             shutil.copyfileobj(raw, out, 16 << 20)
         self.raw.unlink()
-        os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
         self._f.close()
         self.raw.unlink(missing_ok=True)
-        self.tmp.unlink(missing_ok=True)
 
 
 SAMPLE_COLUMNS = ["sample_id", "shard", "shard_format", "offset", "size", "images", "status", "error"]

@@ -389,8 +389,8 @@ class PartWriter:
         self.path = Path(path)
         self.kind = kind
         self.group = row_group_rows or PARQUET_OPTS["row_group_size"]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = temp_path(self.path)
+        self._atomic = atomic_write(self.path)        # the temp name, renamed by close, removed on failure
+        self.tmp = self._atomic.__enter__()
         self._writer: pq.ParquetWriter | None = None
         self._buffer: list[pa.Table] = []
         self._buffered = 0
@@ -421,7 +421,7 @@ class PartWriter:
             self._flush(tail)
             self._buffer, self._buffered = [], 0
         self._writer.close()
-        os.replace(self.tmp, self.path)
+        self._atomic.__exit__(None, None, None)
         return self.path
 
     def __enter__(self) -> "PartWriter":
@@ -433,4 +433,4 @@ class PartWriter:
         else:
             if self._writer is not None:
                 self._writer.close()
-            self.tmp.unlink(missing_ok=True)
+            self._atomic.__exit__(exc_type, exc, tb)
