@@ -254,9 +254,8 @@ def iter_parts(files: Sequence[str | os.PathLike], kind: str, columns: list[str]
 
     The row counts come from the footers and only the row groups overlapping ``[lo, hi)`` are read, one at
     a time (pyarrow decodes every row group it is handed at once, so handing it the share would hold the
-    share). Batches are cut every ``batch_rows`` rows from the first row group read in each part, as
-    pyarrow's ``iter_batches`` cuts them, then at ``lo`` and ``hi``. Every part's schema is checked from
-    its footer first (``ManifestSchemaError`` naming the file and column)."""
+    share); a batch never spans two row groups, so a task holds one row group and one batch of it. Every
+    part's schema is checked from its footer first (``ManifestSchemaError`` naming the file and column)."""
     import itertools
 
     if order not in READ_ORDERS:
@@ -303,17 +302,9 @@ def _iter_as_they_lie(files, metas, kind, columns, out_schema, lo, hi, batch_row
         start += md.num_rows
         if a >= b:
             continue
-        groups, row = [], 0
-        for g in range(md.num_row_groups):
-            m = md.row_group(g).num_rows
-            if row + m > a and row < b:
-                groups.append((g, row))
-            row += m
-        pos = groups[0][1]                                                 # file row of the next batch's first row
         with pq.ParquetFile(f, metadata=md, pre_buffer=False) as pf:
-            for batch in _rebatched(pf, [g for g, _ in groups], read_cols, batch_rows):
+            for batch, pos in _row_group_batches(pf, md, a, b, read_cols, batch_rows):
                 s, e = max(a - pos, 0), min(b - pos, batch.num_rows)
-                pos += batch.num_rows
                 if e <= s:
                     continue
                 batch = batch.slice(s, e - s)
@@ -326,26 +317,20 @@ def _iter_as_they_lie(files, metas, kind, columns, out_schema, lo, hi, batch_row
                             f"(manifests.io.write_part) or in its canonical input order")
                     last = k[-1]
                 yield pa.RecordBatch.from_arrays([batch.column(c) for c in columns], schema=out_schema)
-                if pos >= b:
-                    break
 
 
-def _rebatched(pf, groups: list[int], columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """``pf.iter_batches(batch_rows, row_groups=groups)``'s batches (which run across row groups), decoding
-    one row group at a time: the rows left over at a row group's end wait for the next one's."""
-    carry, have = [], 0
-    for g in groups:
-        for rb in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=columns):
-            while rb.num_rows:
-                take = min(batch_rows - have, rb.num_rows)
-                carry.append(rb.slice(0, take))
-                have += take
-                rb = rb.slice(take)
-                if have == batch_rows:
-                    yield carry[0] if len(carry) == 1 else pa.concat_batches(carry)
-                    carry, have = [], 0
-    if carry:
-        yield carry[0] if len(carry) == 1 else pa.concat_batches(carry)
+def _row_group_batches(pf, md, lo: int, hi: int, columns: list[str], batch_rows: int):
+    """``(batch, file row of its first row)`` of the row groups overlapping ``[lo, hi)``, one row group
+    handed to pyarrow at a time."""
+    row = 0
+    for g in range(md.num_row_groups):
+        m = md.row_group(g).num_rows
+        if row + m > lo and row < hi:
+            pos = row
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=columns, use_threads=False):
+                yield batch, pos
+                pos += batch.num_rows
+        row += m
 
 
 def _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows, spill_dir):
