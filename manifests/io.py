@@ -1,9 +1,13 @@
-"""Atomic, schema-checked Parquet parts and merged manifest reads.
+"""Atomic, schema-checked Parquet parts, merged manifest reads, the one streaming reader and the DuckDB
+connection every step's out-of-core work uses.
 
-Layout: ``RUN/<step>/<kind>/part-{rank:05d}.parquet``. Writers go through
-``write_part`` (temp name in the same folder + ``os.replace``), so a killed task leaves
-either a whole part or none. Parquet settings are fixed (zstd, one row group per 1M rows,
-no pandas metadata) so the same table always gives the same bytes.
+Layout: ``RUN/<step>/<kind>/part-{rank:05d}.parquet``. Writers go through ``write_part`` / ``PartWriter``
+(``atomic_write``: a temp name in the same folder, renamed when whole), so a killed task leaves either a
+whole part or none. Parquet settings are fixed (zstd, one row group per 1M rows, no pandas metadata) so
+the same table always gives the same bytes. ``read_manifest`` reads a manifest whole in canonical order;
+``iter_parts`` streams any row range of a list of parts, one row group decoded at a time
+(``docs/foundation.md``, "The streaming reader"); ``duckdb_session`` is DuckDB under a memory limit,
+spilling to a folder of its own.
 """
 from __future__ import annotations
 
