@@ -15,7 +15,7 @@ same inputs, ties aside — ``tests/curation/test_clip_assign.py``):
 ``auto`` picks faiss where it can run on the device (faiss-gpu on a GPU, faiss-cpu on a CPU), else torch.
 
 Each rank streams its canonical slice of ``image_embeddings`` in batches of ``image_tile`` rows
-(``manifests.io.iter_manifest``). The vectors of a batch are gathered from the memory-mapped fp16
+(``TaskContext.iter_input``). The vectors of a batch are gathered from the memory-mapped fp16
 ``.npy`` shards (``NpyShards``), whose mapped pages are dropped again after the batch
 (``madvise(MADV_DONTNEED)``: touched file pages count in the resident set until then), and the
 ``assignments`` part is written batch by batch (``TaskContext.part_writer``, which holds at most one
@@ -118,13 +118,15 @@ class NpyShards:
         self.release(keep=())
 
 
-def concept_blocks(run_dir, block_rows: int = 65536):
-    """(concept_ids int64[V] in concept_id order, an iterator of their vectors as float32 blocks of at
-    most ``block_rows`` rows, in the same order), gathered from the mapped shards: the index or tensor
-    is filled block by block, never beside a second whole copy of the matrix."""
-    from manifests.io import read_manifest
+CONCEPT_COLUMNS = ["concept_id", "file", "row"]
 
-    t = read_manifest(run_dir, "concepts", columns=["concept_id", "file", "row"])
+
+def concept_blocks(concepts, run_dir, block_rows: int = 65536):
+    """(concept_ids int64[V] in concept_id order, an iterator of their vectors as float32 blocks of at
+    most ``block_rows`` rows, in the same order), gathered from the mapped shards (paths relative to
+    ``run_dir``) that the ``concepts`` manifest's ``CONCEPT_COLUMNS`` (canonical order) point at: the
+    index or tensor is filled block by block, never beside a second whole copy of the matrix."""
+    t = concepts
     files, rows = t.column("file").to_numpy(zero_copy_only=False), t.column("row").to_numpy()
 
     def blocks():
@@ -288,15 +290,14 @@ def run(cfg: AssignConfig, task: TaskContext) -> None:
     import pyarrow.compute as pc
 
     from curation.clip import pick_device
-    from manifests.io import iter_manifest, manifest_num_rows
 
     device = pick_device(cfg.device)
     cfg = cfg.for_device(device)
-    cids, blocks = concept_blocks(task.run_dir)
+    cids, blocks = concept_blocks(task.read_input("concepts", columns=CONCEPT_COLUMNS), task.run_dir)
     search = Searcher(blocks, cfg, device, n_keys=len(cids))
     task.stats.info["backend"] = search.backend
     k = search.k
-    lo, hi = slice_bounds(manifest_num_rows(task.run_dir, "image_embeddings"), task.rank, task.world_size)
+    lo, hi = slice_bounds(task.input_num_rows("image_embeddings"), task.rank, task.world_size)
     shards = NpyShards(task.run_dir)
 
     def write(out, ok, handle):
@@ -312,8 +313,8 @@ def run(cfg: AssignConfig, task: TaskContext) -> None:
     try:
         with task.part_writer("assignments") as out:
             pending = None          # the batch on the GPU while the next one is gathered here
-            for batch in iter_manifest(task.run_dir, "image_embeddings", columns=["sample_id", "file", "row", "status"],
-                                       lo=lo, hi=hi, batch_rows=cfg.image_tile):
+            for batch in task.iter_input("image_embeddings", ["sample_id", "file", "row", "status"], lo=lo, hi=hi,
+                                         batch_rows=cfg.image_tile):
                 status = batch.column("status")
                 for s, n in zip(*np.unique(status.to_numpy(zero_copy_only=False).astype(str), return_counts=True)):
                     if s != "ok":
@@ -334,5 +335,5 @@ def run(cfg: AssignConfig, task: TaskContext) -> None:
         shards.close()
 
 
-STEP = Step("assign", AssignConfig, run, inputs=("image_embeddings", "concepts"), outputs=("assignments",),
+STEP = Step("assign", AssignConfig, run, inputs={"image_embeddings": None, "concepts": None}, outputs=("assignments",),
             description="exact top-K concepts per image (faiss / tiled torch)")

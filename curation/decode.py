@@ -12,7 +12,7 @@ Each batch is prepared by one of:
   ``b ≡ w (mod W)``, which the loader hands back round-robin, i.e. in order. Each worker reads the
   slice's manifest rows itself (the metadata columns only, not images): cheap for ``samples`` parts in
   canonical order (ingest's shuffle writes them so); parts that are not make each worker run
-  ``iter_manifest``'s DuckDB sort.
+  ``iter_parts``' DuckDB sort.
 
 Either way at most ``workers × prefetch`` batches are in flight, never the slice. The preprocess is
 open_clip's own transform, split before its ``ToTensor`` + ``Normalize`` tail: the workers produce
@@ -214,16 +214,18 @@ def list_batches(rows: list[dict], batch_size: int):
         yield rows[a:a + batch_size]
 
 
-def manifest_batches(run_dir: str, step: str, columns: list[str], lo: int, hi: int, batch_size: int):
-    """Rows ``[lo, hi)`` of the ``samples`` manifest as ``pyarrow.Table``s cut at global row numbers that
-    are multiples of ``batch_size``."""
+def manifest_batches(files: list[str], columns: list[str], lo: int, hi: int, batch_size: int,
+                     spill_dir: str | None = None):
+    """Rows ``[lo, hi)`` of the ``samples`` parts ``files`` in canonical order as ``pyarrow.Table``s cut at
+    global row numbers that are multiples of ``batch_size`` (``manifests.io.iter_parts``; a DuckDB sort,
+    for parts not in canonical order, spills under ``spill_dir``)."""
     import pyarrow as pa
 
-    from manifests.io import iter_manifest
+    from manifests.io import iter_parts
 
     pieces, have, pos = [], 0, lo
     end = min(hi, (lo // batch_size + 1) * batch_size)
-    for rb in iter_manifest(run_dir, "samples", step=step, columns=columns, lo=lo, hi=hi, batch_rows=batch_size):
+    for rb in iter_parts(files, "samples", columns, lo, hi, batch_rows=batch_size, spill_dir=spill_dir):
         while rb.num_rows:
             take = min(rb.num_rows, end - pos - have)
             pieces.append(rb.slice(0, take))

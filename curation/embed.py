@@ -21,7 +21,7 @@ import numpy as np
 
 from curation.decode import DECODE_MODES, JPEG_DECODERS
 from ovpipe.config import check_step_folder
-from ovpipe.step import Step, TaskContext, require_manifest
+from ovpipe.step import Step, TaskContext
 
 
 @dataclass
@@ -53,9 +53,6 @@ class EmbedImagesConfig:
         if self.jpeg_decode == "nvjpeg" and self.device == "cpu":
             raise ValueError("jpeg_decode='nvjpeg' needs a CUDA device, got device='cpu'")
         check_step_folder("samples_step", self.samples_step)
-
-    def check(self, run_dir) -> None:
-        require_manifest(run_dir, "samples", self.samples_step, "samples_step")
 
 
 def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, workers: int, stats=None,
@@ -93,7 +90,6 @@ class NpyRowWriter:
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.raw = self.path.with_name(f".tmp-{os.getpid()}-{self.path.name}.raw")
-        self.tmp = self.path.with_name(f".tmp-{os.getpid()}-{self.path.name}")
         self._f = open(self.raw, "wb")
         self.rows, self.dim = 0, None
 
@@ -114,19 +110,19 @@ class NpyRowWriter:
         """Finish the shard; ``dim`` is its width if no row was written."""
         import shutil
 
+        from manifests.io import atomic_write
+
         self._f.close()
         header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
                   "shape": (self.rows, self.dim if self.dim is not None else dim)}
-        with open(self.tmp, "wb") as out, open(self.raw, "rb") as raw:
+        with atomic_write(self.path) as tmp, open(tmp, "wb") as out, open(self.raw, "rb") as raw:
             np.lib.format.write_array_header_1_0(out, header)
             shutil.copyfileobj(raw, out, 16 << 20)
         self.raw.unlink()
-        os.replace(self.tmp, self.path)
 
     def abort(self) -> None:
         self._f.close()
         self.raw.unlink(missing_ok=True)
-        self.tmp.unlink(missing_ok=True)
 
 
 SAMPLE_COLUMNS = ["sample_id", "shard", "shard_format", "offset", "size", "images", "status", "error"]
@@ -143,20 +139,19 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     from curation.clip import load_clip
     from curation.decode import (decoded_batches, embed_batches, make_decoder, manifest_batches, resolve_decode,
                                  split_preprocess)
-    from manifests.io import manifest_num_rows
     from manifests.schemas import schema_for
     from ovpipe.step import slice_bounds
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    n = manifest_num_rows(task.run_dir, "samples", cfg.samples_step)
-    lo, hi = slice_bounds(n, task.rank, task.world_size)
+    lo, hi = slice_bounds(task.input_num_rows("samples"), task.rank, task.world_size)
     net, preprocess, _, device = load_clip(cfg.model, cfg.pretrained, cfg.device)
     pre = split_preprocess(preprocess)
     decoder = make_decoder(pre, device, cfg.jpeg_decode, cfg.nvjpeg_share, cfg.jpeg_draft)
     mode = resolve_decode(cfg.decode, device)
     task.stats.info["decode"] = (f"{mode}, jpeg {'nvjpeg' if decoder.nvjpeg_share else 'cpu'}"
                                  + (" (draft)" if cfg.jpeg_draft else ""))
-    source = partial(manifest_batches, str(task.run_dir), cfg.samples_step, SAMPLE_COLUMNS, lo, hi, cfg.batch_size)
+    files = [str(f) for f in task.input_files("samples")]     # plain paths: the decode workers read them too
+    source = partial(manifest_batches, files, SAMPLE_COLUMNS, lo, hi, cfg.batch_size, str(task.step_dir))
     batches = decoded_batches(source, decoder, mode, cfg.decode_workers, cfg.prefetch,
                               pin_memory=device.startswith("cuda"))
     name = f"emb-{task.rank:05d}.npy"
@@ -190,6 +185,5 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
         raise
 
 
-STEP = Step("embed-images", EmbedImagesConfig, run, inputs=("samples",), outputs=("image_embeddings",),
-            check=EmbedImagesConfig.check,
+STEP = Step("embed-images", EmbedImagesConfig, run, inputs={"samples": "samples_step"}, outputs=("image_embeddings",),
             description="MetaCLIP image embeddings (open_clip)")

@@ -41,12 +41,12 @@ this task handles it, so one big file still spreads over tasks. Keys never depen
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from manifests.conversation import IMAGE_TOKEN, caption_turns, normalise_role
+from manifests.conversation import caption_turns, normalise_role
+from manifests.sources import BadRow, image_cell, image_path, json_objects, unexpected_keys
 
 FORMATS = ("auto", "webdataset", "caption-parquet", "llava-json", "llava-ov-parquet", "finevision", "messages")
 JSON_EXTS = (".json", ".jsonl")
@@ -55,14 +55,9 @@ PARQUET_BATCH_ROWS = 256        # rows decoded at a time inside a row group (ima
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif")
 CAPTION_EXTS = ("txt", "caption")
 LLAVA_TURN_KEYS = frozenset({"from", "value", "role", "content"})
-MESSAGE_KEYS = frozenset({"role", "content"})
 BAD_ROW_PREFIX = b"\x00ovbad\x00"  # a bad row's id hashes its raw text behind this (never a real conversation)
 
 Take = Callable[[int], bool]
-
-
-class BadRow(ValueError):
-    """A record that cannot be read as a conversation (malformed JSON, wrong types)."""
 
 
 class ShardError(ValueError):
@@ -111,7 +106,7 @@ def image_address(file: str, container: str, offset: int = 0, column: str | None
 
 def file_image(path: str, root: str) -> ImageRef:
     """An image file named by ``path`` (relative to ``root`` unless absolute)."""
-    full = path if os.path.isabs(path) else os.path.normpath(os.path.join(root, path))
+    full = image_path(path, root)
     addr = image_address(full, "file")
     try:
         with open(full, "rb") as f:
@@ -121,24 +116,16 @@ def file_image(path: str, root: str) -> ImageRef:
 
 
 def cell_image(v, path: str, row: int, column: str, index: int, root: str) -> ImageRef:
-    """A Parquet image cell: binary, the HF ``Image`` struct ``{bytes, path}``, or a path string."""
+    """A Parquet image cell (``manifests.sources.image_cell``): binary, the HF ``Image`` struct
+    ``{bytes, path}``, or a path string."""
     addr = image_address(path, "parquet", row, column, index)
     where = f"{column}[{index}]" if index >= 0 else column
-    if isinstance(v, dict):
-        if v.get("bytes") is not None:
-            if not isinstance(v["bytes"], (bytes, bytearray, memoryview)):
-                raise BadRow(f"{where}.bytes: expected binary, got {type(v['bytes']).__name__}")
-            return ImageRef(addr, bytes(v["bytes"]))
-        if v.get("path"):
-            return file_image(v["path"], root)
-        return ImageRef(addr, None, f"{where}: neither bytes nor path")
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return ImageRef(addr, bytes(v))
-    if isinstance(v, str):
-        return file_image(v, root)
-    if v is None:
-        return ImageRef(addr, None, f"{where} is null")
-    raise BadRow(f"{where}: an image cell of type {type(v).__name__}")
+    got = image_cell(v, where)
+    if isinstance(got, bytes):
+        return ImageRef(addr, got)
+    if isinstance(got, str):
+        return file_image(got, root)
+    return ImageRef(addr, None, f"{where} is null" if v is None else f"{where}: neither bytes nor path")
 
 
 def is_image_type(t) -> bool:
@@ -156,65 +143,16 @@ def is_image_type(t) -> bool:
 # Turns
 
 
-def _unexpected(d: dict, allowed: frozenset, extra: frozenset, where: str, expected: str) -> tuple[str, str] | None:
-    bad = sorted(str(k) for k, v in d.items() if v is not None and k not in allowed and k not in extra)
-    if bad:
-        return "unexpected_key", f"{where} has key(s) {bad} (expected {expected})"
-    return None
-
-
-def _json_objects(value, name: str, expected: str) -> list[dict]:
-    """A list of objects, given as such or as its JSON text; anything else is a ``BadRow``."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise BadRow(f"{name}: not valid JSON ({e})") from None
-    if not isinstance(value, list):
-        raise BadRow(f"{name}: expected {expected}, got {type(value).__name__}")
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise BadRow(f"{name}[{i}]: expected an object, got {type(item).__name__}")
-    return value
-
-
 def llava_turns(convs, extra_keys: frozenset) -> tuple[list[tuple[str, str]], tuple[str, str] | None]:
     """LLaVA ``conversations`` (a list, or its JSON text) → (turns, unexpected_key problem or None)."""
     turns, problem = [], None
-    for i, t in enumerate(_json_objects(convs, "conversations", "a list of turns")):
-        problem = problem or _unexpected(t, LLAVA_TURN_KEYS, extra_keys, f"conversations[{i}]", "from/value")
+    for i, t in enumerate(json_objects(convs, "conversations", "a list of turns")):
+        problem = problem or unexpected_keys(t, LLAVA_TURN_KEYS, extra_keys, f"conversations[{i}]", "from/value")
         role = t.get("from") if t.get("from") is not None else t.get("role")
         text = t.get("value") if t.get("value") is not None else t.get("content")
         if not isinstance(text, (str, type(None))):
             raise BadRow(f"conversations[{i}].value: expected a string, got {type(text).__name__}")
         turns.append((normalise_role(role), text or ""))
-    return turns, problem
-
-
-def message_turns(messages, extra_keys: frozenset) -> tuple[list[tuple[str, str]], tuple[str, str] | None]:
-    """Chat ``messages`` → (turns, problem): image parts become ``<image>`` in place, text parts
-    are concatenated as the chat templates render them (no separator)."""
-    turns, problem = [], None
-    for i, m in enumerate(_json_objects(messages, "messages", "a list")):
-        problem = problem or _unexpected(m, MESSAGE_KEYS, extra_keys, f"messages[{i}]", "role/content")
-        content = m.get("content")
-        if content is None or isinstance(content, str):
-            text = content or ""
-        elif isinstance(content, list):
-            pieces = []
-            for j, part in enumerate(content):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind == "image":
-                    pieces.append(IMAGE_TOKEN)
-                elif kind == "text" and isinstance(part.get("text"), str):
-                    pieces.append(part["text"])
-                else:
-                    raise BadRow(f"messages[{i}].content[{j}]: expected {{type: image}} or {{type: text, text}}, "
-                                 f"got {str(part)[:80]}")
-            text = "".join(pieces)
-        else:
-            raise BadRow(f"messages[{i}].content: expected a string or a list of parts, got {type(content).__name__}")
-        turns.append((normalise_role(m.get("role")), text))
     return turns, problem
 
 

@@ -1,7 +1,7 @@
 """JSON inputs of ``ingest``: LLaVA JSON/JSONL and the chat ``messages`` layout in JSON.
 
 A ``.jsonl`` file is streamed line by line (blank lines skipped). A ``.json`` file must be one
-array of records and is parsed whole (LLaVA-558K's 558K records are ~0.2 GB of JSON, a few GB of
+array of records and is parsed whole (``manifests.sources.iter_json_records``) (LLaVA-558K's 558K records are ~0.2 GB of JSON, a few GB of
 Python objects at most); a file that does not parse is one ``bad_row``. A record that is not
 valid JSON, not an object, or has fields of the wrong type is a ``bad_row`` whose ``sample_id``
 hashes its raw text.
@@ -17,37 +17,8 @@ import json
 import os
 from typing import Iterator
 
-from curation.formats import (JSON_CHUNK_ROWS, BadRow, RawSample, Take, bad_row, file_image, llava_turns,
-                              message_turns, row_category)
-
-
-def iter_json_records(path: str) -> Iterator[tuple[int, object, bytes | None, str | None]]:
-    """``(record index, record, raw bytes or None, parse error or None)`` of a .json/.jsonl file."""
-    if path.endswith(".jsonl"):
-        with open(path, "rb") as f:
-            i = 0
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    yield i, json.loads(line), line.rstrip(b"\r\n"), None
-                except ValueError as e:
-                    yield i, None, line.rstrip(b"\r\n"), f"not valid JSON: {e}"
-                i += 1
-        return
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        data = json.loads(raw)
-    except ValueError as e:
-        yield 0, None, raw[:4096], f"{os.path.basename(path)} is not valid JSON: {e}"
-        return
-    if not isinstance(data, list):
-        name = os.path.basename(path)
-        yield 0, None, raw[:4096], f"{name}: expected a JSON array of records, got {type(data).__name__}"
-        return
-    for i, rec in enumerate(data):
-        yield i, rec, None, None
+from curation.formats import JSON_CHUNK_ROWS, RawSample, Take, bad_row, file_image, llava_turns, row_category
+from manifests.sources import BadRow, iter_json_records, message_turns
 
 
 class KeyMaker:

@@ -28,7 +28,8 @@ from typing import Iterator
 
 from curation.formats import (PARQUET_BATCH_ROWS, BadRow, ImageRef, RawSample, ShardError, Take, bad_row,
                               caption_sample, cell_image, finevision_turns, image_address, is_image_type, llava_turns,
-                              message_turns, parquet_schema, row_category)
+                              parquet_schema, row_category)
+from manifests.sources import message_turns
 
 
 def iter_rows(path: str, columns: list[str], take: Take) -> Iterator[tuple[int, dict]]:

@@ -31,7 +31,6 @@ shared streaming reader (bad lines counted, never raised).
 from __future__ import annotations
 
 import io
-import json
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal
 
@@ -312,21 +311,17 @@ def read_jsonl(path: str, want: Callable[[dict], bool], stats=None, bad_key: str
                other_key: str = "file/other") -> Iterable[dict]:
     """The JSON objects of a JSONL file for which ``want`` holds, streamed (memory stays flat).
     Blank lines are skipped; a line that is not a JSON object counts ``bad_key``, a row ``want``
-    rejects counts ``other_key`` (rows of other ranks or other prompts)."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                r = None
-            if not isinstance(r, dict):
-                if stats is not None:
-                    stats.inc(bad_key)
-                continue
-            if not want(r):
-                if stats is not None:
-                    stats.inc(other_key)
-                continue
-            yield r
+    rejects counts ``other_key`` (rows of other ranks or other prompts). Lines are read by
+    ``manifests.sources.iter_json_records``, as ingest reads JSONL."""
+    from manifests.sources import iter_json_records
+
+    for _, r, _, _ in iter_json_records(path, lines=True):
+        if not isinstance(r, dict):
+            if stats is not None:
+                stats.inc(bad_key)
+            continue
+        if not want(r):
+            if stats is not None:
+                stats.inc(other_key)
+            continue
+        yield r

@@ -1,9 +1,13 @@
-"""Atomic, schema-checked Parquet parts and merged manifest reads.
+"""Atomic, schema-checked Parquet parts, merged manifest reads, the one streaming reader and the DuckDB
+connection every step's out-of-core work uses.
 
-Layout: ``RUN/<step>/<kind>/part-{rank:05d}.parquet``. Writers go through
-``write_part`` (temp name in the same folder + ``os.replace``), so a killed task leaves
-either a whole part or none. Parquet settings are fixed (zstd, one row group per 1M rows,
-no pandas metadata) so the same table always gives the same bytes.
+Layout: ``RUN/<step>/<kind>/part-{rank:05d}.parquet``. Writers go through ``write_part`` / ``PartWriter``
+(``atomic_write``: a temp name in the same folder, renamed when whole), so a killed task leaves either a
+whole part or none. Parquet settings are fixed (zstd, one row group per 1M rows, no pandas metadata) so
+the same table always gives the same bytes. ``read_manifest`` reads a manifest whole in canonical order;
+``iter_parts`` streams any row range of a list of parts, one row group decoded at a time
+(``docs/foundation.md``, "The streaming reader"); ``duckdb_session`` is DuckDB under a memory limit,
+spilling to a folder of its own.
 """
 from __future__ import annotations
 
@@ -149,9 +153,14 @@ def read_manifest(run_dir: str | os.PathLike, kind: str, step: str | Sequence[st
 
 
 # ------------------------------------------------------------------------------------- streaming
-# A map task reads its slice and writes its part in bounded Arrow record batches, so its memory does
-# not grow with the corpus (issue 13): ``iter_manifest`` is ``read_manifest(...).slice(lo, hi - lo)``
-# as a stream of batches, ``PartWriter`` is ``write_part`` fed batch by batch (same bytes).
+# A task reads its slice and writes its part in bounded Arrow record batches, so its memory does not
+# grow with the corpus: ``iter_parts`` is the one streaming reader (``read_manifest(...).slice(lo, hi - lo)``
+# as a stream of batches, one row group decoded at a time), ``PartWriter`` is ``write_part`` fed batch
+# by batch (same bytes).
+
+BATCH_ROWS = 65_536                           # rows per streamed batch
+READ_ORDERS = ("canonical", "folders", "files")
+
 
 def check_part_schema(path: Path, schema: pa.Schema, kind: str) -> None:
     """A part's schema (``pq.read_schema``: the footer only) against manifest ``kind``'s: every column
@@ -170,15 +179,10 @@ def manifest_num_rows(run_dir: str | os.PathLike, kind: str, step: str | Sequenc
     return sum(pq.ParquetFile(f).metadata.num_rows for f in manifest_files(run_dir, kind, step))
 
 
-def parts_in_canonical_order(files: list[Path], kind: str) -> bool:
-    """Whether reading the parts one after another already gives canonical order, judged from the
-    footers: the first sort key's min/max per row group must increase from one row group to the next
-    (strictly from one part to the next). Within a row group the writer's contract holds (``write_part`` sorts;
-    ``embed-images`` keeps its canonical input order); ``iter_manifest`` re-checks it as it reads."""
+def _canonical_by_footers(metas: list, kind: str) -> bool:
     key = SORT_KEYS[kind][0]
     last = None
-    for f in files:
-        md = pq.ParquetFile(f).metadata
+    for md in metas:
         col = md.schema.to_arrow_schema().get_field_index(key)
         first_in_file = True
         for g in range(md.num_row_groups):
@@ -196,68 +200,12 @@ def parts_in_canonical_order(files: list[Path], kind: str) -> bool:
     return True
 
 
-def iter_manifest(run_dir: str | os.PathLike, kind: str, step: str | Sequence[str] | None = None,
-                  columns: list[str] | None = None, lo: int = 0, hi: int | None = None,
-                  batch_rows: int = 65536):
-    """Rows ``[lo, hi)`` of ``read_manifest(run_dir, kind, step, columns)`` (canonical order) as
-    ``pyarrow.RecordBatch``es of at most ``batch_rows`` rows, reading only those rows' row groups.
-
-    When the parts' footers show they are already in canonical order (every part of a step that
-    sliced a canonical input), the parts are streamed as they lie; otherwise DuckDB sorts them
-    (spilling to disk past its memory limit) with the same order ``read_manifest`` gives, ties
-    broken by file and row as a stable sort of the concatenated parts would."""
-    files = manifest_files(run_dir, kind, step)
-    schema = schema_for(kind)
-    columns = list(columns) if columns is not None else schema.names
-    out_schema = pa.schema([schema.field(c) for c in columns])
-    for f in files:
-        check_part_schema(f, pq.read_schema(f), kind)
-    counts = [pq.ParquetFile(f).metadata.num_rows for f in files]
-    total = sum(counts)
-    hi = total if hi is None else min(hi, total)
-    if hi <= lo:
-        return
-    if parts_in_canonical_order(files, kind):
-        yield from _iter_ordered_parts(files, counts, kind, columns, out_schema, lo, hi, batch_rows)
-    else:
-        yield from _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows)
-
-
-def _iter_ordered_parts(files, counts, kind, columns, out_schema, lo, hi, batch_rows):
-    import pyarrow.compute as pc
-
-    key = SORT_KEYS[kind][0]
-    read_cols = columns if key in columns else columns + [key]
-    start = 0
-    last = None
-    for f, n in zip(files, counts):
-        a, b = max(lo, start), min(hi, start + n)     # this part's share of [lo, hi), part-relative below
-        start += n
-        if a >= b:
-            continue
-        a, b = a - (start - n), b - (start - n)
-        pf = pq.ParquetFile(f)
-        groups, g0, row = [], None, 0
-        for g in range(pf.metadata.num_row_groups):
-            m = pf.metadata.row_group(g).num_rows
-            if row + m > a and row < b:
-                groups.append(g)
-                g0 = row if g0 is None else g0
-            row += m
-        pos = g0                                         # file row of the next batch's first row
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=read_cols):
-            s, e = max(a - pos, 0), min(b - pos, batch.num_rows)
-            pos += batch.num_rows
-            if e <= s:
-                continue
-            batch = batch.slice(s, e - s)
-            k = batch.column(key)
-            if (last is not None and pc.less(k[0], last).as_py()) or (
-                    len(k) > 1 and pc.any(pc.less(k.slice(1), k.slice(0, len(k) - 1))).as_py()):
-                raise ManifestSchemaError(f"{f}: rows are not in {key} order — a manifest part must be written "
-                                          f"sorted (manifests.io.write_part) or in its canonical input order")
-            last = k[-1]
-            yield pa.RecordBatch.from_arrays([batch.column(c) for c in columns], schema=out_schema)
+def parts_in_canonical_order(files: list[Path], kind: str) -> bool:
+    """Whether reading the parts one after another already gives canonical order, judged from the
+    footers: the first sort key's min/max per row group must increase from one row group to the next
+    (strictly from one part to the next). Within a row group the writer's contract holds (``write_part`` sorts;
+    ``embed-images`` keeps its canonical input order); ``iter_parts`` re-checks it as it reads."""
+    return _canonical_by_footers([pq.ParquetFile(f).metadata for f in files], kind)
 
 
 def duckdb_connect(temp_dir: str | os.PathLike, threads: int = 2):
@@ -288,20 +236,131 @@ def duckdb_session(work_dir: str | os.PathLike, prefix: str = ".duckdb-", thread
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows):
+def iter_parts(files: Sequence[str | os.PathLike], kind: str, columns: list[str] | None = None, lo: int = 0,
+               hi: int | None = None, *, order: str = "canonical", batch_rows: int = BATCH_ROWS,
+               spill_dir: str | os.PathLike | None = None) -> Iterator[pa.RecordBatch]:
+    """Rows ``[lo, hi)`` of the manifest parts ``files`` of ``kind`` as record batches of at most
+    ``batch_rows`` rows of ``columns`` (all of the schema's by default). The one streaming reader: every
+    step's streamed read comes here (``TaskContext.iter_input``), and a task holds one row group and
+    one batch, not its share.
+
+    ``order`` says which row sequence ``[lo, hi)`` indexes:
+
+    * ``canonical``: the rows of all ``files`` in canonical order, as ``read_manifest`` gives them.
+      When the footers show the parts already lie in that order (every part of a step that sliced a
+      canonical input), they are streamed as they lie and each batch is checked to be in order;
+      otherwise DuckDB sorts them under its memory limit, spilling under ``spill_dir`` (ties broken
+      by file and row, as a stable sort of the concatenated parts would).
+    * ``folders``: each folder's parts in canonical order (as above), the folders concatenated in the
+      order ``files`` lists them — ``lengths``' ``samples_steps``.
+    * ``files``: the parts' rows as they lie, concatenated in the given order, unchecked — a map whose
+      partials are sums, so the order does not matter.
+
+    The row counts come from the footers and only the row groups overlapping ``[lo, hi)`` are read, one at
+    a time (pyarrow decodes every row group it is handed at once, so handing it the share would hold the
+    share); a batch never spans two row groups, so a task holds one row group and one batch of it. Every
+    part's schema is checked from its footer first (``ManifestSchemaError`` naming the file and column)."""
+    import itertools
+
+    if order not in READ_ORDERS:
+        raise ValueError(f"order must be one of {READ_ORDERS}, got {order!r}")
+    files = [Path(f) for f in files]
+    schema = schema_for(kind)
+    columns = list(columns) if columns is not None else schema.names
+    out_schema = pa.schema([schema.field(c) for c in columns])
+    metas = []
+    for f in files:
+        with pq.ParquetFile(f) as pf:
+            check_part_schema(f, pf.schema_arrow, kind)
+            metas.append(pf.metadata)
+    if order == "folders":
+        segments = [list(g) for _, g in itertools.groupby(zip(files, metas), key=lambda fm: fm[0].parent)]
+    else:
+        segments = [list(zip(files, metas))]
+    start = 0
+    for seg in segments:
+        n = sum(md.num_rows for _, md in seg)
+        a, b = max(lo - start, 0), min(n if hi is None else hi - start, n)   # this segment's share of [lo, hi)
+        start += n
+        if a >= b:
+            continue
+        seg_files, seg_metas = [f for f, _ in seg], [md for _, md in seg]
+        if order == "files":
+            yield from _iter_as_they_lie(seg_files, seg_metas, kind, columns, out_schema, a, b, batch_rows, None)
+        elif _canonical_by_footers(seg_metas, kind):
+            key = SORT_KEYS[kind][0]
+            yield from _iter_as_they_lie(seg_files, seg_metas, kind, columns, out_schema, a, b, batch_rows, key)
+        else:
+            yield from _iter_sorted_by_duckdb(seg_files, kind, columns, out_schema, a, b, batch_rows, spill_dir)
+
+
+def _iter_as_they_lie(files, metas, kind, columns, out_schema, lo, hi, batch_rows, key):
+    """Rows ``[lo, hi)`` of the parts concatenated, a row group at a time; ``key``: check each batch and
+    the sequence are in that column's order."""
+    import pyarrow.compute as pc
+
+    read_cols = columns if key is None or key in columns else [*columns, key]
+    last, start = None, 0
+    for f, md in zip(files, metas):
+        a, b = max(lo - start, 0), min(hi - start, md.num_rows)          # part-relative share of [lo, hi)
+        start += md.num_rows
+        if a >= b:
+            continue
+        with pq.ParquetFile(f, metadata=md, pre_buffer=False) as pf:
+            for batch, pos in _row_group_batches(pf, md, a, b, read_cols, batch_rows):
+                s, e = max(a - pos, 0), min(b - pos, batch.num_rows)
+                if e <= s:
+                    continue
+                batch = batch.slice(s, e - s)
+                if key is not None:
+                    k = batch.column(key)
+                    if (last is not None and pc.less(k[0], last).as_py()) or (
+                            len(k) > 1 and pc.any(pc.less(k.slice(1), k.slice(0, len(k) - 1))).as_py()):
+                        raise ManifestSchemaError(
+                            f"{f}: rows are not in {key} order — a manifest part must be written sorted "
+                            f"(manifests.io.write_part) or in its canonical input order")
+                    last = k[-1]
+                yield pa.RecordBatch.from_arrays([batch.column(c) for c in columns], schema=out_schema)
+
+
+def _row_group_batches(pf, md, lo: int, hi: int, columns: list[str], batch_rows: int):
+    """``(batch, file row of its first row)`` of the row groups overlapping ``[lo, hi)``, one row group
+    handed to pyarrow at a time."""
+    row = 0
+    for g in range(md.num_row_groups):
+        m = md.row_group(g).num_rows
+        if row + m > lo and row < hi:
+            pos = row
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g], columns=columns, use_threads=False):
+                yield batch, pos
+                pos += batch.num_rows
+        row += m
+
+
+def _iter_sorted_by_duckdb(files, kind, columns, out_schema, lo, hi, batch_rows, spill_dir):
     import tempfile
 
-    con = duckdb_connect(tempfile.gettempdir())  # spills
     keys = ", ".join(f'"{k}"' for k in SORT_KEYS[kind])
     cols = ", ".join(f'"{c}"' for c in columns)
     paths = [str(f) for f in files]
     order = ", ".join(f"({k}, '{p.replace(chr(39), chr(39) * 2)}')" for k, p in enumerate(paths))
-    rel = con.sql(
-        f"SELECT {cols} FROM read_parquet($files, filename = true, file_row_number = true) "
-        f"JOIN (VALUES {order}) AS o(file_no, path) ON filename = o.path "
-        f"ORDER BY {keys}, file_no, file_row_number LIMIT {hi - lo} OFFSET {lo}", params={"files": paths})
-    for batch in rel.to_arrow_reader(batch_rows):
-        yield pa.Table.from_batches([batch]).cast(out_schema).to_batches()[0] if batch.num_rows else batch
+    with duckdb_session(spill_dir or tempfile.gettempdir(), prefix=".duckdb-sort-") as con:
+        rel = con.sql(
+            f"SELECT {cols} FROM read_parquet($files, filename = true, file_row_number = true) "
+            f"JOIN (VALUES {order}) AS o(file_no, path) ON filename = o.path "
+            f"ORDER BY {keys}, file_no, file_row_number LIMIT {hi - lo} OFFSET {lo}", params={"files": paths})
+        for batch in rel.to_arrow_reader(batch_rows):
+            if batch.num_rows:
+                yield pa.Table.from_batches([batch]).cast(out_schema).to_batches()[0]
+
+
+def iter_manifest(run_dir: str | os.PathLike, kind: str, step: str | Sequence[str] | None = None,
+                  columns: list[str] | None = None, lo: int = 0, hi: int | None = None,
+                  batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Rows ``[lo, hi)`` of ``read_manifest(run_dir, kind, step, columns)`` (canonical order), streamed:
+    ``iter_parts`` over ``manifest_files(run_dir, kind, step)``. For tools and tests; a step reads through
+    ``TaskContext.iter_input``."""
+    return iter_parts(manifest_files(run_dir, kind, step), kind, columns, lo, hi, batch_rows=batch_rows)
 
 
 class PartWriter:
@@ -319,8 +378,8 @@ class PartWriter:
         self.path = Path(path)
         self.kind = kind
         self.group = row_group_rows or PARQUET_OPTS["row_group_size"]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = temp_path(self.path)
+        self._atomic = atomic_write(self.path)        # the temp name, renamed by close, removed on failure
+        self.tmp = self._atomic.__enter__()
         self._writer: pq.ParquetWriter | None = None
         self._buffer: list[pa.Table] = []
         self._buffered = 0
@@ -351,7 +410,7 @@ class PartWriter:
             self._flush(tail)
             self._buffer, self._buffered = [], 0
         self._writer.close()
-        os.replace(self.tmp, self.path)
+        self._atomic.__exit__(None, None, None)
         return self.path
 
     def __enter__(self) -> "PartWriter":
@@ -363,4 +422,4 @@ class PartWriter:
         else:
             if self._writer is not None:
                 self._writer.close()
-            self.tmp.unlink(missing_ok=True)
+            self._atomic.__exit__(exc_type, exc, tb)

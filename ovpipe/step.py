@@ -86,20 +86,6 @@ class Step:
         return ("map",) * (self.run is not None) + ("reduce", "apply") * (self.apply is not None)
 
 
-def require_manifest(run_dir: Path, kind: str, step: str | None = None, field: str | None = None) -> None:
-    """Raise ``ValueError`` unless ``RUN/<step>/`` (any step folder if ``step`` is None) holds ``kind``."""
-    from ovpipe.inputs import holds
-
-    run_dir = Path(run_dir)
-    folders = [run_dir / step] if step else (sorted(d for d in run_dir.iterdir() if d.is_dir())
-                                             if run_dir.is_dir() else [])
-    if any(holds(d, kind) for d in folders):
-        return
-    where = f"{run_dir / (step or '*') / kind}/"
-    named = f" ({field} names {step!r})" if field and step else f" ({field})" if field else ""
-    raise ValueError(f"no {kind!r} manifest under {where}{named} — run the step that writes it first")
-
-
 def preflight(step: Step, cfg, run_dir: Path, name: str | None = None) -> None:
     """Everything a step needs before its first task: its own ``check`` (paths, tokenizers), then every
     input it declares (``inputs.check_inputs``)."""
@@ -280,10 +266,15 @@ class TaskContext:
 
     # -- three-phase steps (ovpipe/mapreduce.py) ---------------------------------------------
 
-    def input_files(self, kind: str, step: str | None = None) -> list[Path]:
+    def input_files(self, kind: str, step: str | None = None, order: str = "canonical") -> list[Path]:
+        """The parts of input ``kind`` (of ``step``, or of every folder it resolves to): in path order, or
+        with ``order="folders"`` folder by folder in the order the config names them."""
         from manifests.io import manifest_files
 
-        return manifest_files(self.run_dir, kind, step=self._folders(kind, step))
+        folders = self._folders(kind, step)
+        if order == "folders" and not isinstance(folders, (str, type(None))):
+            return [f for s in folders for f in manifest_files(self.run_dir, kind, step=s)]
+        return manifest_files(self.run_dir, kind, step=folders)
 
     def input_num_rows(self, kind: str, step: str | None = None) -> int:
         """Rows of input ``kind`` (of ``step``, or of every folder it resolves to), from the footers."""
@@ -292,36 +283,35 @@ class TaskContext:
         return manifest_num_rows(self.run_dir, kind, self._folders(kind, step))
 
     def iter_input(self, kind: str, columns: list[str] | None = None, step: str | None = None, lo: int = 0,
-                   hi: int | None = None, batch_rows: int = 65536):
-        """Rows ``[lo, hi)`` of input ``kind`` in canonical order, streamed (``manifests.io.iter_manifest``)."""
-        from manifests.io import iter_manifest
+                   hi: int | None = None, batch_rows: int | None = None, order: str = "canonical"):
+        """Rows ``[lo, hi)`` of input ``kind`` (of ``step``, or of every folder it resolves to), streamed by
+        ``manifests.io.iter_parts`` (``order``: ``canonical``, ``folders`` in config order, or ``files``
+        as they lie); a DuckDB sort spills under this step's folder."""
+        from manifests.io import BATCH_ROWS, iter_parts
 
-        return iter_manifest(self.run_dir, kind, self._folders(kind, step), columns, lo, hi, batch_rows)
+        return iter_parts(self.input_files(kind, step, order), kind, columns, lo, hi, order=order,
+                          batch_rows=batch_rows or BATCH_ROWS, spill_dir=self.step_dir)
+
+    def _share(self, kind: str, step: str | None) -> tuple[int, int]:
+        return slice_bounds(self.input_num_rows(kind, step), self.rank, self.world_size)
 
     def iter_input_share(self, kind: str, columns: list[str], step: str | None = None, batch_rows: int | None = None):
-        """This rank's share of ``kind`` as record batches (a row range of the parts in file order,
-        streamed by row group): memory one batch, whatever the corpus size."""
-        from ovpipe.mapreduce import BATCH_ROWS, iter_share
-
-        return iter_share(self.input_files(kind, step), kind, columns, self.rank, self.world_size,
-                          batch_rows or BATCH_ROWS)
+        """This rank's share of ``kind`` as record batches: a row range of the parts in file order (a map
+        whose partials are sums), one row group at a time — memory one batch, whatever the corpus size."""
+        return self.iter_input(kind, columns, step, *self._share(kind, step), batch_rows, order="files")
 
     def iter_input_canonical(self, kind: str, columns: list[str], step: str | None = None):
-        """The whole of ``kind``'s ``columns`` in canonical order, streamed as record batches — for a
-        reduce that truly needs every row in order (``mapreduce.iter_canonical_share``: parts already
-        in canonical order as they lie, else a DuckDB sort under a memory limit), decoded a batch ahead in
-        a background thread (``mapreduce.prefetch``: the one process of a reduce uses a second core)."""
-        from ovpipe.mapreduce import iter_canonical_share, prefetch
+        """The whole of ``kind``'s ``columns`` in canonical order, streamed — for a reduce that truly needs
+        every row in order — decoded a batch ahead in a background thread (``mapreduce.prefetch``: the one
+        process of a reduce uses a second core)."""
+        from ovpipe.mapreduce import prefetch
 
-        return prefetch(iter_canonical_share(self.run_dir, kind, columns, 0, 1, self._folders(kind, step)))
+        return prefetch(self.iter_input(kind, columns, step))
 
     def iter_input_slice(self, kind: str, columns: list[str], step: str | None = None):
         """This rank's canonical slice of ``kind`` (what ``read_input_slice`` returns), streamed: for an
         apply phase whose part must come out sorted, in bounded memory."""
-        from ovpipe.mapreduce import iter_canonical_share
-
-        return iter_canonical_share(self.run_dir, kind, columns, self.rank, self.world_size,
-                                    self._folders(kind, step))
+        return self.iter_input(kind, columns, step, *self._share(kind, step))
 
     def part_writer(self, kind: str, row_group_rows: int | None = None):
         """A streaming writer of this rank's part of ``kind`` (``with task.part_writer(k) as w: w.write(t)``);

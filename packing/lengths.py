@@ -104,33 +104,35 @@ class LengthsConfig:
         return ImageTokenConfig(self.patch_size, self.merge_size, self.min_pixels, self.max_pixels)
 
 
-def slice_range(task: TaskContext, steps: list[str]) -> tuple[list[int], int, int]:
-    """Rows per ``samples`` manifest of ``steps`` (from the footers) and this rank's [lo, hi) of their
-    concatenation."""
-    sizes = []
+def slice_files(task: TaskContext, steps: list[str]) -> tuple[list, list[int], int, int]:
+    """The ``samples`` parts of ``steps`` (step by step, in that order), rows per step (from the footers)
+    and this rank's [lo, hi) of their concatenation."""
+    import pyarrow.parquet as pq
+
+    files, sizes = [], []
     for step in steps:
         try:
-            sizes.append(task.input_num_rows("samples", step))
+            parts = task.input_files("samples", step)
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{e} (lengths.samples_steps names {step!r})") from None
+        files += parts
+        sizes.append(sum(pq.ParquetFile(f).metadata.num_rows for f in parts))
     lo, hi = slice_bounds(sum(sizes), task.rank, task.world_size)
-    return sizes, lo, hi
+    return files, sizes, lo, hi
 
 
 def iter_slice_batches(task: TaskContext, steps: list[str], columns: list[str] | None = None,
                        batch_rows: int = 65536):
     """This rank's contiguous slice of the ``samples`` manifests of ``steps`` concatenated in that
-    order (each in canonical order), streamed as record batches: the row counts come from the Parquet
-    footers and only the slice's row groups are read (``manifests.io.iter_manifest``), so a task never
+    order (each in canonical order), streamed as record batches (``manifests.io.iter_parts`` in
+    ``folders`` order: row counts from the footers, only the slice's row groups read), so a task never
     holds the corpus (reading every manifest whole and then slicing it took 4.8 GiB per task at 1M
     samples, bench/results/bench_scale.txt)."""
-    sizes, lo, hi = slice_range(task, steps)
-    base = 0
-    for step, n in zip(steps, sizes):
-        a, b = max(lo - base, 0), min(hi - base, n)
-        if a < b:
-            yield from task.iter_input("samples", columns, step, a, b, batch_rows)
-        base += n
+    from manifests.io import iter_parts
+
+    files, _, lo, hi = slice_files(task, steps)
+    return iter_parts(files, "samples", columns, lo, hi, order="folders", batch_rows=batch_rows,
+                      spill_dir=task.step_dir)
 
 
 def read_samples(task: TaskContext, steps: list[str], columns: list[str] | None = None, whole: bool = False):
@@ -259,7 +261,7 @@ def run(cfg: LengthsConfig, task: TaskContext) -> None:
     from packing.tokens import load_tokenizer
 
     tok = load_tokenizer(cfg.tokenizer)
-    sizes, lo, hi = slice_range(task, cfg.samples_steps)
+    _, sizes, lo, hi = slice_files(task, cfg.samples_steps)
     raw = caption_source.parse(cfg.caption_source)[0] == "raw"
     if not raw:                                                # recaptions are joined over the slice
         batches = [training_samples(task, cfg, SAMPLE_COLUMNS)]

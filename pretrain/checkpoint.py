@@ -10,7 +10,7 @@ Layout of a stage's checkpoint root ``RUN/pretrain/stage-<S>/dist_ckpt/`` (Megat
 
 A save writes ``.tmp-iter_<step>/`` (megatron's writer fsyncs its shard files), writes ``step.json``
 into it, fsyncs every file and the folder, renames it to ``iter_<step>/``, fsyncs the root, then
-replaces ``latest`` (temp file + fsync + ``os.replace``) and only then removes checkpoints beyond the
+replaces ``latest`` (``manifests.io.atomic_write``, fsynced) and only then removes checkpoints beyond the
 newest ``keep``. A kill at any point leaves the previous complete checkpoint and its pointer intact.
 
 Load takes the newest complete ``iter_*`` (complete = ``step.json`` present; the pointer only breaks
@@ -26,6 +26,8 @@ import shutil
 import signal
 import time
 from pathlib import Path
+
+from manifests.io import atomic_write
 
 LATEST = "latest"
 STEP_FILE = "step.json"
@@ -94,12 +96,10 @@ def commit(root: Path, step: int, keep: int = 2, extra: dict | None = None) -> P
         shutil.rmtree(old)
     os.rename(tmp, final)
     _fsync_path(root)
-    ptr = root / f"{TMP_PREFIX}{LATEST}"
-    with open(ptr, "w") as f:
+    with atomic_write(root / LATEST) as ptr, open(ptr, "w") as f:
         f.write(iter_name(step) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(ptr, root / LATEST)
     _fsync_path(root)
     prune(root, keep)
     return final

@@ -15,6 +15,10 @@ Adapters (``layout``):
 ``status = image_mismatch``; with ``auto_placeholder`` a question with *no* placeholder gets one
 per image prepended (most public sets omit them). ``prompt_id`` = xxh3-64 of source, question,
 ground truth and image bytes.
+
+JSON/JSONL records, image cells and chat messages are parsed by ``manifests.sources``, the parsers
+``ingest`` uses: a record that does not parse is a ``bad_row`` row, an image that cannot be read a
+``bad_image`` row.
 """
 from __future__ import annotations
 
@@ -23,12 +27,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
+from manifests.conversation import IMAGE_TOKEN
+from manifests.sources import BadRow, image_cell, image_path, iter_json_records, message_turns
 from ovpipe.config import check_range
 from ovpipe.step import Step, TaskContext
 
-PLACEHOLDER = "<image>"
+PLACEHOLDER = IMAGE_TOKEN
 
 
 @dataclass
@@ -46,42 +52,32 @@ class RLIngestConfig:
         check_range(self, "max_images", 0)
 
 
-def _read_rows(path: str) -> list[dict]:
+def _read_rows(path: str) -> Iterator[tuple[object, str | None]]:
+    """``(record, parse error or None)`` of a Parquet or JSON/JSONL file (``manifests.sources``)."""
     if path.endswith((".jsonl", ".json")):
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        for _, rec, _, err in iter_json_records(path):
+            yield rec, err
+        return
     import pyarrow.parquet as pq
 
-    return pq.read_table(path).to_pylist()
+    for rec in pq.read_table(path).to_pylist():
+        yield rec, None
 
 
 def _image_bytes(v, base: Path) -> bytes:
-    if v is None:
-        raise ValueError("null image")
-    if isinstance(v, (bytes, bytearray)):
-        return bytes(v)
-    if isinstance(v, dict):
-        if v.get("bytes"):
-            return bytes(v["bytes"])
-        if v.get("path"):
-            return _image_bytes(v["path"], base)
-        raise ValueError("image struct without bytes or path")
-    if isinstance(v, str):
-        p = Path(v) if os.path.isabs(v) else base / v
-        return p.read_bytes()
-    raise ValueError(f"unsupported image value {type(v).__name__}")
+    """An image cell (``manifests.sources.image_cell``) as bytes; a path is read relative to ``base``."""
+    got = image_cell(v)
+    if got is None:
+        raise ValueError("null image" if v is None else "image struct without bytes or path")
+    return Path(image_path(got, base)).read_bytes() if isinstance(got, str) else got
 
 
 def _message_text(prompt) -> str:
+    """The user turns of chat ``messages`` (``manifests.sources.message_turns``), one per line."""
     if isinstance(prompt, str):
         return prompt
-    parts = []
-    for m in prompt or []:
-        if m.get("role") == "user":
-            c = m.get("content")
-            parts.append(c if isinstance(c, str) else "".join(
-                PLACEHOLDER if x.get("type") == "image" else x.get("text", "") for x in c))
-    return "\n".join(parts)
+    turns, _ = message_turns(prompt or [])
+    return "\n".join(text for role, text in turns if role == "user")
 
 
 def adapt(row: dict, layout: str, cfg: RLIngestConfig) -> dict:
@@ -115,9 +111,11 @@ def ingest_file(path: str, cfg: RLIngestConfig, stats) -> list[dict]:
 
     base = Path(path).parent
     out = []
-    for i, row in enumerate(_read_rows(path)):
+    for row, parse_error in _read_rows(path):
         status, error, images = "ok", None, []
         try:
+            if parse_error is not None:
+                raise BadRow(parse_error)
             a = adapt(row, cfg.layout, cfg)
         except Exception as e:
             a = {"question": None, "ground_truth": None, "images": [], "answer_type": None, "source": None,

@@ -124,9 +124,10 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 
     def _save_pids(self) -> None:
         pids = {Path(p.args[0]).name: p.pid for p in self.procs}
-        tmp = self.dir / ".pids.json.tmp"
-        tmp.write_text(json.dumps(pids, indent=1))
-        os.replace(tmp, self.dir / "pids.json")
+        from manifests.io import atomic_write
+
+        with atomic_write(self.dir / "pids.json") as tmp:
+            tmp.write_text(json.dumps(pids, indent=1))
 
     def pids(self) -> dict[str, int]:
         try:

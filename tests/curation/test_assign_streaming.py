@@ -146,11 +146,12 @@ def test_npy_row_writer_appends_blocks_into_one_npy(tmp_path):
 
 @pytest.mark.parametrize("backend", ["faiss", "torch"])
 def test_index_filled_block_by_block_equals_the_whole_matrix(tmp_path, backend):
-    from curation.assign import AssignConfig, Searcher, concept_blocks
+    from curation.assign import CONCEPT_COLUMNS, AssignConfig, Searcher, concept_blocks
+    from manifests.io import read_manifest
 
     _, X, C = _make_run(tmp_path, 500, d=32, V=300, shards=1)
     cfg = AssignConfig(k=5, backend=backend)
-    cids, blocks = concept_blocks(tmp_path, block_rows=7)
+    cids, blocks = concept_blocks(read_manifest(tmp_path, "concepts", columns=CONCEPT_COLUMNS), tmp_path, block_rows=7)
     assert (cids == np.arange(300)).all()
     s1, i1 = Searcher(blocks, cfg, "cpu", n_keys=len(cids))(X)
     s2, i2 = Searcher(C, cfg, "cpu")(X)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from manifests import read_manifest
+from manifests.io import manifest_files
 from ovpipe.cli import main
 
 torch.set_num_threads(2)
@@ -43,8 +44,9 @@ def test_batches_are_cut_at_global_row_multiples(ingested_run):
     from curation.embed import SAMPLE_COLUMNS
 
     ids = read_manifest(ingested_run, "samples", columns=["sample_id"]).column("sample_id").to_pylist()
+    files = [str(f) for f in manifest_files(ingested_run, "samples", "ingest")]
     for lo, hi in [(0, 200), (37, 150), (64, 65), (10, 30)]:
-        got = list(manifest_batches(str(ingested_run), "ingest", SAMPLE_COLUMNS, lo, hi, 32))
+        got = list(manifest_batches(files, SAMPLE_COLUMNS, lo, hi, 32))
         assert sum((t.column("sample_id").to_pylist() for t in got), []) == ids[lo:hi]
         ends = np.cumsum([t.num_rows for t in got]) + lo
         assert all(e % 32 == 0 for e in ends[:-1]) and ends[-1] == hi and all(t.num_rows <= 32 for t in got)

@@ -90,3 +90,65 @@ def test_part_writer_with_small_row_groups_keeps_the_rows(tmp_path):
     md = pq.ParquetFile(tmp_path / "small.parquet").metadata
     assert md.num_row_groups == 8 and max(md.row_group(g).num_rows for g in range(8)) == 128
     assert read_part(tmp_path / "small.parquet", "assignments").equals(read_part(ref, "assignments"))
+
+
+def test_iter_parts_decodes_one_row_group_at_a_time(tmp_path):
+    """A share of many row groups streams in the memory of about one row group, not of the share: the
+    peak of Arrow's allocations over the whole iteration stays near one row group's decoded size."""
+    from manifests.io import iter_parts
+
+    n, group = 60_000, 2_000
+    rng = np.random.default_rng(0)
+    ids = sorted(f"{x:016x}" for x in rng.integers(0, 2**63, n))
+    t = pa.table(_rows(ids)).cast(schema_for("image_embeddings"))
+    part = write_table(t, tmp_path / "s" / "image_embeddings" / "part-00000.parquet", row_group_rows=group)
+    one_group = t.slice(0, group).nbytes
+    for order in ("canonical", "files"):
+        base, peak, rows = pa.total_allocated_bytes(), 0, 0
+        for b in iter_parts([part], "image_embeddings", lo=1_000, hi=n - 1_000, order=order, batch_rows=500):
+            rows += b.num_rows
+            peak = max(peak, pa.total_allocated_bytes() - base)
+            del b
+        assert rows == n - 2_000
+        assert peak < 4 * one_group < t.nbytes / 5, (order, peak, one_group, t.nbytes)
+
+
+def test_iter_parts_folders_concatenates_each_folder_in_canonical_order(run):
+    """``order="folders"``: each folder's parts in canonical order (sorted by DuckDB where they do not lie
+    so), the folders one after the other in the given order."""
+    from manifests.io import iter_parts, manifest_files
+
+    files = manifest_files(run, "image_embeddings", "mixed") + manifest_files(run, "image_embeddings", "ordered")
+    whole = pa.concat_tables([read_manifest(run, "image_embeddings", step=s) for s in ("mixed", "ordered")])
+    for lo, hi in [(0, 10_000), (4_990, 5_020), (6_000, 7_000)]:
+        got = list(iter_parts(files, "image_embeddings", lo=lo, hi=hi, order="folders", batch_rows=256))
+        assert all(0 < b.num_rows <= 256 for b in got)
+        assert pa.Table.from_batches(got, schema=whole.schema).equals(whole.slice(lo, min(hi, 10_000) - lo))
+
+
+def test_iter_parts_files_order_is_each_row_once_as_it_lies(run):
+    """``order="files"`` (a map's share, partials are sums): the ranks' shares are the parts' rows in file
+    order, each once, balanced — without any order check or sort."""
+    import pyarrow.parquet as pq
+
+    from manifests.io import iter_parts, manifest_files
+    from ovpipe.mapreduce import slice_bounds
+
+    files = manifest_files(run, "image_embeddings", "mixed")
+    as_they_lie = pa.concat_tables([pq.read_table(f) for f in files]).select(["sample_id", "row"])
+    for world in (1, 3, 8):
+        shares = [pa.Table.from_batches(list(iter_parts(files, "image_embeddings", ["sample_id", "row"],
+                                                        *slice_bounds(5000, r, world), order="files",
+                                                        batch_rows=100)), schema=as_they_lie.schema)
+                  for r in range(world)]
+        assert pa.concat_tables(shares).equals(as_they_lie)
+        assert max(s.num_rows for s in shares) - min(s.num_rows for s in shares) <= 1
+
+
+def test_iter_parts_checks_the_schema_from_the_footer(tmp_path):
+    from manifests.io import iter_parts
+
+    bad = tmp_path / "p.parquet"
+    write_table(pa.table({"sample_id": ["a"], "file": ["f"], "row": pa.array([1], pa.int64())}), bad)
+    with pytest.raises(ManifestSchemaError, match="column 'row' has type int64"):
+        next(iter_parts([bad], "image_embeddings", ["sample_id"]))

@@ -26,21 +26,6 @@ def test_pairwise_sum_is_numpy_sum_bit_for_bit():
     assert mapreduce.pairwise_sum(0, lambda lo, hi: np.zeros(0)) == 0.0
 
 
-def test_share_ranges_split_rows_of_the_parts_in_file_order(tmp_path):
-    files = []
-    for k, n in enumerate([5, 0, 7, 3]):
-        f = tmp_path / f"part-{k:05d}.parquet"
-        write_part({"sample_id": [f"{k:08x}{i:08x}" for i in range(n)], "concept_ids": [[1]] * n,
-                    "scores": [[0.5]] * n}, f, "assignments")
-        files.append(f)
-    for world in (1, 2, 3, 8, 20):
-        got = [[(p.name, a, b) for p, a, b in mapreduce.share_ranges(files, r, world)] for r in range(world)]
-        rows = [(name, i) for share in got for name, a, b in share for i in range(a, b)]
-        assert rows == [(f.name, i) for f, n in zip(files, [5, 0, 7, 3]) for i in range(n)]  # each row once, in order
-        sizes = [sum(b - a for _, a, b in share) for share in got]
-        assert max(sizes) - min(sizes) <= 1
-
-
 def write_corpus(run, n=3000, V=120, K=6, parts=3, canonical=True, seed=0):
     """`assignments` + `concepts` parts. canonical: the parts are contiguous ranges of the sorted ids
     (what `assign` writes); otherwise every part spans the whole id range (DuckDB sorts them)."""

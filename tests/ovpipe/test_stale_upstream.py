@@ -106,3 +106,37 @@ def test_a_read_the_step_does_not_declare_is_refused(tmp_path):
         task.read_input("mixed")
     with pytest.raises(ValueError, match="do not resolve"):
         task.read_input("lengths", step="lengths-other")
+
+
+def test_balance_sees_a_changed_assign(tmp_path, capsys):
+    """assign's declared inputs (image_embeddings, concepts) and balance's (assignments): rerunning
+    `assign` with another k makes the `balance` built on it refuse naming it, and status shows it stale."""
+    run = tmp_path / "run"
+    rng = np.random.default_rng(0)
+    n, V, d = 200, 20, 8
+    for step, kind, rows in (("embed-concepts", "concepts", V), ("embed-images", "image_embeddings", n)):
+        x = rng.standard_normal((rows, d)).astype(np.float32)
+        (run / step / "data").mkdir(parents=True)
+        np.save(run / step / "data" / "v.npy", (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16))
+        cols = {"file": [f"{step}/data/v.npy"] * rows, "row": np.arange(rows, dtype=np.int32)}
+        if kind == "concepts":
+            cols |= {"concept_id": np.arange(V, dtype=np.int32), "text": [f"c{i}" for i in range(V)]}
+        else:
+            cols |= {"sample_id": [f"{i:016x}" for i in range(n)], "status": ["ok"] * n, "error": [None] * n}
+        write_part(cols, run / step / kind / "part-00000.parquet", kind)
+    assign = ["assign", "--set", "backend=torch", "--run-dir", str(run), "--quiet"]
+    balance = ["balance", "--set", "method=inverse_frequency", "--set", f"target_size={n}", "--run-dir", str(run),
+               "--quiet"]
+    assert main([*assign, "--set", "k=2"]) == 0
+    assert sorted(json.loads((run / "assign" / "executor.json").read_text())["inputs"]) == [
+        "embed-concepts", "embed-images"]
+    assert main(balance) == 0
+    assert main([*assign, "--set", "k=3", "--overwrite"]) == 0
+    capsys.readouterr()
+    assert main(balance) == 2
+    assert "input step 'assign' was rerun with another config" in capsys.readouterr().err
+    main(["status", str(run)])
+    out = capsys.readouterr().out
+    assert next(ln for ln in out.splitlines() if ln.startswith("balance ")).rstrip().endswith("stale")
+    assert main([*balance, "--overwrite"]) == 0
+    assert len(read_manifest(run, "assignments").column("concept_ids")[0]) == 3

@@ -115,3 +115,21 @@ def test_duplicates_marked_across_files(tmp_path):
                  "--run-dir", str(tmp_path / "run"), "--quiet", "--tasks", "2"]) == 0
     st = sorted(r["status"] for r in read_manifest(tmp_path / "run", "rl_prompts").to_pylist())
     assert st == ["duplicate", "ok"]
+
+
+def test_a_line_that_is_not_json_is_a_bad_row_and_json_arrays_read(tmp_path):
+    """rl-ingest reads JSON through ingest's parsers (``manifests.sources``): a broken JSONL line is a
+    ``bad_row`` row naming the JSON error (the task goes on), a ``.json`` file is one array of records, and
+    a chat part ingest refuses is refused here too."""
+    good = {"question": "1+1?", "answer": "2"}
+    (tmp_path / "p.jsonl").write_text(json.dumps(good) + "\n{not json\n")
+    got = ingest(tmp_path / "a", tmp_path / "p.jsonl", "generic")
+    assert sorted(r["status"] for r in got) == ["bad_row", "ok"]
+    assert "not valid JSON" in next(r for r in got if r["status"] == "bad_row")["error"]
+    (tmp_path / "p.json").write_text(json.dumps([good, {"question": "2+2?", "answer": "4"}]))
+    assert [r["status"] for r in ingest(tmp_path / "b", tmp_path / "p.json", "generic")] == ["ok", "ok"]
+    rows = [{"data_source": "s", "ability": "math", "prompt": [{"role": "user", "content": [{"type": "video"}]}],
+             "reward_model": {"style": "rule", "ground_truth": "1"}}]
+    (tmp_path / "v.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    (bad,) = ingest(tmp_path / "c", tmp_path / "v.jsonl", "verl")
+    assert bad["status"] == "bad_row" and "messages[0].content[0]" in bad["error"]
