@@ -5,7 +5,7 @@ RUN holds packed data (``pack`` at the sequence length to measure, e.g. 8192) an
 the weights are a fresh initialisation (a timing needs no trained weights). The run goes through
 ``pretrain.train.train`` — megatron-core's DDP, optimizer and schedule, exactly as a stage runs —
 and stops after ``--steps`` optimizer steps *without* the end-of-stage checkpoint (a 4B model's
-dist checkpoint with Adam state is ~70 GB). MFU counts the model's FLOPs (``pretrain.train.model_flops``:
+dist checkpoint with Adam state is ~70 GB). MFU counts the model's FLOPs (``pretrain.trainer.flops``:
 6·N per LLM token, 6·N_vit per tower token, causal attention per sample, frozen parts without
 their weight gradients) over the step time and ``--peak-tflops`` (989 dense bf16 for H100/H200
 SXM); HFU adds the recomputed forward. The step time includes the wait for the loader; its share is
@@ -53,9 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available() or not a.run_dir:
         print("bench_mfu: needs a CUDA GPU and --run-dir with packed data; skipped")
         return 0
-    import pretrain.train as T
+    from pretrain.recipes import STAGES
+    from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
-    recompute = a.recompute or T.STAGES[a.stage].recompute
+    recompute = a.recompute or STAGES[a.stage].recompute
     recs: list[dict] = []
     prof, profiled, prof_out = None, set(), {}
 
@@ -82,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     try:
-        T.train(Path(a.run_dir), a.recipe, a.stage, steps=a.steps, micro_batch=a.micro_batch,
-                grad_accum=a.grad_accum, distributed_optimizer=a.distributed_optimizer == "on",
-                peak_tflops=a.peak_tflops, on_step=on_step, log=lambda *_: None, recompute=recompute,
-                loader_workers=a.loader_workers)
+        train(TrainConfig(run_dir=Path(a.run_dir), recipe=a.recipe, stage=a.stage, steps=a.steps,
+                          micro_batch=a.micro_batch, grad_accum=a.grad_accum,
+                          distributed_optimizer=a.distributed_optimizer == "on", peak_tflops=a.peak_tflops,
+                          recompute=recompute, loader_workers=a.loader_workers),
+              on_step=on_step, log=lambda *_: None)
     except _Done:
         pass
     timed = [r for r in recs[a.warmup:] if r["step"] not in profiled] or recs

@@ -186,7 +186,7 @@ def adam_step_per_parameter(opt):
 
 def load_state_dict(path: Path, recipe: str) -> dict:
     """The full (TP=1) state dict of a saved stage, for export and inspection (needs megatron's
-    parallel state initialised, e.g. ``pretrain.train.setup_distributed(1)``). Always megatron's
+    parallel state initialised, e.g. ``pretrain.trainer.build.setup_distributed(1)``). Always megatron's
     local layer spec, on GPU too: its parameter names are the ones ``pretrain.hf`` maps, and its
     ``sharded_state_dict_keys_map`` reads checkpoints a Transformer Engine run saved."""
     from pretrain.recipes import RECIPES

@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     try:
         with lock.step_lock(sdir, wait=a.wait_lock), console.task_output(sdir / "logs" / "export.log"):
             check_exportable(Path(a.run_dir), a.stage)
-            from pretrain.train import setup_distributed   # megatron's import notices: into export.log
+            from pretrain.trainer.build import setup_distributed   # megatron's import notices: into export.log
 
             setup_distributed(1)                 # the dist checkpoint is read into a TP=1 model
             out = export(Path(a.run_dir), a.stage, Path(a.out), a.recipe, a.tokenizer, a.dtype, a.max_shard_size)

@@ -46,7 +46,7 @@ def import_hf(run_dir: Path, recipe: str, llm: str | None = None, vit: str | Non
     from pretrain import dist_ckpt
     from pretrain.hf import load_qwen3, size_from_hf_config
     from pretrain.recipes import RECIPES
-    from pretrain.train import setup_distributed
+    from pretrain.trainer.build import setup_distributed
     from pretrain.vision import load_mlcd
     from pretrain.vlm import VLM
 
@@ -97,7 +97,7 @@ def import_llava_ov(run_dir: Path, recipe: str, folder: str, stage: str = "0", s
     from pretrain import dist_ckpt
     from pretrain.hf_llava_ov import check_config, to_ours
     from pretrain.recipes import RECIPES, STAGES
-    from pretrain.train import setup_distributed
+    from pretrain.trainer.build import setup_distributed
     from pretrain.vlm import VLM
 
     if stage != "0" and stage not in STAGES:

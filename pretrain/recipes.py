@@ -10,7 +10,7 @@ Stages (defaults as published): 1 — projector only, lr 1e-4, on LLaVA-558K-sty
 conversations; 1.5 — all parameters on the concept-balanced caption packs, lr 1e-5; 2 — all
 parameters on the mixed instruction packs (multi-turn, multi-image, text-only), lr 1e-5; cosine
 decay to 1e-6, warmup 0.2%, Adam ε 1e-5, bf16. Recompute ``selective`` (each layer's core attention and
-MLP rebuilt in backward; ``pretrain.train.recompute_overrides``): the fastest mode that fits the 4B
+MLP rebuilt in backward; ``pretrain.trainer.build.recompute_overrides``): the fastest mode that fits the 4B
 stage 1.5 on one H200 (``none`` runs out of memory there, ``full`` is 10% slower; bench/results/gpu_h200.md).
 
 Each stage names its data by pack step (the ``ovpipe pack --name STEP`` folder of the run):

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
 
     from pretrain.data import iter_batches
     from pretrain.recipes import RECIPES
-    from pretrain.train import image_pad_id, setup_distributed
+    from pretrain.trainer.build import image_pad_id, setup_distributed
     from pretrain.vlm import VLM
 
     tp = setup_distributed(tp=int(os.environ.get("WORLD_SIZE", "1")))["tp"]

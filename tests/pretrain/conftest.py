@@ -12,7 +12,7 @@ def megatron_single():
     import torch
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from pretrain.train import setup_distributed
+    from pretrain.trainer.build import setup_distributed
 
     torch.set_num_threads(2)
     setup_distributed(1)

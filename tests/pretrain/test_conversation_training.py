@@ -53,7 +53,7 @@ def test_text_only_dummy_adds_exactly_zero(megatron_single, conversation_run):
     vision tower and projector zero gradients where they would otherwise have none."""
     from pretrain.data import iter_batches
     from pretrain.recipes import RECIPES
-    from pretrain.train import image_pad_id
+    from pretrain.trainer.build import image_pad_id
     from pretrain.vlm import VLM
 
     run, _ = conversation_run
@@ -94,11 +94,12 @@ def test_text_only_steps_under_overlapped_grad_reduce(megatron_single, conversat
     without any image (the first one too): megatron's DDP with overlap_grad_reduce must not assert,
     the loss stays finite, and on text-only steps the vision / projector gradients are exactly 0."""
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     run, info = _copy(conversation_run, tmp_path, f"s{stage}")
     seen = []
-    out = train(run, "tiny", stage, steps=len(info), micro_batch=1, lr=1e-3, data="pack-conv",
-                log=lambda *_: None, on_step=_probe(seen))
+    out = train(TrainConfig(run_dir=run, recipe="tiny", stage=stage, steps=len(info), micro_batch=1, lr=1e-3,
+                            data="pack-conv"), log=lambda *_: None, on_step=_probe(seen))
     assert [r["images"] for r in out["metrics"]] == [0, 2, 0, 2, 0, 1]
     for rec, grads, overlap in seen:
         assert overlap and math.isfinite(rec["loss"]) and math.isfinite(rec["grad_norm"])
@@ -119,6 +120,7 @@ def test_without_the_dummy_megatron_ddp_asserts(megatron_single, conversation_ru
     """The failure the dummy image prevents: with overlap_grad_reduce, a text-only first step leaves
     the vision/projector parameters out of the bucket's reference count and megatron's DDP asserts."""
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
     from pretrain.vlm import VLM
 
     run, _ = _copy(conversation_run, tmp_path, "nodummy")
@@ -130,7 +132,8 @@ def test_without_the_dummy_megatron_ddp_asserts(megatron_single, conversation_ru
 
     monkeypatch.setattr(VLM, "set_trainable", no_dummy)
     with pytest.raises(AssertionError) as e:
-        train(run, "tiny", "2", steps=3, micro_batch=1, lr=1e-3, data="pack-conv", log=lambda *_: None)
+        train(TrainConfig(run_dir=run, recipe="tiny", stage="2", steps=3, micro_batch=1, lr=1e-3, data="pack-conv"),
+              log=lambda *_: None)
     assert e.traceback[-1].path.name == "param_and_grad_buffer.py"       # megatron's bucket bookkeeping
 
 
@@ -139,11 +142,12 @@ def test_epochs_derive_steps_and_metrics_count_packs(megatron_single, conversati
     records the packs and source samples it consumed, in metrics.jsonl and train_metrics."""
     from manifests import read_manifest
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     run, info = _copy(conversation_run, tmp_path, "ep")
     lines = []
-    out = train(run, "tiny", "2", epochs=1.5, micro_batch=1, grad_accum=2, lr=1e-3, data="pack-conv",
-                log=lines.append)
+    out = train(TrainConfig(run_dir=run, recipe="tiny", stage="2", epochs=1.5, micro_batch=1, grad_accum=2, lr=1e-3,
+                            data="pack-conv"), log=lines.append)
     per_pack = [len(info[p]) for p in sorted(info)] * 2                        # the stream runs on into epoch 2
     assert [m["step"] for m in out["metrics"]] == [1, 2, 3, 4, 5]
     assert [m["packs"] for m in out["metrics"]] == [2] * 5

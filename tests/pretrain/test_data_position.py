@@ -5,10 +5,11 @@ import shutil
 
 def _ids(run, **kw):
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     seen = {}
-    train(run, "tiny", "1.5", lr=3e-3, log=lambda *_: None,
-          on_step=lambda rec, ddp: seen.__setitem__(rec["step"], rec["pack_ids"]), **kw)
+    train(TrainConfig(run_dir=run, recipe="tiny", stage="1.5", lr=3e-3, **kw), log=lambda *_: None,
+          on_step=lambda rec, ddp: seen.__setitem__(rec["step"], rec["pack_ids"]))
     return seen
 
 

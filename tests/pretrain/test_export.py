@@ -23,10 +23,12 @@ def test_export_is_the_trained_stage_with_its_training_inputs(megatron_single, p
     from pretrain.hf_llava_ov import published_state_dict
     from pretrain.recipes import RECIPES
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     run = tmp_path / "run"
     shutil.copytree(packed_demo, run)
-    out = train(run, "tiny", "1.5", steps=2, micro_batch=1, lr=1e-2, log=lambda *_: None)
+    out = train(TrainConfig(run_dir=run, recipe="tiny", stage="1.5", steps=2, micro_batch=1, lr=1e-2),
+                log=lambda *_: None)
     assert main(["export-model", "--run-dir", str(run), "--stage", "1.5", "--out", str(tmp_path / "hf"),
                  "--max-shard-size", "100KB"]) == 0
     printed = capsys.readouterr().out
@@ -85,7 +87,7 @@ def test_export_from_a_pipeline_parallel_checkpoint(conversation_run, tmp_path):
     assert json.loads((run / "pretrain" / "stage-2" / "stage.json").read_text())["pp"] == 2
     subprocess.run([*ovpipe, "export-model", "--run-dir", str(run), "--stage", "2", "--out", str(tmp_path / "hf")],
                    check=True, env=env, timeout=300, capture_output=True)
-    check = ("import sys, torch; from pretrain.train import setup_distributed; setup_distributed(1)\n"
+    check = ("import sys, torch; from pretrain.trainer.build import setup_distributed; setup_distributed(1)\n"
              "from pretrain.dist_ckpt import load_state_dict; from pretrain.hf_llava_ov import published_state_dict\n"
              "from pretrain.hf_import import read_safetensors; from pretrain.recipes import RECIPES\n"
              "want = published_state_dict(load_state_dict(sys.argv[1], 'tiny'), RECIPES['tiny'])\n"

@@ -26,13 +26,15 @@ def test_stage1_starts_from_imported_weights(megatron_single, packed_demo, tmp_p
     from pretrain.hf_import import import_hf
     from pretrain.model import LLM_SIZES
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     llm, vit = _save_hf(tmp_path)
     run = tmp_path / "run"
     shutil.copytree(packed_demo, run)
     ck = import_hf(run, "tiny", str(tmp_path / "qwen3"), str(tmp_path / "mlcd"))
     assert ck == run / "pretrain" / "stage-0" / "dist_ckpt" and (ck / "iter_0000000" / "step.json").exists()
-    out = train(run, "tiny", "1", steps=2, micro_batch=1, lr=1e-2, log=lambda *_: None)
+    out = train(TrainConfig(run_dir=run, recipe="tiny", stage="1", steps=2, micro_batch=1, lr=1e-2),
+                log=lambda *_: None)
     after = load_state_dict(out["checkpoint"], "tiny")
     want_llm = qwen3_to_megatron(llm.state_dict(), LLM_SIZES["tiny"])
     for k, v in want_llm.items():                          # frozen in stage 1: still the HF weights
@@ -67,6 +69,7 @@ def test_stage_1_5_starts_from_an_imported_llava_ov_checkpoint(megatron_single, 
     from pretrain.hf_llava_ov import config_dict, to_ours
     from pretrain.recipes import RECIPES
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     official = load()
     run = tmp_path / "run"
@@ -80,7 +83,8 @@ def test_stage_1_5_starts_from_an_imported_llava_ov_checkpoint(megatron_single, 
     m.save_pretrained(str(tmp_path / "release"))
     ck = import_llava_ov(run, "tiny", str(tmp_path / "release"), stage="1")
     assert ck == run / "pretrain" / "stage-1" / "dist_ckpt"
-    out = train(run, "tiny", "1.5", steps=1, micro_batch=1, lr=0.0, log=lambda *_: None)
+    out = train(TrainConfig(run_dir=run, recipe="tiny", stage="1.5", steps=1, micro_batch=1, lr=0.0),
+                log=lambda *_: None)
     after = load_state_dict(out["checkpoint"], "tiny")
     want = to_ours(read_safetensors(tmp_path / "release"), RECIPES["tiny"])
     assert len(want) > 40 and all(torch.equal(after[k], v) for k, v in want.items())

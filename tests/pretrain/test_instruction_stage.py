@@ -82,10 +82,13 @@ def test_stage2_loss_falls_on_the_instruction_packs(megatron_single, instruct_ru
 
     from pretrain.train import train
 
+    from pretrain.trainer.config import TrainConfig
+
     torch.set_num_threads(2)
     run = tmp_path / "r"
     shutil.copytree(instruct_run, run)
-    res = train(run, "tiny", "2", steps=14, micro_batch=2, lr=3e-3, log=lambda *_: None)
+    res = train(TrainConfig(run_dir=run, recipe="tiny", stage="2", steps=14, micro_batch=2, lr=3e-3),
+                log=lambda *_: None)
     losses = [m["loss"] for m in res["metrics"]]
     assert np.isfinite(losses).all()
     assert np.mean(losses[-3:]) < np.mean(losses[:3])

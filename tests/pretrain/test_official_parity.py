@@ -107,12 +107,14 @@ def exported(megatron_single, conversation_run, tmp_path_factory):
     """Stage 2 trained 2 steps on the conversation packs, exported with ``ovpipe export-model``."""
     from ovpipe.cli import main
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     src, _ = conversation_run
     tmp = tmp_path_factory.mktemp("export")
     run = tmp / "run"
     shutil.copytree(src, run)
-    out = train(run, "tiny", "2", steps=2, micro_batch=1, lr=1e-2, data="pack-conv", log=lambda *_: None)
+    out = train(TrainConfig(run_dir=run, recipe="tiny", stage="2", steps=2, micro_batch=1, lr=1e-2, data="pack-conv"),
+                log=lambda *_: None)
     assert main(["export-model", "--run-dir", str(run), "--stage", "2", "--out", str(tmp / "hf")]) == 0
     return run, tmp / "hf", out["checkpoint"]
 
@@ -145,7 +147,7 @@ def test_official_class_loads_export_and_logits_match(exported, official, conver
     from packing.tokens import load_tokenizer
     from pretrain.dist_ckpt import load_model
     from pretrain.recipes import RECIPES
-    from pretrain.train import image_pad_id
+    from pretrain.trainer.build import image_pad_id
     from pretrain.vlm import VLM
 
     from pretrain.official import from_pretrained
@@ -195,7 +197,7 @@ def test_official_checkpoint_imports_and_forwards_agree(megatron_single, officia
     from pretrain.hf_import import import_llava_ov
     from pretrain.hf_llava_ov import config_dict
     from pretrain.recipes import RECIPES
-    from pretrain.train import image_pad_id
+    from pretrain.trainer.build import image_pad_id
     from pretrain.vlm import VLM
 
     src, _ = conversation_run

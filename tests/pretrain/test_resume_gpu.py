@@ -13,17 +13,19 @@ STEPS, K = 6, 3
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
 def test_resume_with_the_distributed_optimizer(megatron_single, conversation_run, tmp_path, bf16):
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     run, _ = conversation_run
-    kw = dict(steps=STEPS, micro_batch=1, lr=3e-3, data="pack-conv", distributed_optimizer=True, bf16=bf16,
-              log=lambda *_: None)
+    kw = dict(recipe="tiny", stage="1.5", steps=STEPS, micro_batch=1, lr=3e-3, data="pack-conv",
+              distributed_optimizer=True, bf16=bf16)
+    quiet = (lambda *_: None)
     a, b = tmp_path / "a", tmp_path / "b"
     shutil.copytree(run, a)
     shutil.copytree(run, b)
-    full = train(a, "tiny", "1.5", **kw)["metrics"]
-    first = train(b, "tiny", "1.5", stop_after=K, **kw)              # killed after step K, checkpointed
+    full = train(TrainConfig(run_dir=a, **kw), log=quiet)["metrics"]
+    first = train(TrainConfig(run_dir=b, stop_after=K, **kw), log=quiet)     # killed after step K, checkpointed
     assert [m["step"] for m in first["metrics"]] == list(range(1, K + 1))
-    rest = train(b, "tiny", "1.5", **kw)["metrics"]                  # KeyError: 'step' here before the fix
+    rest = train(TrainConfig(run_dir=b, **kw), log=quiet)["metrics"]         # KeyError: 'step' here before the fix
     assert [m["step"] for m in rest] == list(range(K + 1, STEPS + 1))
     got = [(m["loss"], m["grad_norm"]) for m in rest]
     want = [(m["loss"], m["grad_norm"]) for m in full[K:]]
@@ -44,13 +46,14 @@ def test_megatron_alone_loses_the_adam_step(megatron_single, conversation_run, t
 
     from pretrain import dist_ckpt
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     run, _ = conversation_run
     b = tmp_path / "b"
     shutil.copytree(run, b)
-    kw = dict(steps=STEPS, micro_batch=1, lr=3e-3, data="pack-conv", distributed_optimizer=True, bf16=True,
-              log=lambda *_: None)
-    train(b, "tiny", "1.5", stop_after=K, **kw)
+    kw = dict(run_dir=b, recipe="tiny", stage="1.5", steps=STEPS, micro_batch=1, lr=3e-3, data="pack-conv",
+              distributed_optimizer=True, bf16=True)
+    train(TrainConfig(stop_after=K, **kw), log=lambda *_: None)
     monkeypatch.setattr(dist_ckpt, "adam_step_per_parameter", lambda opt: contextlib.nullcontext())
     with pytest.raises(KeyError, match="step"):
-        train(b, "tiny", "1.5", **kw)
+        train(TrainConfig(**kw), log=lambda *_: None)

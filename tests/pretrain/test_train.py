@@ -26,14 +26,16 @@ def test_collate_labels_masks_and_boundaries(packed_demo):
 
 def test_stage1_changes_only_the_projector(megatron_single, packed_demo, tmp_path):
     from pretrain.recipes import RECIPES
-    from pretrain.train import image_pad_id, train
+    from pretrain.train import train
+    from pretrain.trainer.build import image_pad_id
+    from pretrain.trainer.config import TrainConfig
     from pretrain.vlm import VLM
 
     a = tmp_path / "s1"
     shutil.copytree(packed_demo, a)
     torch.manual_seed(0)
     init = VLM(RECIPES["tiny"], image_pad_id(a, None), backend="sdpa").state_dict()
-    out = train(a, "tiny", "1", steps=4, micro_batch=2, lr=1e-2, log=lambda *_: None)
+    out = train(TrainConfig(run_dir=a, recipe="tiny", stage="1", steps=4, micro_batch=2, lr=1e-2), log=lambda *_: None)
     assert all(m["images"] > 0 for m in out["metrics"])            # images really went through the tower
     from pretrain.dist_ckpt import load_state_dict
 
@@ -45,22 +47,24 @@ def test_stage1_changes_only_the_projector(megatron_single, packed_demo, tmp_pat
 
 def test_loss_falls_and_resume_is_exact(megatron_single, packed_demo, tmp_path):
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     torch.set_num_threads(2)
     a = tmp_path / "a"
     shutil.copytree(packed_demo, a)
-    full = train(a, "tiny", "1.5", steps=12, micro_batch=2, lr=3e-3, log=lambda *_: None)["metrics"]
+    cfg = dict(recipe="tiny", stage="1.5", steps=12, micro_batch=2, lr=3e-3)
+    full = train(TrainConfig(run_dir=a, **cfg), log=lambda *_: None)["metrics"]
     first, last = np.mean([m["loss"] for m in full[:3]]), np.mean([m["loss"] for m in full[-3:]])
     assert last < first
     # interrupted after 6 steps, then resumed: identical losses for steps 7..12
     b = tmp_path / "b"
     shutil.copytree(packed_demo, b)
-    train(b, "tiny", "1.5", steps=12, micro_batch=2, lr=3e-3, log=lambda *_: None, stop_after=6)  # killed
+    train(TrainConfig(run_dir=b, stop_after=6, **cfg), log=lambda *_: None)  # killed
     ck = b / "pretrain" / "stage-1.5" / "dist_ckpt" / "iter_0000006"
     assert json.loads((ck / "step.json").read_text())["step"] == 6 and (ck / "metadata.json").exists()
     assert (ck.parent / "latest").read_text().strip() == "iter_0000006"
     # the lr schedule is defined over the full 12 steps: resume with the same total
-    rest = train(b, "tiny", "1.5", steps=12, micro_batch=2, lr=3e-3, log=lambda *_: None)["metrics"]
+    rest = train(TrainConfig(run_dir=b, **cfg), log=lambda *_: None)["metrics"]
     assert [m["step"] for m in rest] == list(range(7, 13))
     assert [m["loss"] for m in rest] == [m["loss"] for m in full[6:]]          # fp32: bit for bit
     assert [m["grad_norm"] for m in rest] == [m["grad_norm"] for m in full[6:]]
@@ -72,10 +76,11 @@ def test_loss_falls_and_resume_is_exact(megatron_single, packed_demo, tmp_path):
 def test_metrics_manifest_and_report(megatron_single, packed_demo, tmp_path):
     from manifests.catalog import connect
     from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
 
     run = tmp_path / "m"
     shutil.copytree(packed_demo, run)
-    train(run, "tiny", "1", steps=3, micro_batch=1, lr=1e-2, log=lambda *_: None)
+    train(TrainConfig(run_dir=run, recipe="tiny", stage="1", steps=3, micro_batch=1, lr=1e-2), log=lambda *_: None)
     con = connect(run)
     rows = con.execute("SELECT stage, step, loss, packs, samples FROM train_metrics ORDER BY step").fetchall()
     assert [r[:2] for r in rows] == [("1", 1), ("1", 2), ("1", 3)]

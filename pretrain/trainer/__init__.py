@@ -1,0 +1,14 @@
+"""The pretraining trainer, in parts (torchtitan's shape on megatron-core's stack):
+
+| module | part |
+| --- | --- |
+| ``config`` | ``TrainConfig``: every knob of a stage, validated before any work |
+| ``build`` | process groups, the VLM, DDP + megatron optimizer, the lr schedule |
+| ``checkpointing`` | where a stage starts (its own checkpoint, the previous stage's, init), saves |
+| ``loader`` | this rank's prepared micro-batches from the loader's saved position |
+| ``flops`` | model and hardware FLOPs of a micro-batch (MFU, HFU) |
+| ``metrics`` | per-step records: ``metrics.jsonl``, tensorboard, the log, the ``train_metrics`` manifest |
+| ``loop`` | ``Trainer``: the parts put together, the step, the loop |
+
+``pretrain.train`` is the entry point (``train(cfg)`` and the CLI).
+"""

@@ -1,0 +1,169 @@
+"""The trainer's build part: the process groups, the VLM of this rank, and megatron-core's DDP +
+optimizer around it, with the stage's learning-rate schedule.
+
+- ``setup_distributed``: the process group (nccl on GPU, gloo on CPU) and megatron's TP/PP/CP/DP groups.
+- ``build_model``: the VLM for this rank's PP stage and TP shard, its recompute mode, on the device, in
+  the training dtype.
+- ``build_optimizer``: the model in ``DistributedDataParallel`` (grads reduced over DP×CP with
+  ``overlap_grad_reduce``) and ``get_megatron_optimizer`` (Adam, β 0.9/0.95, clip 1.0; the distributed
+  optimizer on GPU), with torch's fused AdamW switched in on CUDA (``fused_adam``).
+- ``lr_at``: linear warmup, then cosine to ``min_lr`` (the schedule of every stage).
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from pretrain.trainer.config import RECOMPUTE
+
+
+def lr_at(step: int, total: int, peak: float, min_lr: float = 1e-6, warmup_frac: float = 0.002) -> float:
+    warm = max(1, int(round(total * warmup_frac)))
+    if step < warm:
+        return peak * (step + 1) / warm
+    t = (step - warm) / max(1, total - warm)
+    return min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * min(t, 1.0)))
+
+
+def setup_distributed(tp: int = 1, pp: int = 1, cp: int = 1) -> dict:
+    """Process group (nccl on GPU, gloo on CPU) and megatron's TP/PP/CP/DP groups; returns the sizes."""
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        from pretrain.cpu_compat import apply
+
+        apply()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if not dist.is_initialized():
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "nccl" if cuda else "gloo"
+        if "RANK" in os.environ:                  # torchrun / srun: its rendezvous variables
+            dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=world)
+        else:                                     # one process on its own: a private loopback store
+            import socket
+
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     context_parallel_size=cp)
+    sizes = {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+             "cp": ps.get_context_parallel_world_size(), "dp": ps.get_data_parallel_world_size()}
+    if (sizes["tp"], sizes["pp"], sizes["cp"]) != (tp, pp, cp):
+        raise RuntimeError(f"megatron's parallel state is already set up as {sizes}, not tp={tp} pp={pp} cp={cp}")
+    return sizes
+
+
+def device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def image_pad_id(run_dir: Path, tokenizer: str | None) -> int:
+    from packing.tokens import IMAGE_PAD, load_tokenizer
+
+    return load_tokenizer(tokenizer or str(Path(run_dir) / "tokenizer")).convert_tokens_to_ids(IMAGE_PAD)
+
+
+def param_count(model) -> int:
+    """Parameters of the whole model (all TP/PP ranks), each counted once."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    n = sum(p.numel() for p in model.parameters()
+            if getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
+    t = torch.tensor([float(n)], device=device())
+    if dist.is_initialized():
+        dist.all_reduce(t, group=ps.get_model_parallel_group())
+    return int(t.item())
+
+
+def recompute_overrides(recompute: str) -> dict:
+    """``TransformerConfig`` fields of a recompute mode: ``full`` — every LLM layer's activations
+    rebuilt in backward (and every tower layer's); ``selective`` — the core attention and the MLP
+    (the widest activations: 2 × 9,728 per token in the 4B) of each layer, in the tower each MLP;
+    ``none`` — everything kept."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    if recompute == "selective":
+        return {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "mlp"]}
+    return {}
+
+
+def build_model(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequence_parallel: bool,
+                dtype: torch.dtype, recompute: str):
+    """The VLM for this rank (its PP stage, TP shard), on the device, in the training dtype."""
+    from pretrain.recipes import RECIPES, pipeline_overrides
+    from pretrain.vlm import VLM
+
+    cuda = torch.cuda.is_available()
+    overrides = {"pipeline_model_parallel_size": sizes["pp"], "context_parallel_size": sizes["cp"],
+                 "calculate_per_token_loss": True, "variable_seq_lengths": sizes["pp"] > 1}
+    if sizes["pp"] > 1:   # packed micro-batches differ in length; megatron's config check asks for this dispatcher
+        overrides["moe_token_dispatcher_type"] = "alltoall"
+    overrides.update(pipeline_overrides(RECIPES[recipe].llm.num_layers, sizes["pp"]))
+    overrides.update(recompute_overrides(recompute))
+    model = VLM(RECIPES[recipe], image_pad_id(run_dir, tokenizer), tp=sizes["tp"],
+                backend="auto" if cuda else "sdpa", sequence_parallel=sequence_parallel, dtype=dtype, **overrides)
+    if getattr(model, "vision", None) is not None:
+        model.vision.recompute = recompute      # the tower's activations too, not only the LLM's
+    if cuda:
+        model.cuda()
+    return model.to(dtype)
+
+
+def build_optimizer(model, stage, lr: float, bf16: bool, dtype: torch.dtype, distributed_optimizer: bool):
+    """``(ddp, opt)``: the model in megatron's ``DistributedDataParallel`` and ``get_megatron_optimizer``
+    over it, wired into the model config for megatron's schedules (``finalize_model_grads``, ``no_sync``).
+
+    ``overlap_grad_reduce`` on CPU (gloo) too: the async all-reduce / reduce-scatter and megatron's
+    bucket-readiness bookkeeping are device-independent, so CI runs the production code path;
+    text-only micro-batches keep every bucket complete through ``VLM.embed``'s zero-valued dummy image."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    cfg = model.config
+    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, use_distributed_optimizer=distributed_optimizer, overlap_grad_reduce=True), model)
+    opt = get_megatron_optimizer(OptimizerConfig(
+        optimizer="adam", lr=lr, min_lr=stage.min_lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95,
+        adam_eps=stage.adam_eps, clip_grad=1.0, bf16=bf16, params_dtype=dtype,
+        use_distributed_optimizer=distributed_optimizer), [ddp])
+    cfg.finalize_model_grads_func = finalize_model_grads
+    cfg.no_sync_func = ddp.no_sync
+    return ddp, opt
+
+
+def fused_adam(opt) -> int:
+    """Switch the torch ``AdamW`` under megatron's optimizer (its fallback without TE or Apex, which
+    runs the ``foreach`` implementation) to torch's fused CUDA kernel: the param groups' ``fused``
+    flag, which ``AdamW.step`` reads on every step; step counters already loaded on the CPU (a
+    resumed run) move to the parameters' device, where the fused kernel wants them. Returns the
+    number of param groups switched (none when TE/Apex's FusedAdam is in use)."""
+    n = 0
+    for o in getattr(opt, "chained_optimizers", [opt]):
+        inner = getattr(o, "optimizer", None)
+        if not isinstance(inner, torch.optim.AdamW) or type(inner).__module__.split(".")[0] != "torch":
+            continue
+        for g in inner.param_groups:
+            if not all(p.is_cuda and p.is_floating_point() for p in g["params"]):
+                continue
+            g["fused"], g["foreach"] = True, False
+            for p in g["params"]:
+                st = inner.state.get(p, {})
+                if "step" in st and torch.is_tensor(st["step"]) and st["step"].device != p.device:
+                    st["step"] = st["step"].to(p.device, torch.float32)
+            n += 1
+    return n

@@ -1,0 +1,91 @@
+"""The knobs of one training stage, in one validated dataclass (``TrainConfig``).
+
+A wrong value fails here, before any process group, model or data is touched, with a ``ValueError``
+naming the field and the value (``micro_batch must be >= 1, got 0``). Settings whose default depends
+on the device (bf16, recompute, loader workers, the distributed optimizer, the peak FLOP/s that MFU
+divides by) stay None until ``resolve(cuda)`` fills them in, so the saved ``stage.json`` records
+what actually ran.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from ovpipe.config import check_range, check_step_folder
+
+RECOMPUTE = ("full", "selective", "none")
+CPU_PEAK_TFLOPS = 0.2          # a nominal figure: MFU on a CPU only shows the trend
+GPU_PEAK_TFLOPS = 989.0        # H100/H200 SXM dense bf16
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    run_dir: Path
+    stage: str                               # "1" | "1.5" | "2" (pretrain.recipes.STAGES)
+    recipe: str = "tiny"                     # pretrain.recipes.RECIPES
+    steps: int | None = None                 # exactly one of steps / epochs
+    epochs: float | None = None              # passes over the pack step: steps = ceil(E · packs / GBS)
+    data: str | None = None                  # pack step folder to read; None: the stage's
+    micro_batch: int = 2                     # packs per micro-batch (one THD sequence)
+    grad_accum: int = 1                      # micro-batches per step and DP rank
+    lr: float | None = None                  # peak lr; None: the stage's
+    seed: int = 0
+    tokenizer: str | None = None             # None: RUN/tokenizer
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+    distributed_optimizer: bool | None = None   # None: on with CUDA
+    bf16: bool | None = None                 # None: the stage's on GPU, fp32 on CPU
+    recompute: str | None = None             # full | selective | none; None: the stage's on GPU, none on CPU
+    loader_workers: int | None = None        # DataLoader worker processes; None: 4 on GPU, 0 on CPU
+    peak_tflops: float | None = None         # per device, what MFU divides by; None: 989 on GPU, 0.2 on CPU
+    save_every: int = 0                      # checkpoint every N steps (0: at the end and on a signal)
+    save_every_minutes: float = 0.0
+    keep: int = 2                            # checkpoints kept (the newest K; 0: all)
+    stop_after: int | None = None            # checkpoint and stop after this many steps of this run (drills)
+
+    def __post_init__(self):
+        from pretrain.recipes import RECIPES, STAGES
+
+        object.__setattr__(self, "run_dir", Path(self.run_dir))
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {self.recipe!r}")
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {sorted(STAGES)}, got {self.stage!r}")
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError(f"give exactly one of steps and epochs (got steps={self.steps}, epochs={self.epochs}): "
+                             "steps fixes the optimizer steps, epochs derives them from the pack count")
+        for name in ("steps", "micro_batch", "grad_accum", "tp", "pp", "cp", "stop_after", "save_every", "keep",
+                     "loader_workers", "seed"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ValueError(f"{name} must be an integer, got {v!r}")
+        for name in ("micro_batch", "grad_accum", "tp", "pp", "cp", "stop_after"):
+            check_range(self, name, lo=1)
+        for name in ("steps", "save_every", "keep", "loader_workers", "seed", "save_every_minutes"):
+            check_range(self, name, lo=0)
+        for name in ("epochs", "peak_tflops"):
+            check_range(self, name, lo=0, lo_open=True)
+        check_range(self, "lr", lo=0)
+        if self.data is not None:
+            check_step_folder("data", self.data)
+        if self.recompute is not None and self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {list(RECOMPUTE)}, got {self.recompute!r}")
+        for name in ("sequence_parallel",):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    def resolve(self, cuda: bool) -> TrainConfig:
+        """The device-dependent defaults filled in (and the stage's data and lr)."""
+        from pretrain.recipes import STAGES
+
+        st = STAGES[self.stage]
+        return dataclasses.replace(
+            self, data=self.data or st.data, lr=st.lr if self.lr is None else self.lr,
+            distributed_optimizer=cuda if self.distributed_optimizer is None else self.distributed_optimizer,
+            bf16=(cuda and st.bf16) if self.bf16 is None else self.bf16,
+            recompute=(st.recompute if cuda else "none") if self.recompute is None else self.recompute,
+            loader_workers=(4 if cuda else 0) if self.loader_workers is None else self.loader_workers,
+            peak_tflops=self.peak_tflops or (GPU_PEAK_TFLOPS if cuda else CPU_PEAK_TFLOPS))
