@@ -16,10 +16,14 @@ Model FLOPs (MFU):
   in stage 1). Stage 1 thus counts the frozen LLM 4·N per token (forward + input gradient) and the tower
   2·N; stages 1.5 and 2 count every part 6·N.
 
-Hardware FLOPs (HFU) add the forward passes that activation recompute repeats, wherever a backward
-runs through them: ``full`` every LLM layer (not the output layer) and every tower layer (not the patch
-embedding); ``selective`` each LLM layer's MLP and core attention and each tower layer's MLP. A frozen
-tower with nothing trained before it has no backward, so nothing of it is recomputed.
+Hardware FLOPs (HFU) add the forward work that activation recompute repeats, wherever a backward
+runs through it: ``full`` every LLM layer (not the output layer; megatron's reentrant checkpoint reruns
+each layer whole) and every tower layer but its MLP's down projection; ``selective`` each LLM layer's
+MLP and core attention, and each tower layer's MLP up projection. The tower's recompute is torch's
+non-reentrant checkpoint, which stops once every tensor the backward needs is back, so the down
+projection, whose output no backward reads, is not rerun (measured with ``FlopCounterMode`` in
+``tests/pretrain/test_flops.py``). A frozen tower with nothing trained before it has no backward, so
+nothing of it is recomputed.
 """
 from __future__ import annotations
 
@@ -32,35 +36,42 @@ def matmul_params(recipe) -> dict:
     mlp = 3 * h * llm.ffn_hidden_size                                                    # gate, up, down
     D, I = vit.hidden_size, vit.intermediate_size
     return {"llm_layer_attn": attn, "llm_layer_mlp": mlp, "llm_layers": llm.num_layers * (attn + mlp),
-            "llm_output": h * llm.vocab_size, "vit_layer_mlp": 2 * D * I,
+            "llm_output": h * llm.vocab_size, "vit_layer_mlp": 2 * D * I,              # fc1 and fc2, D·I each
             "vit_layers": vit.num_layers * (4 * D * D + 2 * D * I), "patch_embed": 3 * vit.patch_size ** 2 * D,
             "projector": 16 * D * D + 4 * D * h}                   # 2×2 merge: Linear(4D, 4D), Linear(4D, h)
 
 
-def model_flops(recipe, trainable: str, stats: dict, recompute: str) -> tuple[float, float]:
-    """(model FLOPs, hardware FLOPs) of one micro-batch from its ``BatchPrep.stats``."""
+def forward_flops(recipe, stats: dict) -> dict:
+    """Forward FLOPs of one micro-batch by part, from its ``BatchPrep.stats``: ``tokens`` (LLM
+    tokens), ``attn_sq`` (Σ sample length²), ``vit_tokens`` (tower tokens: patches + one class token
+    per image), ``vit_sq`` (Σ image tower tokens²), ``merged`` (image tokens in the LLM; 4 patches each)."""
     llm, vit = recipe.llm, recipe.vit
-    h, f, layers = llm.hidden_size, llm.ffn_hidden_size, llm.num_layers
-    attn_w = h * llm.kv_channels * (llm.num_attention_heads * 2 + llm.num_query_groups * 2)
-    mlp_w = 3 * h * f
-    n_llm_layers = layers * (attn_w + mlp_w)
-    n_llm = n_llm_layers + h * llm.vocab_size
-    D, L, I = vit.hidden_size, vit.num_layers, vit.intermediate_size
-    n_vit_mlp = 2 * D * I
-    n_vit_layers = L * (4 * D * D + n_vit_mlp)
-    n_vit = n_vit_layers + 3 * vit.patch_size ** 2 * D
-    n_proj = 16 * D * D + 4 * D * h
-    llm_attn = 2 * stats["attn_sq"] * llm.num_attention_heads * llm.kv_channels * layers
-    vit_attn = 4 * stats["vit_sq"] * D * L
-    fwd_llm = 2 * n_llm * stats["tokens"] + llm_attn
-    fwd_vit = 2 * n_vit * stats["vit_tokens"] + vit_attn
-    fwd_proj = 2 * n_proj * stats["merged"]
+    n = matmul_params(recipe)
+    return {"llm_layers": 2 * n["llm_layers"] * stats["tokens"],
+            "llm_attn": 2 * stats["attn_sq"] * llm.num_attention_heads * llm.kv_channels * llm.num_layers,
+            "llm_mlp": 2 * llm.num_layers * n["llm_layer_mlp"] * stats["tokens"],
+            "llm_output": 2 * n["llm_output"] * stats["tokens"],
+            "vit_layers": 2 * n["vit_layers"] * stats["vit_tokens"],
+            "vit_attn": 4 * stats["vit_sq"] * vit.hidden_size * vit.num_layers,
+            "vit_mlp": 2 * vit.num_layers * n["vit_layer_mlp"] * stats["vit_tokens"],
+            "vit_fc": vit.num_layers * n["vit_layer_mlp"] * stats["vit_tokens"],     # one of the MLP's two
+            "patch_embed": 2 * n["patch_embed"] * 4 * stats["merged"],
+            "projector": 2 * n["projector"] * stats["merged"]}
+
+
+def model_flops(recipe, trainable: str, stats: dict, recompute: str) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of one micro-batch (``forward_flops``'s ``stats``).
+    ``trainable``: ``all`` | ``projector`` (stage 1); ``recompute``: ``full`` | ``selective`` | ``none``."""
+    f = forward_flops(recipe, stats)
+    fwd_llm = f["llm_layers"] + f["llm_attn"] + f["llm_output"]
+    fwd_vit = f["vit_layers"] + f["vit_attn"] + f["patch_embed"]
     trains_all = trainable == "all"
+    # forward + backward: trained 3× (input + weight gradients); frozen 2× behind a trained part, else 1×
     mult_vit, mult_proj, mult_llm = (3, 3, 3) if trains_all else (1, 3, 2)
-    mf = mult_vit * fwd_vit + mult_proj * fwd_proj + mult_llm * fwd_llm
-    extra = 0.0
+    mf = mult_vit * fwd_vit + mult_proj * f["projector"] + mult_llm * fwd_llm
+    extra = 0
     if recompute == "full":
-        extra = fwd_llm - 2 * h * llm.vocab_size * stats["tokens"] + fwd_vit
+        extra = f["llm_layers"] + f["llm_attn"] + (f["vit_layers"] - f["vit_fc"] + f["vit_attn"] if trains_all else 0)
     elif recompute == "selective":
-        extra = 2 * layers * mlp_w * stats["tokens"] + llm_attn + 2 * L * n_vit_mlp * stats["vit_tokens"]
+        extra = f["llm_mlp"] + f["llm_attn"] + (f["vit_fc"] if trains_all else 0)
     return float(mf), float(mf + extra)
