@@ -204,6 +204,12 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("images", pa.int64()),
         ("packs", pa.int64()),              # packs consumed by this step (all DP ranks)
         ("samples", pa.int64()),            # source samples inside those packs
+        # NULL below where the stage's metrics.jsonl record predates them
+        ("hfu", pa.float64()),              # hardware FLOPs utilisation: MFU plus the recomputed forward
+        ("step_s", pa.float64()),           # wall time of the step, the wait for data included
+        ("data_wait_s", pa.float64()),      # waiting for the loader + host→device copies
+        ("fwd_bwd_s", pa.float64()),        # forward + backward (GPU: CUDA events; CPU: host time)
+        ("optimizer_s", pa.float64()),      # the optimizer step
     ]),
     # eval: one row per lmms-eval task × metric × filter over an exported model (RUN/eval/eval/)
     "eval": pa.schema([

@@ -151,12 +151,17 @@ def _train_here(a, run_dir: Path, world: int, args: list[str]) -> int:
 
 
 def stage_line(sdir: Path, stage: str, rc: int, seconds: float) -> str:
-    """``pretrain stage 1.5: 30 steps, loss 6.260 → 4.102, 60 packs — 12.3 s → RUN/pretrain/stage-1.5``."""
+    """``pretrain stage 1.5: 30 steps, loss 6.260 → 4.102, 60 packs, data wait 1.2% — 12.3 s →
+    RUN/pretrain/stage-1.5`` (data wait: the share of the step time spent waiting for the loader; a large one means the loader,
+    not the model, sets the pace — more ``--loader-workers``)."""
     from ovpipe.summary import stage_metrics
+    from pretrain.trainer.metrics import data_wait_share
 
     rows = stage_metrics(sdir / "metrics.jsonl")
+    wait = data_wait_share(rows)
     what = (f"{len(rows)} steps, loss {rows[0]['loss']:.3f} → {rows[-1]['loss']:.3f}, "
-            f"{sum(r.get('packs', 0) for r in rows):,} packs" if rows else "no steps")
+            f"{sum(r.get('packs', 0) for r in rows):,} packs" + (f", data wait {wait:.1%}" if wait is not None else "")
+            if rows else "no steps")
     state = "" if rc == 0 else f" (exit {rc}: see {sdir / 'logs' / 'train.log'})"
     return f"pretrain stage {stage}: {what}{state} — {seconds:.1f} s → {sdir}"
 

@@ -1,11 +1,16 @@
 -- requires: train_metrics
--- Per stage: steps, loss over the first and last 3 steps, tokens/s and MFU estimate (mean), last grad norm.
+-- Per stage: steps, loss over the first and last 3 steps, tokens/s, MFU and HFU (mean), the mean step
+-- time and the share of it spent waiting for data (NULL for steps recorded without the time split),
+-- last grad norm.
 SELECT stage,
        count(*)                                                        AS steps,
        round(avg(loss) FILTER (WHERE step <= 3), 4)                    AS loss_first3,
        round(avg(loss) FILTER (WHERE step > max_step - 3), 4)          AS loss_last3,
        round(avg(tokens_per_s), 1)                                     AS tokens_per_s,
        round(avg(mfu), 6)                                              AS mfu,
+       round(avg(hfu), 6)                                              AS hfu,
+       round(avg(step_s), 4)                                           AS step_s,
+       round(sum(data_wait_s) / sum(step_s) FILTER (WHERE data_wait_s IS NOT NULL), 4) AS data_wait_share,
        round(arg_max(grad_norm, step), 4)                              AS last_grad_norm,
        sum(tokens)                                                     AS tokens,
        sum(images)                                                     AS images

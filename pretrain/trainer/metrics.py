@@ -17,6 +17,9 @@ from pathlib import Path
 from pretrain.recipes import STAGES
 
 TB_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu")
+# the record's fields in the train_metrics manifest: always present, and absent from older records (NULL)
+REQUIRED = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "tokens", "images")
+OPTIONAL = ("packs", "samples", "hfu", "step_s", "data_wait_s", "fwd_bwd_s", "optimizer_s")
 
 
 def step_record(step: int, agg, lr: float, grad_norm, step_s: float, data_wait_s: float, fwd_bwd_s: float,
@@ -91,13 +94,18 @@ def write_metrics_manifest(run_dir: Path, stage: str, jsonl: Path) -> list[dict]
     rows = {}
     for line in jsonl.read_text().splitlines():  # a resumed stage appends; the last record of a step wins
         m = json.loads(line)
-        rows[m["step"]] = {"stage": stage, **{k: m[k] for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s",
-                                                                 "mfu", "tokens", "images")},
-                           "packs": m.get("packs"), "samples": m.get("samples")}   # absent in older records
+        rows[m["step"]] = {"stage": stage, **{k: m[k] for k in REQUIRED}, **{k: m.get(k) for k in OPTIONAL}}
     idx = list(STAGES).index(stage)
     out = [rows[k] for k in sorted(rows)]
     write_part(out, Path(run_dir) / "pretrain" / "train_metrics" / f"part-{idx:05d}.parquet", "train_metrics")
     return out
+
+
+def data_wait_share(rows: list[dict]) -> float | None:
+    """The share of the step time spent waiting for data, over the records that hold both (None: none do)."""
+    timed = [r for r in rows if r.get("data_wait_s") is not None and r.get("step_s")]
+    total = sum(r["step_s"] for r in timed)
+    return sum(r["data_wait_s"] for r in timed) / total if total > 0 else None
 
 
 def consumed(rows: list[dict], plan) -> str:

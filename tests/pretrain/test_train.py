@@ -92,6 +92,35 @@ def test_metrics_manifest_and_report(megatron_single, packed_demo, tmp_path):
     sql = (Path(manifests.__file__).parent / "queries" / "40_pretrain_loss_by_stage.sql").read_text()
     (stage, steps, first3, last3, *_), = con.execute(sql).fetchall()
     assert (stage, steps) == ("1", 3) and abs(first3 - np.mean([r[2] for r in rows])) < 1e-3
+    # HFU and the step's time split beside MFU, as metrics.jsonl records them; the report's data-wait share
+    split = con.execute("SELECT mfu, hfu, step_s, data_wait_s, fwd_bwd_s, optimizer_s FROM train_metrics "
+                        "ORDER BY step").fetchall()
+    jl = [json.loads(x) for x in (run / "pretrain" / "stage-1" / "metrics.jsonl").read_text().splitlines()]
+    assert split == [tuple(m[k] for k in ("mfu", "hfu", "step_s", "data_wait_s", "fwd_bwd_s", "optimizer_s"))
+                     for m in jl]
+    assert all(0 < mfu <= hfu and 0 < wait + fb + opt <= step for mfu, hfu, step, wait, fb, opt in split)
+    values = con.execute(sql).fetchone()
+    report = dict(zip([d[0] for d in con.description], values))
+    assert abs(report["data_wait_share"] - sum(r[3] for r in split) / sum(r[2] for r in split)) < 1e-4
+
+
+def test_metrics_manifest_keeps_older_records(tmp_path):
+    """A resumed stage's metrics.jsonl may start with records written before a field existed: their
+    rows hold NULL there, not a made-up value."""
+    from manifests import read_manifest
+    from pretrain.trainer.metrics import data_wait_share, write_metrics_manifest
+
+    old = {"step": 1, "loss": 6.0, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 10.0, "mfu": 0.1, "tokens": 5,
+           "images": 1}
+    new = {**old, "step": 2, "packs": 1, "samples": 2, "hfu": 0.2, "step_s": 2.0, "data_wait_s": 0.5,
+           "fwd_bwd_s": 1.2, "optimizer_s": 0.3}
+    jl = tmp_path / "metrics.jsonl"
+    jl.write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
+    rows = write_metrics_manifest(tmp_path, "1.5", jl)
+    got = read_manifest(tmp_path, "train_metrics").to_pylist()
+    assert got == rows and got[0]["hfu"] is None and got[0]["data_wait_s"] is None and got[0]["packs"] is None
+    assert got[1]["hfu"] == 0.2 and got[1]["optimizer_s"] == 0.3
+    assert data_wait_share(got) == 0.25                  # over the records that hold the split
 
 
 def test_pixels_apply_exif_orientation():
