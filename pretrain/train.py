@@ -18,10 +18,14 @@ step's ``packs`` manifest). At start rank 0 prints the plan (samples → packs, 
 of the packs seen: ``pretrain.data.plan_data``), at the end the totals consumed.
 
 Per step, ``metrics.jsonl`` (and the ``train_metrics`` manifest) gets loss (token mean over target
-tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s, MFU and HFU (``model_flops``
-over ``peak_tflops``), the step time and its split (data wait, forward+backward, optimizer), tokens,
-images, and the packs and source samples consumed over all DP ranks; the stage config is saved as
-``stage.json``.
+tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s, MFU and HFU
+(``pretrain.trainer.flops`` over ``peak_tflops``), the step time and its split (data wait,
+forward+backward, optimizer), tokens, images, and the packs and source samples consumed over all DP
+ranks; the resolved stage config is saved as ``stage.json``.
+
+The trainer itself lives in ``pretrain.trainer`` (config, build, checkpointing, loader, flops,
+metrics, loop); this module is its entry point: ``train(TrainConfig(...))`` and the CLI, whose flags
+map one for one onto ``TrainConfig``'s fields.
 """
 from __future__ import annotations
 
