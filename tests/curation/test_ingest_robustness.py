@@ -198,7 +198,7 @@ def test_same_key_twice_in_one_tar_keeps_the_first_copy(tmp_path):
         dup = next(r for r in same if r["status"] == "duplicate")
         assert f"s.tar/{key}" in dup["error"] and "same key" in dup["error"]
     # stats agree with the manifest, status by status — also after a finalize killed after it
-    # rewrote the parts and rerun (it used to count its changes, and lost them on the rerun)
+    # rewrote the parts and rerun (counting its changes instead would lose them on the rerun)
     counts = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
