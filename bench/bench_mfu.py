@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--recompute", choices=["full", "selective", "none"], help="default: the stage's")
+    ap.add_argument("--kernels", choices=["eager", "fused"], help="default: the trainer's (fused on GPU)")
+    ap.add_argument("--loss-kernel", choices=["megatron", "liger", "torch"], help="default: the trainer's")
     ap.add_argument("--loader-workers", type=int, help="DataLoader worker processes (default: the trainer's)")
     ap.add_argument("--distributed-optimizer", choices=["on", "off"], default="on")
     ap.add_argument("--peak-tflops", type=float)
@@ -87,15 +89,19 @@ def main(argv: list[str] | None = None) -> int:
         train(TrainConfig(run_dir=Path(a.run_dir), recipe=a.recipe, stage=a.stage, steps=a.steps,
                           micro_batch=a.micro_batch, grad_accum=a.grad_accum,
                           distributed_optimizer=a.distributed_optimizer == "on", peak_tflops=a.peak_tflops,
-                          recompute=recompute, loader_workers=a.loader_workers),
+                          recompute=recompute, loader_workers=a.loader_workers, kernels=a.kernels,
+                          loss_kernel=a.loss_kernel),
               on_step=on_step, log=lambda *_: None)
     except _Done:
         pass
+    stage_json = Path(a.run_dir) / "pretrain" / f"stage-{a.stage}" / "stage.json"
+    ran = json.loads(stage_json.read_text()) if stage_json.exists() else {}      # what the trainer resolved
     timed = [r for r in recs[a.warmup:] if r["step"] not in profiled] or recs
     med = (lambda k: statistics.median(r[k] for r in timed))
     summary = {
         "recipe": a.recipe, "stage": a.stage, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "recompute": recompute, "distributed_optimizer": a.distributed_optimizer == "on",
+        "recompute": recompute, "kernels": ran.get("kernels"), "loss_kernel": ran.get("loss_kernel"),
+        "distributed_optimizer": a.distributed_optimizer == "on",
         "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": len(recs), "timed_steps": len(timed),
         "tokens_per_step": med("tokens"), "tokens_per_s_median": med("tokens_per_s"),
         "mfu_median": med("mfu"), "mfu_best": max(r["mfu"] for r in timed), "hfu_median": med("hfu"),

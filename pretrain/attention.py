@@ -157,10 +157,11 @@ def thd_positions(cu_seqlens: torch.Tensor, t: int) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x`` [t, heads, d] rotated by the per-token tables [t, d]: one expression over all tokens,
-    as megatron's unfused bshd rotary computes it (tables cast to ``x``'s dtype)."""
-    c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-    a, b = x.chunk(2, dim=-1)
-    return x * c + torch.cat((-b, a), dim=-1) * s
+    as megatron's unfused bshd rotary computes it (tables cast to ``x``'s dtype); one fused kernel on
+    CUDA with ``kernels = "fused"`` (``pretrain.fused``)."""
+    from pretrain import fused
+
+    return fused.rotary(x, cos, sin)
 
 
 @dataclass

@@ -59,6 +59,11 @@ class TorchRMSNorm(torch.nn.RMSNorm):
         for p in self.parameters():
             p.sequence_parallel = bool(config.sequence_parallel)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from pretrain import fused
+
+        return fused.rms_norm(x, self.weight, self.eps)      # one kernel each way with kernels = "fused"
+
 
 def layer_spec(backend: str = "auto", rope_theta: float | None = None):
     """``te`` (GPU, THD via TE fused attention) | ``sdpa`` (local spec + SDPA THD core attention).

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from pretrain import fused
 from pretrain.attention import packed_attention
 
 
@@ -80,10 +81,8 @@ class Attention(nn.Module):
         one varlen call over all images (``pretrain.attention.packed_attention``, non-causal)."""
         t = x.shape[0]
         q, k, v = (p(x).view(t, self.heads, self.hd) for p in (self.q_proj, self.k_proj, self.v_proj))
-        c, s_ = cos[:, None, :], sin[:, None, :]
-        acc = c.dtype                                       # rotary in fp32 (at least), as HF does
-        q = (q.to(acc) * c + rotate_half(q.to(acc)) * s_).to(v.dtype)
-        k = (k.to(acc) * c + rotate_half(k.to(acc)) * s_).to(v.dtype)
+        c, s_ = cos[:, None, :], sin[:, None, :]          # rotary in fp32 (at least), as HF does
+        q, k = fused.rotary_acc(q, c, s_), fused.rotary_acc(k, c, s_)
         if not isinstance(lens, Spans):
             lens = Spans(lens)
         cu = lens.cu_seqlens(x.device)

@@ -47,6 +47,8 @@ class VLM(nn.Module):
         self.image_pad_id = image_pad_id
         self.rope_theta = recipe.llm.rope_theta
         self.text_only_dummy = True       # run the dummy image on text-only micro-batches (see ``embed``)
+        self.loss_kernel = "megatron"     # the output layer + loss (``pretrain.fused.output_processor``)
+        self._loss_fn = None
         # read by megatron's schedules / DDP / finalize_model_grads
         self.config, self.model_type = self.llm.config, self.llm.model_type
         self.share_embeddings_and_output_weights = self.llm.share_embeddings_and_output_weights
@@ -56,6 +58,13 @@ class VLM(nn.Module):
 
     def set_input_tensor(self, t) -> None:
         self.llm.set_input_tensor(t)
+
+    def set_loss_kernel(self, kind: str) -> None:
+        """``megatron`` | ``liger`` | ``torch``: how the last stage turns hidden states into per-token losses
+        (``pretrain.fused``); checked by ``pretrain.fused.resolve_loss_kernel``."""
+        from pretrain.fused import output_processor
+
+        self.loss_kernel, self._loss_fn = kind, output_processor(kind)
 
     def set_trainable(self, which: str) -> None:
         """``all`` | ``projector``: which parameters train (the rest are frozen). Every parameter is
@@ -138,6 +147,7 @@ class VLM(nn.Module):
 
             pos = batch.position_ids[0] if cp_index is None else batch.position_ids[0, cp_index]
             rotary = rotary_tables(pos, self.config.kv_channels, self.rope_theta)
-        return self.llm(None, batch.position_ids, attention_mask=None, decoder_input=emb,
-                        labels=batch.labels if labels is None else labels,
-                        packed_seq_params=packed_seq_params(batch.cu_seqlens, batch.max_seqlen, rotary))
+        labels = batch.labels if labels is None else labels
+        extra = {"output_processor": self._loss_fn} if self._loss_fn is not None and labels is not None else {}
+        return self.llm(None, batch.position_ids, attention_mask=None, decoder_input=emb, labels=labels,
+                        packed_seq_params=packed_seq_params(batch.cu_seqlens, batch.max_seqlen, rotary), **extra)

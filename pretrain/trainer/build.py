@@ -102,22 +102,28 @@ def recompute_overrides(recompute: str) -> dict:
 
 
 def build_model(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequence_parallel: bool,
-                dtype: torch.dtype, recompute: str):
-    """The VLM for this rank (its PP stage, TP shard), on the device, in the training dtype."""
+                dtype: torch.dtype, recompute: str, kernels: str = "eager", loss_kernel: str = "megatron"):
+    """The VLM for this rank (its PP stage, TP shard), on the device, in the training dtype, with its
+    kernels (``pretrain.fused``: ``kernels`` process-wide, megatron's fused SwiGLU in the config)."""
+    from pretrain import fused
     from pretrain.recipes import RECIPES, pipeline_overrides
     from pretrain.vlm import VLM
 
     cuda = torch.cuda.is_available()
+    fused.set_kernels(kernels)
     overrides = {"pipeline_model_parallel_size": sizes["pp"], "context_parallel_size": sizes["cp"],
                  "calculate_per_token_loss": True, "variable_seq_lengths": sizes["pp"] > 1}
     if sizes["pp"] > 1:   # packed micro-batches differ in length; megatron's config check asks for this dispatcher
         overrides["moe_token_dispatcher_type"] = "alltoall"
     overrides.update(pipeline_overrides(RECIPES[recipe].llm.num_layers, sizes["pp"]))
     overrides.update(recompute_overrides(recompute))
+    if kernels == "fused" and cuda:
+        overrides["bias_activation_fusion"] = True        # megatron's fused SwiGLU (torch.compile'd)
     model = VLM(RECIPES[recipe], image_pad_id(run_dir, tokenizer), tp=sizes["tp"],
                 backend="auto" if cuda else "sdpa", sequence_parallel=sequence_parallel, dtype=dtype, **overrides)
     if getattr(model, "vision", None) is not None:
         model.vision.recompute = recompute      # the tower's activations too, not only the LLM's
+    model.set_loss_kernel(loss_kernel)
     if cuda:
         model.cuda()
     return model.to(dtype)

@@ -40,6 +40,8 @@ class TrainConfig:
     bf16: bool | None = None                 # None: the stage's on GPU, fp32 on CPU
     recompute: str | None = None             # full | selective | none; None: the stage's on GPU, none on CPU
     loader_workers: int | None = None        # DataLoader worker processes; None: 4 on GPU, 0 on CPU
+    kernels: str | None = None               # eager | fused (pretrain.fused); None: fused on GPU, eager on CPU
+    loss_kernel: str | None = None           # megatron | liger | torch; None: liger on GPU at tp = 1 if installed
     peak_tflops: float | None = None         # per device, what MFU divides by; None: 989 on GPU, 0.2 on CPU
     save_every: int = 0                      # checkpoint every N steps (0: at the end and on a signal)
     save_every_minutes: float = 0.0
@@ -73,12 +75,22 @@ class TrainConfig:
             check_step_folder("data", self.data)
         if self.recompute is not None and self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {list(RECOMPUTE)}, got {self.recompute!r}")
+        from pretrain.fused import KERNELS, LOSS_KERNELS
+
+        if self.kernels is not None and self.kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {list(KERNELS)}, got {self.kernels!r}")
+        if self.loss_kernel is not None and self.loss_kernel not in LOSS_KERNELS:
+            raise ValueError(f"loss_kernel must be one of {list(LOSS_KERNELS)}, got {self.loss_kernel!r}")
+        if self.loss_kernel not in (None, "megatron") and self.tp != 1:
+            raise ValueError(f"loss_kernel={self.loss_kernel!r} needs the whole vocabulary on a rank (tp = 1), got "
+                             f"tp={self.tp}: use loss_kernel='megatron' (vocab-parallel cross-entropy)")
         for name in ("sequence_parallel",):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def resolve(self, cuda: bool) -> TrainConfig:
         """The device-dependent defaults filled in (and the stage's data and lr)."""
+        from pretrain.fused import resolve_loss_kernel
         from pretrain.recipes import STAGES
 
         st = STAGES[self.stage]
@@ -88,4 +100,6 @@ class TrainConfig:
             bf16=(cuda and st.bf16) if self.bf16 is None else self.bf16,
             recompute=(st.recompute if cuda else "none") if self.recompute is None else self.recompute,
             loader_workers=(4 if cuda else 0) if self.loader_workers is None else self.loader_workers,
+            kernels=("fused" if cuda else "eager") if self.kernels is None else self.kernels,
+            loss_kernel=resolve_loss_kernel(self.loss_kernel, cuda, self.tp),
             peak_tflops=self.peak_tflops or (GPU_PEAK_TFLOPS if cuda else CPU_PEAK_TFLOPS))

@@ -67,7 +67,7 @@ class Trainer:
         if rank0:
             log(f"stage {cfg.stage}: {self.plan.describe()}")
         self.model = build_model(cfg.recipe, cfg.run_dir, cfg.tokenizer, self.sizes, cfg.sequence_parallel,
-                                 self.dtype, cfg.recompute)
+                                 self.dtype, cfg.recompute, cfg.kernels, cfg.loss_kernel)
         self.out = cfg.run_dir / "pretrain" / f"stage-{cfg.stage}"
         self.out.mkdir(parents=True, exist_ok=True)
         if rank0:
@@ -104,7 +104,8 @@ class Trainer:
              "epochs": c.epochs, "data_packs": self.plan.packs, "data_samples": self.plan.samples,
              "micro_batch": c.micro_batch, "grad_accum": c.grad_accum, **self.sizes,
              "sequence_parallel": c.sequence_parallel, "distributed_optimizer": c.distributed_optimizer,
-             "bf16": c.bf16, "recompute": c.recompute, "seed": c.seed}, indent=2))
+             "bf16": c.bf16, "recompute": c.recompute, "kernels": c.kernels, "loss_kernel": c.loss_kernel,
+             "seed": c.seed}, indent=2))
 
     # ------------------------------------------------------------------ the step
 
