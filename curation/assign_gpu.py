@@ -86,7 +86,7 @@ class GpuTopK:
             if exact and not fp16 and not torch.equal(c16.float(), c32):
                 exact = False                                       # rescoring must read the fp32 vectors:
                 k32 = torch.empty((self.V, d), dtype=torch.float32, device=device)
-                k32[:a] = self.k16[:a].float()                      # (the chunks so far were fp16 numbers)
+                k32[:a].copy_(self.k16[:a])                         # (the chunks so far were fp16 numbers)
             if k32 is not None:
                 k32[a:a + len(chunk)] = c32
             del chunk, c32

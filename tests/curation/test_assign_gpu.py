@@ -113,6 +113,11 @@ def test_a_crowd_at_the_cut_is_recomputed_in_fp32():
     full = X.astype(np.float64) @ C.T.astype(np.float64)
     np.testing.assert_array_equal(i[0], np.argsort(-full[0], kind="stable")[:10])
     _check_exact(X[1:], C, s[1:], i[1:], 10)
+    X16 = X.astype(np.float16)                        # fp16 queries: recomputed too, as their fp32 values
+    s16, i16 = GpuTopK(C, 10, "cpu", concept_tile=128)(X16)
+    s32, i32 = GpuTopK(C, 10, "cpu", concept_tile=128)(X16.astype(np.float32))
+    np.testing.assert_array_equal(i16, i32)
+    np.testing.assert_array_equal(s16, s32)
 
 
 def test_searcher_pipelines_batches_on_cpu_too():
