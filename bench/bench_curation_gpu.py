@@ -314,8 +314,8 @@ def table() -> str:
             lines.append(f"| {model} through `embed_rows`, {name}: whole call | {cell} |")
             if "steady_img_s" in r:
                 lines.append(f"| {model} through `embed_rows`, {name}: steady state (after the first "
-                             f"{r['fill_batches']} batches, on the host at {r['fill_s']:.2f} s) | {r['steady_img_s']:,.0f} | "
-                             f"{r['steady_of_model']:.0%} |")
+                             f"{r['fill_batches']} batches, on the host at {r['fill_s']:.2f} s) | "
+                             f"{r['steady_img_s']:,.0f} | {r['steady_of_model']:.0%} |")
     a = RESULTS.get("assign")
     if a:
         lines.append(f"| assign {a['n']:,} × {a['V']:,}, d = {a['d']}, K = {a['k']}: GEMM floor at fp16 | "
