@@ -6,11 +6,16 @@
 * **embed-images**: each model (random weights: a timing needs none) alone, ``encode_image`` under bf16
   autocast on a ready batch; then through ``curation.embed.embed_rows`` on JPEGs made here (0.3–1 MP,
   smooth content plus sensor-like noise, quality 90: about the bytes per pixel of web photos), decoded in
-  ``--decode-workers`` worker processes, and again with nvJPEG. Rates are rows / wall time of the whole
-  call (worker start-up included).
+  ``--decode-workers`` worker processes (each decoding ``--decode-unit`` rows at a time), and again with
+  nvJPEG. Two rates: rows / wall time of the whole call (worker start-up and pipeline fill included), and
+  the steady state (what a task embedding hundreds of thousands of rows sees): the rows after the fill
+  over the time from the fill's last embeddings reaching the host to the end. The fill is the first
+  ``ceil(workers × prefetch × unit / batch)`` batches (at least one; one for threads): those the workers
+  may have prepared before the model started, which would flatter the rate.
 * **assign**: 1M × 500K × 1024, K = 10, fp16-exact unit vectors (what the ``.npy`` shards hold), through
-  ``curation.assign.topk_torch`` on the GPU, against the floor ``2·n·V·d / fp16 GEMM rate``; the ids
-  are compared with the fp32 CPU path on the first ``--cpu-check`` queries.
+  ``curation.assign_gpu.GpuTopK`` on the GPU, handed over as fp32 arrays and (``fp16 inputs``) as the
+  fp16 arrays the shards hold, against the floor ``2·n·V·d / fp16 GEMM rate``; the ids are compared
+  with the fp32 CPU path on the first ``--cpu-check`` queries.
 
 ``--before DIR`` times the previous ``embed_rows`` / ``topk_torch`` too, loaded from ``DIR/curation/``
 (e.g. ``git show main:curation/embed.py``), in the same process on the same card.
@@ -108,10 +113,16 @@ def make_jpegs(folder: Path, distinct: int, rows: int) -> tuple[list[dict], dict
 # ------------------------------------------------------------------------------------- embed
 
 def embed_variant(spec: str) -> dict:
-    """``threads`` | ``processes`` | ``nvjpeg[:share]``, each ``+draft`` optionally: ``embed_rows`` keywords."""
+    """``threads`` | ``processes`` | ``nvjpeg[:share]``, each ``+draft`` optionally, then ``@unit``
+    optionally (a decode unit other than ``--decode-unit``): ``embed_rows`` keywords."""
+    spec, _, unit = spec.partition("@")
     base, *flags = spec.split("+")
+    if any(f != "draft" for f in flags):
+        raise ValueError(f"unknown embed variant flag in {spec!r}")
     kw = {"decode": "threads" if base == "threads" else "processes", "jpeg_draft": "draft" in flags,
           "jpeg_decode": "cpu"}
+    if unit:
+        kw["decode_unit"] = int(unit)
     if base.startswith("nvjpeg"):
         kw.update(jpeg_decode="nvjpeg", nvjpeg_share=float(base.partition(":")[2] or 1))
     elif base not in ("threads", "processes"):
@@ -120,7 +131,7 @@ def embed_variant(spec: str) -> dict:
 
 
 def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: int, before, json_path,
-                reps_e: int = 1, variants=("processes", "nvjpeg")) -> None:
+                reps_e: int = 1, variants=("processes", "nvjpeg"), unit: int = 32) -> None:
     import open_clip
     import torch
 
@@ -153,25 +164,40 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
     runs = []
     if before is not None:
         runs.append(("before: threads (main)",
-                     lambda: before.embed_rows(rows, net, preprocess, device, batch, workers)))
+                     lambda on_batch: before.embed_rows(rows, net, preprocess, device, batch, workers), 1))
     for spec in variants:
-        kw = embed_variant(spec)
-        runs.append((f"after: {spec}, {workers} workers",
-                     lambda kw=kw: embed_rows(rows, net, preprocess, device, batch, workers, **kw)))
+        kw = {"decode_unit": unit, **embed_variant(spec)}
+        procs = kw["decode"] == "processes"
+        fill = max(1, -(-workers * 2 * kw["decode_unit"] // batch)) if procs else 1   # (prefetch 2: the default)
+        runs.append((f"after: {spec}, {workers} workers" + (f", units of {kw['decode_unit']}" if procs else ""),
+                     lambda on_batch, kw=kw: embed_rows(rows, net, preprocess, device, batch, workers,
+                                                        on_batch=on_batch, **kw), fill))
     ref = None
-    for name, fn in runs:
+    for name, fn, fill in runs:
         try:
             embed_rows(rows[:2 * batch], net, preprocess, device, batch, 2, decode="threads")   # warm
-            times = []
+            times, steady = [], []
             for _ in range(reps_e):       # best of reps_e: on a shared machine the least disturbed run
+                first = {"rows": 0}
+
+                def on_batch(b, n, first=first):     # batch b's embeddings are on the host
+                    if b < fill:
+                        first["t"], first["rows"] = time.perf_counter(), first["rows"] + n
                 _sync()
                 t0 = time.perf_counter()
-                emb, errors = fn()
+                emb, errors = fn(on_batch)
                 _sync()
-                times.append(time.perf_counter() - t0)
+                t1 = time.perf_counter()
+                times.append(t1 - t0)
+                if "t" in first and len(rows) > first["rows"] and t1 > first["t"]:
+                    steady.append(((len(rows) - first["rows"]) / (t1 - first["t"]), first["t"] - t0))
             dt = min(times)
             res[name] = {"img_s": len(rows) / dt, "all_s": times, "of_model": len(rows) / dt / res["model_only"],
                          "errors": sum(e is not None for e in errors)}
+            if steady:      # (the first batch's forward overlaps the second's input: a bias of one batch in all)
+                rate, fill_s = max(steady)
+                res[name].update(steady_img_s=rate, steady_of_model=rate / res["model_only"], fill_batches=fill,
+                                 fill_s=fill_s)
             if ref is None:
                 ref = emb
             else:
@@ -188,20 +214,24 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
 # ------------------------------------------------------------------------------------- assign
 
 def _unit16(n, d, device, seed):
+    """Unit vectors rounded to fp16, as the fp16 array the shards hold."""
     import torch
 
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(n, d, device=device, generator=g)
-    x = torch.nn.functional.normalize(x, dim=1).half().float()
-    return x.cpu().numpy()
+    return torch.nn.functional.normalize(x, dim=1).half().cpu().numpy()
+
+
+ASSIGN_TILES = ((16384, 65536), (32768, 131072), (32768, 262144))
 
 
 def bench_assign(n: int, V: int, d: int, k: int, device: str, before, floor_tflops: float, cpu_check: int,
-                 json_path, layouts=("strided",)) -> None:
+                 json_path, layouts=("strided",), tiles=ASSIGN_TILES, inputs=("fp32", "fp16")) -> None:
     from curation.assign import topk_torch
     from curation.assign_gpu import GpuTopK, topk_tiles
 
-    X, C = _unit16(n, d, device, 0), _unit16(V, d, device, 1)
+    X16, C16 = _unit16(n, d, device, 0), _unit16(V, d, device, 1)
+    X, C = X16.astype(np.float32), C16.astype(np.float32)       # the same values, widened on the host
     floor = 2 * n * V * d / (floor_tflops * 1e12)
     res = RESULTS.setdefault("assign", {"n": n, "V": V, "d": d, "k": k, "floor_s": floor})
     print(f"assign {n:,} × {V:,} × {d}, K={k}: GEMM floor {floor:.2f} s at {floor_tflops:.0f} TFLOP/s (fp16)",
@@ -212,19 +242,24 @@ def bench_assign(n: int, V: int, d: int, k: int, device: str, before, floor_tflo
                      lambda: before.topk_torch(X, C, k, 16384, 65536, device)))
     searches = {}
 
-    def after(tq, tc, layout):
+    def after(tq, tc, layout, dtype):
+        keys, queries = (C16, X16) if dtype == "fp16" else (C, X)
+
         def go():
             t0 = time.perf_counter()
-            s = searches[(tq, tc, layout)] = GpuTopK(C, k, device, tc, layout)
+            s = searches[(tq, tc, layout, dtype)] = GpuTopK(keys, k, device, tc, layout)
             _sync()
-            setup[(tq, tc, layout)] = time.perf_counter() - t0
-            return topk_tiles(s, X, tq)
+            setup[(tq, tc, layout, dtype)] = time.perf_counter() - t0
+            return topk_tiles(s, queries, tq)
         return go
 
     setup = {}
     for layout in layouts:
-        for tq, tc in ((16384, 65536), (32768, 131072)):
-            runs.append((f"after: topk_torch, {layout} groups, tiles {tq} × {tc}", after(tq, tc, layout)))
+        for dtype in inputs:
+            for tq, tc in tiles:
+                label = ", fp16 inputs" if dtype == "fp16" else ""
+                runs.append((f"after: GpuTopK, {layout} groups, tiles {tq} × {tc}{label}",
+                             after(tq, tc, layout, dtype)))
     s_cpu, i_cpu = topk_torch(X[:cpu_check], C, k, 4096, 65536, "cpu")
     ref = None
     for name, fn in runs:
@@ -249,7 +284,7 @@ def bench_assign(n: int, V: int, d: int, k: int, device: str, before, floor_tflo
             res[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"  {name}: FAILED {res[name]['error']}", flush=True)
         _save(json_path)
-    res["recomputed_rows"] = {f"{a}x{b} {c}": s.recomputed for (a, b, c), s in searches.items()}
+    res["recomputed_rows"] = {f"{a}x{b} {c} {t}": s.recomputed for (a, b, c, t), s in searches.items()}
     _save(json_path)
 
 
@@ -276,7 +311,11 @@ def table() -> str:
             if name == "model_only":
                 continue
             cell = f"{r['img_s']:,.0f} | {r['of_model']:.0%}" if "img_s" in r else f"failed: {r['error']} | —"
-            lines.append(f"| {model} through `embed_rows`, {name} | {cell} |")
+            lines.append(f"| {model} through `embed_rows`, {name}: whole call | {cell} |")
+            if "steady_img_s" in r:
+                lines.append(f"| {model} through `embed_rows`, {name}: steady state (after the first "
+                             f"{r['fill_batches']} batches, on the host at {r['fill_s']:.2f} s) | "
+                             f"{r['steady_img_s']:,.0f} | {r['steady_of_model']:.0%} |")
     a = RESULTS.get("assign")
     if a:
         lines.append(f"| assign {a['n']:,} × {a['V']:,}, d = {a['d']}, K = {a['k']}: GEMM floor at fp16 | "
@@ -303,14 +342,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--before", help="a folder holding the previous curation/embed.py and curation/assign.py")
     ap.add_argument("--models", nargs="+", default=["ViT-H-14-quickgelu", "ViT-L-14-quickgelu"])
-    ap.add_argument("--images", type=int, default=6144, help="rows embedded per run")
+    ap.add_argument("--images", type=int, default=16384, help="rows embedded per run")
     ap.add_argument("--distinct", type=int, default=2048, help="distinct JPEGs among them")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--decode-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--decode-unit", type=int, default=32, help="rows a decode worker prepares at a time")
     ap.add_argument("--embed", nargs="+", default=["processes", "nvjpeg", "processes+draft", "nvjpeg:0.5",
                                                     "nvjpeg:0.5+draft"],
-                    help="embed_rows paths to time: threads | processes | nvjpeg[:share], each +draft optionally")
-    ap.add_argument("--layouts", nargs="+", default=["strided", "contiguous"], help="assign group layouts to time")
+                    help="embed_rows paths to time: threads | processes | nvjpeg[:share], each +draft optionally, "
+                         "then @unit optionally (a decode unit other than --decode-unit)")
+    ap.add_argument("--layouts", nargs="+", default=["strided"], choices=["strided", "contiguous"],
+                    help="assign group layouts to time")
+    ap.add_argument("--tiles", nargs="+", default=[f"{a}x{b}" for a, b in ASSIGN_TILES],
+                    help="assign tiles to time, queries x concepts")
+    ap.add_argument("--assign-inputs", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16"],
+                    help="the dtype of the arrays handed to GpuTopK")
     ap.add_argument("--reps", type=int, default=1, help="embed runs per path (the best counts)")
     ap.add_argument("--queries", type=int, default=1_000_000)
     ap.add_argument("--concepts", type=int, default=500_000)
@@ -339,13 +385,15 @@ def main(argv: list[str] | None = None) -> int:
         before = _load_before(a.before, "embed")
         for m in a.models:
             try:
-                bench_embed(m, rows, a.device, a.batch_size, a.decode_workers, before, a.json, a.reps, a.embed)
+                bench_embed(m, rows, a.device, a.batch_size, a.decode_workers, before, a.json, a.reps, a.embed,
+                            a.decode_unit)
             except Exception as e:
                 RESULTS.setdefault("embed", {})[m + " (failed)"] = {"error": f"{type(e).__name__}: {e}"}
                 print(f"{m}: FAILED {e}", flush=True)
     if "assign" not in a.skip:
         bench_assign(a.queries, a.concepts, a.dim, a.k, a.device, _load_before(a.before, "assign"),
-                     RESULTS["gemm_tflops"]["fp16"], a.cpu_check, a.json, a.layouts)
+                     RESULTS["gemm_tflops"]["fp16"], a.cpu_check, a.json, a.layouts,
+                     [tuple(int(v) for v in t.split("x")) for t in a.tiles], a.assign_inputs)
     RESULTS["table"] = table()
     _save(a.json)
     print("\n" + RESULTS["table"])

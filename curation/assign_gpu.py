@@ -1,7 +1,11 @@
 """Exact top-K on a GPU, near the GEMM floor: the fp16 score tile's top-K' candidates, rescored in fp32.
 
 The concept matrix lives on the GPU in fp16 (500K × 1024 = 1 GB), padded to a multiple of ``GROUP``
-rows. A query tile is uploaded on a side stream (pinned, overlapping the previous tile's work), and per
+rows. It is uploaded in chunks of ``UPLOAD_ROWS`` rows into that preallocated fp16 matrix: fp16 keys (what
+the ``.npy`` shards hold) as they are, fp32 keys converted chunk by chunk on the GPU; the norm bound and
+the fp16-exactness check run per chunk, and an fp32 copy is kept only for keys that are not fp16 numbers
+(rescoring must read their exact values). Queries given as fp16 are uploaded as fp16 and widened on the
+GPU (exactly). A query tile is uploaded on a side stream (pinned, overlapping the previous tile's work), and per
 concept tile ``s = Q16 @ K16[c:c+T].T`` stays in fp16 (the GEMM's own output: no fp32 copy of the tile):
 the maximum of each of ``T / GROUP`` groups of ``GROUP`` scores (columns ``g, g + T/GROUP, …``: one pass
 over the tile, coalesced), the ``K'`` best groups, the ``K'`` best scores among their ``K' × GROUP``
@@ -23,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 GROUP = 64
+UPLOAD_ROWS = 65536           # keys uploaded and converted to fp16 in chunks of this many rows
 ACC_EPS = 2.0 ** -16          # fp32 accumulation over d ≤ 4096 terms, relative to |q|·|k| (generous)
 INPUT_EPS = 2.0 ** -10        # fp16 rounding of both inputs, relative to |q|·|k|
 
@@ -64,14 +69,30 @@ class GpuTopK:
         self.k = min(k, self.V)
         self.kp = min(candidates(self.k), self.V)
         self.tile = max(GROUP, concept_tile // GROUP * GROUP)
-        k32 = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.float32)).to(device)
-        k16 = k32.half()
-        self.kmax = float(k32.norm(dim=1).max()) if self.V else 0.0
-        self.keys_exact = bool(torch.equal(k16.float(), k32))     # fp16 shards: always
-        pad = -self.V % GROUP
-        self.k16 = torch.cat([k16, k16.new_zeros(pad, k16.shape[1])]) if pad else k16
-        self.kx = self.k16 if self.keys_exact else k32              # the vectors rescoring reads
-        del k32
+        keys = np.asarray(keys)
+        d = keys.shape[1] if keys.ndim == 2 else 0
+        fp16 = keys.dtype == np.float16                             # the shards' dtype: uploaded as is
+        # Row chunks: the GPU never holds an fp32 copy of all the keys unless they need one (below).
+        self.k16 = torch.empty((self.V + -self.V % GROUP, d), dtype=torch.float16, device=device)
+        self.k16[self.V:] = 0                                       # the padding rows
+        k32, norms, exact = None, [], True
+        for a in range(0, self.V, UPLOAD_ROWS):
+            host = np.ascontiguousarray(keys[a:a + UPLOAD_ROWS], dtype=None if fp16 else np.float32)
+            chunk = torch.from_numpy(host).to(device)
+            c16 = self.k16[a:a + len(chunk)]
+            c16.copy_(chunk)                                        # (fp32 → fp16 on the device)
+            c32 = chunk if not fp16 else c16.float()
+            norms.append(c32.norm(dim=1).max())
+            if exact and not fp16 and not torch.equal(c16.float(), c32):
+                exact = False                                       # rescoring must read the fp32 vectors:
+                k32 = torch.empty((self.V, d), dtype=torch.float32, device=device)
+                k32[:a].copy_(self.k16[:a])                         # (the chunks so far were fp16 numbers)
+            if k32 is not None:
+                k32[a:a + len(chunk)] = c32
+            del chunk, c32
+        self.kmax = float(torch.stack(norms).max()) if norms else 0.0
+        self.keys_exact = exact                                     # fp16 shards: always
+        self.kx = self.k16 if exact else k32                        # the vectors rescoring reads
         self.recomputed = 0                                         # rows the certificate sent to fp32
         cuda = device.startswith("cuda")
         self.copy_stream = torch.cuda.Stream(device) if cuda else None
@@ -80,7 +101,10 @@ class GpuTopK:
     def submit(self, queries: np.ndarray):
         import torch
 
-        q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
+        queries = np.asarray(queries)
+        # fp16 queries (the shards' dtype) travel as fp16: half the bytes, and Q16.float() is exact.
+        dt = np.float16 if queries.dtype == np.float16 else np.float32
+        q = torch.from_numpy(np.ascontiguousarray(queries, dtype=dt))
         if self.copy_stream is not None:
             q = q.pin_memory()
             with torch.cuda.stream(self.copy_stream):
@@ -90,6 +114,7 @@ class GpuTopK:
         else:
             Q = q.to(self.device)
         with torch.inference_mode(), _Precise():
+            Q = Q.float()                                           # (a no-op for fp32 queries)
             packed = self._tile(Q)
             out = packed.to("cpu", non_blocking=True)
         done = None
@@ -174,7 +199,7 @@ class GpuTopK:
         best_s = best_i = None
         with torch.inference_mode(), _Precise():
             for c in range(0, self.V, self.tile):
-                s = Q @ self.kx[c:c + self.tile].float().T
+                s = Q @ self.kx[c:min(c + self.tile, self.V)].float().T   # (not the padding rows of k16)
                 ts, ti = s.topk(min(self.k, s.shape[1]), dim=1)
                 ti = ti + c
                 if best_s is None:

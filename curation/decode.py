@@ -7,14 +7,19 @@ Each batch is prepared by one of:
 * ``threads`` (the default on a CPU machine): a thread pool decodes the rows of up to ``prefetch``
   batches ahead of the model (PIL releases the GIL while it decodes; the model's forward has the
   cores anyway).
-* ``processes`` (the default on a GPU): a ``torch.utils.data.DataLoader`` with ``workers`` processes,
-  pinned memory and ``prefetch`` batches per worker; worker ``w`` of ``W`` prepares the batches
-  ``b ≡ w (mod W)``, which the loader hands back round-robin, i.e. in order. Each worker reads the
-  slice's manifest rows itself (the metadata columns only, not images): cheap for ``samples`` parts in
-  canonical order (ingest's shuffle writes them so); parts that are not make each worker run
+* ``processes`` (the default on a GPU): a ``torch.utils.data.DataLoader`` with ``workers`` processes.
+  Each batch is cut into decode units of ``unit`` rows (``decode_unit``, 32 by default); worker ``w`` of
+  ``W`` prepares the units ``u ≡ w (mod W)`` (numbered across batches), which the loader hands back
+  round-robin, i.e. in order, and the main process reassembles each batch from its units (positions
+  shifted, pixel stacks concatenated into pinned memory when the model is on a GPU): the same batch a
+  single worker would have prepared. A batch is thus decoded by several workers at once, so the model
+  waits one unit's decode for its first batch rather than a whole batch's, and a batch's latency no
+  longer grows with ``batch_size``. At most ``workers × prefetch`` units are in flight. Each worker
+  reads the slice's manifest rows itself (the metadata columns only, not images): cheap for ``samples``
+  parts in canonical order (ingest's shuffle writes them so); parts that are not make each worker run
   ``iter_parts``' DuckDB sort.
 
-Either way at most ``workers × prefetch`` batches are in flight, never the slice. The preprocess is
+Either way a bounded number of rows is in flight, never the slice. The preprocess is
 open_clip's own transform, split before its ``ToTensor`` + ``Normalize`` tail: the workers produce
 uint8 ``[3, H, W]`` (a quarter of the float32 bytes to move and pin) and the model's device runs the
 tail (``x.float().div(255)``, then ``sub(mean).div(std)``, the same float ops torchvision runs, so the
@@ -238,37 +243,89 @@ def manifest_batches(files: list[str], columns: list[str], lo: int, hi: int, bat
         yield pa.Table.from_batches(pieces)
 
 
+def sub_batches(batch, unit: int):
+    """``batch`` cut into consecutive pieces of at most ``unit`` rows (a table stays a table)."""
+    n = batch.num_rows if hasattr(batch, "num_rows") else len(batch)
+    for a in range(0, max(n, 1), unit):
+        yield batch.slice(a, min(unit, n - a)) if hasattr(batch, "slice") else batch[a:a + unit]
+
+
 def _iterable_dataset():
     import torch
 
-    class StridedBatches(torch.utils.data.IterableDataset):
-        """Worker ``w`` of ``W`` prepares the batches ``b ≡ w (mod W)`` of ``source()``; the DataLoader
-        takes one from each worker in turn, so they come back in order."""
+    class StridedUnits(torch.utils.data.IterableDataset):
+        """The batches of ``source()``, each cut into decode units of ``unit`` rows; worker ``w`` of ``W``
+        prepares the units ``u ≡ w (mod W)`` (numbered across batches), and the DataLoader takes one from
+        each worker in turn, so they come back in order. Each unit carries its offset in its batch and
+        whether it is the batch's last, for ``_merge``."""
 
-        def __init__(self, source, prepare):
-            self.source, self.prepare = source, prepare
+        def __init__(self, source, prepare, unit):
+            self.source, self.prepare, self.unit = source, prepare, unit
 
         def __iter__(self):
             info = torch.utils.data.get_worker_info()
             w, n = (info.id, info.num_workers) if info is not None else (0, 1)
-            for b, batch in enumerate(self.source()):
-                if b % n == w:
-                    yield self.prepare(batch)
+            u = 0
+            for batch in self.source():
+                pieces = list(sub_batches(batch, self.unit))
+                at = 0
+                for p, piece in enumerate(pieces):
+                    size = piece.num_rows if hasattr(piece, "num_rows") else len(piece)
+                    if u % n == w:
+                        out = self.prepare(piece)
+                        out["offset"], out["last"] = at, p == len(pieces) - 1
+                        yield out
+                    at += size
+                    u += 1
 
-    return StridedBatches
+    return StridedUnits
+
+
+def _merge(units: list[dict], pin_memory: bool = False) -> dict:
+    """The prepared units of one batch, in order, as the one prepared batch ``prepare_batch`` would have
+    made of it: positions shifted by each unit's offset, the pixel stacks concatenated (into pinned
+    memory when the batch goes to a GPU: one host copy, and the upload stays asynchronous)."""
+    import torch
+
+    if len(units) == 1 and units[0]["offset"] == 0 and not pin_memory:
+        b = units[0]
+        return {k: v for k, v in b.items() if k not in ("offset", "last")}
+    rows, pos, xs, jpeg_pos, jpeg, errors = [], [], [], [], [], {}
+    for b in units:
+        o = b["offset"]
+        rows.extend(b["rows"])
+        pos.extend(j + o for j in b["pos"])
+        if b["x"] is not None:
+            xs.append(b["x"])
+        jpeg_pos.extend(j + o for j in b["jpeg_pos"])
+        jpeg.extend(b["jpeg"])
+        errors.update({j + o: e for j, e in b["errors"].items()})
+    x = None
+    if xs:
+        shape = (sum(len(t) for t in xs), *xs[0].shape[1:])
+        x = torch.empty(shape, dtype=xs[0].dtype, pin_memory=pin_memory)
+        torch.cat(xs, out=x)
+    return {"rows": rows, "pos": pos, "x": x, "jpeg_pos": jpeg_pos, "jpeg": jpeg, "errors": errors}
 
 
 def decoded_batches(source, decoder: RowDecoder, mode: str, workers: int, prefetch: int = 2,
-                    pin_memory: bool = False):
+                    pin_memory: bool = False, unit: int | None = None):
     """Prepared batches of ``source()`` (a picklable callable yielding row batches), in order, with at
-    most ``workers × prefetch`` (processes) or ``prefetch`` (threads) batches in flight."""
+    most ``workers × prefetch`` decode units (processes: ``unit`` rows each, the whole batch if None) or
+    ``prefetch`` batches (threads) in flight."""
     if mode == "processes":
         import torch
 
-        ds = _iterable_dataset()(source, partial(prepare_batch, decoder=decoder))
-        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, prefetch_factor=prefetch,
-                                             pin_memory=pin_memory)
-        yield from loader
+        ds = _iterable_dataset()(source, partial(prepare_batch, decoder=decoder), unit or (1 << 62))
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, prefetch_factor=prefetch)
+        units = []
+        for u in loader:
+            units.append(u)
+            if u["last"]:
+                yield _merge(units, pin_memory)
+                units = []
+        if units:
+            raise RuntimeError("decode workers stopped inside a batch")
         return
     from concurrent.futures import ThreadPoolExecutor
 

@@ -5,8 +5,9 @@ and written with their status, ``row = -1``), in batches of ``batch_size`` rows 
 numbers (``curation.decode``): the vectors go to the ``.npy`` shard batch by batch (``NpyRowWriter``)
 and the rows to the manifest part (``TaskContext.part_writer``), so a task holds the model and the
 batches in flight, whatever its slice. Decoding runs ahead of the model, off its thread's GIL:
-``decode = threads`` (a thread pool, the CPU default) or ``processes`` (DataLoader workers with
-pinned memory, the GPU default), ``prefetch`` batches deep; ``jpeg_decode = nvjpeg`` (the GPU default)
+``decode = threads`` (a thread pool, the CPU default) or ``processes`` (DataLoader workers, each
+decoding ``decode_unit`` rows of a batch at a time, the batch reassembled in pinned memory: the GPU
+default), ``prefetch`` deep; ``jpeg_decode = nvjpeg`` (the GPU default)
 decodes JPEGs on the GPU. Output: ``RUN/embed-images/data/emb-{rank:05d}.npy`` (float16, [n_ok, d]) and the
 ``image_embeddings`` manifest (sample_id, file, row, status, error), row-aligned. A sample that fails
 to decode here becomes ``status = decode_error`` with the message.
@@ -31,7 +32,10 @@ class EmbedImagesConfig:
     batch_size: int = 256
     decode_workers: int = 8                    # threads or processes that decode (``decode``)
     decode: str = "auto"                       # auto: processes on a GPU, threads on a CPU
-    prefetch: int = 2                          # batches decoded ahead, per worker process (per pool for threads)
+    prefetch: int = 2                          # decode units ahead, per worker process (batches, per pool, for threads)
+    decode_unit: int = 32                      # processes: rows a worker decodes at a time (a batch is cut into
+                                               # such units, spread over the workers: the first batch is ready
+                                               # after one unit's decode, not one batch's)
     jpeg_decode: str = "auto"                  # nvjpeg: JPEGs decoded on the GPU (torchvision.io.decode_jpeg);
                                                # auto: nvjpeg on a GPU, cpu on a CPU
     nvjpeg_share: float = 1.0                  # with nvjpeg: the share of JPEG rows it takes (the rest: CPU workers)
@@ -44,6 +48,8 @@ class EmbedImagesConfig:
             raise ValueError("batch_size and decode_workers must be >= 1")
         if self.prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {self.prefetch}")
+        if self.decode_unit < 1:
+            raise ValueError(f"decode_unit must be >= 1, got {self.decode_unit}")
         if self.decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
         if self.jpeg_decode not in JPEG_DECODERS:
@@ -57,22 +63,25 @@ class EmbedImagesConfig:
 
 def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, workers: int, stats=None,
                decode: str = "auto", prefetch: int = 2, jpeg_decode: str = "auto", nvjpeg_share: float = 1.0,
-               jpeg_draft: bool = False):
+               jpeg_draft: bool = False, decode_unit: int = 32, on_batch=None):
     """Embeddings (float32, L2-normalised) of the rows that decode, in order, plus per-row errors
-    (None where the row was embedded)."""
+    (None where the row was embedded). ``on_batch(b, rows)``, if given, is called as each batch's
+    embeddings reach the host (a bench times the steady state from the first call)."""
     from curation.decode import (decoded_batches, embed_batches, list_batches, make_decoder, resolve_decode,
                                  split_preprocess)
 
     pre = split_preprocess(preprocess)
     decoder = make_decoder(pre, device, jpeg_decode, nvjpeg_share, jpeg_draft)
     batches = decoded_batches(partial(list_batches, rows, batch_size), decoder, resolve_decode(decode, device), workers,
-                              prefetch, pin_memory=device.startswith("cuda"))
+                              prefetch, pin_memory=device.startswith("cuda"), unit=decode_unit)
     out, errors = [], [None] * len(rows)
     for b, (batch, pos, e) in enumerate(embed_batches(batches, net, pre, device, stats)):
         for j, err in batch["errors"].items():
             errors[b * batch_size + j] = err
         if e is not None:
             out.append(e)
+        if on_batch is not None:
+            on_batch(b, len(batch["rows"]))
     d = net.visual.output_dim if hasattr(net.visual, "output_dim") else (out[0].shape[1] if out else 0)
     emb = np.concatenate(out) if out else np.zeros((0, d), np.float32)
     return emb, errors
@@ -131,7 +140,7 @@ SAMPLE_COLUMNS = ["sample_id", "shard", "shard_format", "offset", "size", "image
 def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     """This rank's canonical slice of ``samples``, batch by batch: decode (ahead, in workers) + embed,
     append the vectors to the ``.npy`` shard and the rows to the manifest part. Memory: the model + the
-    batches in flight (``decode_workers × prefetch`` at most), whatever the size of the slice."""
+    decode units in flight (``decode_workers × prefetch`` at most), whatever the size of the slice."""
     import torch
 
     import pyarrow as pa
@@ -153,7 +162,7 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     files = [str(f) for f in task.input_files("samples")]     # plain paths: the decode workers read them too
     source = partial(manifest_batches, files, SAMPLE_COLUMNS, lo, hi, cfg.batch_size, str(task.step_dir))
     batches = decoded_batches(source, decoder, mode, cfg.decode_workers, cfg.prefetch,
-                              pin_memory=device.startswith("cuda"))
+                              pin_memory=device.startswith("cuda"), unit=cfg.decode_unit)
     name = f"emb-{task.rank:05d}.npy"
     rel = f"{task.step}/data/{name}"
     vecs = NpyRowWriter(task.data_path(name))

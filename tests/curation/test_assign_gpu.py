@@ -41,6 +41,61 @@ def test_certified_fp16_candidates_give_the_fp32_top_k(fp16_inputs, V, tile, lay
     _check_exact(X, C, s, i, min(10, V))
 
 
+@pytest.mark.parametrize("layout", ["strided", "contiguous"])
+def test_fp16_inputs_give_what_the_same_values_in_fp32_give(layout, monkeypatch):
+    """Keys and queries handed over as fp16 arrays (the shards' dtype) are uploaded as fp16 and widened on
+    the device: the same ids and scores, bit for bit, as their values in fp32; so are keys uploaded in
+    several chunks."""
+    import curation.assign_gpu as ag
+
+    rng = np.random.default_rng(11)
+    X, C = _unit(rng, 200, 40, True), _unit(rng, 1500, 40, True)
+    ref = ag.topk_tiles(ag.GpuTopK(C, 10, "cpu", concept_tile=256, layout=layout), X, 64)
+    monkeypatch.setattr(ag, "UPLOAD_ROWS", 128)
+    for keys, queries in [(C.astype(np.float16), X.astype(np.float16)), (C.astype(np.float16), X),
+                          (C, X.astype(np.float16)), (C, X)]:
+        search = ag.GpuTopK(keys, 10, "cpu", concept_tile=256, layout=layout)
+        assert search.keys_exact and search.kx is search.k16
+        s, i = ag.topk_tiles(search, queries, 64)
+        np.testing.assert_array_equal(i, ref[1])
+        np.testing.assert_array_equal(s, ref[0])
+    _check_exact(X, C, *ref, 10)
+
+
+def test_keys_uploaded_in_chunks_keep_an_fp32_copy_only_when_they_need_one(monkeypatch):
+    """Keys that are not fp16 numbers, first met in a later chunk: rescoring still reads their fp32
+    values (earlier chunks included), so the result is the single-chunk one."""
+    import curation.assign_gpu as ag
+
+    rng = np.random.default_rng(12)
+    X = _unit(rng, 100, 32)
+    C = np.concatenate([_unit(rng, 300, 32, True), _unit(rng, 500, 32)])   # inexact from row 300 on
+    ref = ag.topk_tiles(ag.GpuTopK(C, 10, "cpu", concept_tile=128), X, 50)
+    monkeypatch.setattr(ag, "UPLOAD_ROWS", 128)
+    search = ag.GpuTopK(C, 10, "cpu", concept_tile=128)
+    assert not search.keys_exact and search.kx.dtype == torch.float32
+    np.testing.assert_array_equal(search.kx.numpy(), C)
+    assert search.k16.shape[0] % ag.GROUP == 0 and not search.k16[len(C):].any()
+    s, i = ag.topk_tiles(search, X, 50)
+    np.testing.assert_array_equal(i, ref[1])
+    np.testing.assert_array_equal(s, ref[0])
+    _check_exact(X, C, s, i, 10)
+
+
+def test_the_fp32_recompute_never_returns_a_padding_row():
+    """Every score negative: the zero rows that pad the fp16 keys to a multiple of GROUP would beat them."""
+    from curation.assign_gpu import GpuTopK
+
+    rng = np.random.default_rng(13)
+    C = np.abs(_unit(rng, 70, 16, True))                  # 70 keys: 58 padding rows
+    search = GpuTopK(C, 10, "cpu", concept_tile=64)
+    Q = torch.from_numpy(-np.abs(_unit(rng, 5, 16)))
+    s, i = search.exact(Q)
+    assert (i < 70).all() and (s < 0).all()
+    full = Q.numpy().astype(np.float64) @ C.T.astype(np.float64)
+    np.testing.assert_array_equal(i, np.argsort(-full, axis=1, kind="stable")[:, :10])
+
+
 def test_a_crowd_at_the_cut_is_recomputed_in_fp32():
     """Keys that differ by less than fp16 can tell apart: the fp16 candidates cannot vouch for the
     order, the certificate fails and the rows are recomputed exactly."""
@@ -58,6 +113,11 @@ def test_a_crowd_at_the_cut_is_recomputed_in_fp32():
     full = X.astype(np.float64) @ C.T.astype(np.float64)
     np.testing.assert_array_equal(i[0], np.argsort(-full[0], kind="stable")[:10])
     _check_exact(X[1:], C, s[1:], i[1:], 10)
+    X16 = X.astype(np.float16)                        # fp16 queries: recomputed too, as their fp32 values
+    s16, i16 = GpuTopK(C, 10, "cpu", concept_tile=128)(X16)
+    s32, i32 = GpuTopK(C, 10, "cpu", concept_tile=128)(X16.astype(np.float32))
+    np.testing.assert_array_equal(i16, i32)
+    np.testing.assert_array_equal(s16, s32)
 
 
 def test_searcher_pipelines_batches_on_cpu_too():
@@ -94,3 +154,22 @@ def test_gpu_assign_returns_the_cpu_ids():
     assert (i_all == i_cpu).mean() >= 0.99998
     np.testing.assert_allclose(s_all, s_cpu, atol=1e-5)
     _check_exact(X, C, s_all, i_all, 10)
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_inputs_and_chunked_upload_match_fp32_inputs(monkeypatch):
+    import curation.assign_gpu as ag
+
+    rng = np.random.default_rng(1)
+    X, C = _unit(rng, 5000, 128, True), _unit(rng, 30000, 128, True)
+    s32, i32 = ag.topk_tiles(ag.GpuTopK(C, 10, "cuda", 8192), X, 2048)
+    monkeypatch.setattr(ag, "UPLOAD_ROWS", 4096)
+    search = ag.GpuTopK(C.astype(np.float16), 10, "cuda", 8192)
+    assert search.keys_exact
+    s16, i16 = ag.topk_tiles(search, X.astype(np.float16), 2048)
+    np.testing.assert_array_equal(i16, i32)
+    np.testing.assert_array_equal(s16, s32)
+    inexact = _unit(rng, 30000, 128)
+    search = ag.GpuTopK(inexact, 10, "cuda", 8192)
+    assert not search.keys_exact and torch.equal(search.kx.cpu(), torch.from_numpy(inexact))
+    _check_exact(X[:500], inexact, *ag.topk_tiles(search, X[:500], 256), 10)

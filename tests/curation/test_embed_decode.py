@@ -82,7 +82,8 @@ def test_threads_and_worker_processes_give_the_same_step_output_at_any_task_coun
               "--set", "decode_workers=2", "--quiet"]
     runs = {}
     for name, extra in [("threads-1", ["--tasks", "1", "--set", "decode=threads"]),
-                        ("processes-3", ["--tasks", "3", "--set", "decode=processes", "--set", "prefetch=1"])]:
+                        ("processes-3", ["--tasks", "3", "--set", "decode=processes", "--set", "prefetch=1",
+                                         "--set", "decode_unit=5"])]:
         run = tmp_path / name
         shutil.copytree(ingested_run / "ingest", run / "ingest")
         assert main(["embed-images", "--run-dir", str(run), *common, *extra]) == 0
@@ -114,8 +115,9 @@ def test_embed_rows_keeps_a_corrupt_image_as_an_error_row(tmp_path):
         else:
             _photo(rng, 120 + 10 * i, 90).save(p, "JPEG", quality=90)
         rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
-    for mode in ("threads", "processes"):
-        emb, errors = embed_rows(rows, net, preprocess, "cpu", batch_size=3, workers=2, decode=mode, prefetch=1)
+    for mode, unit in (("threads", 32), ("processes", 32), ("processes", 2), ("processes", 1)):
+        emb, errors = embed_rows(rows, net, preprocess, "cpu", batch_size=3, workers=2, decode=mode, prefetch=1,
+                                 decode_unit=unit)
         assert [e is None for e in errors] == [i != 3 for i in range(7)], errors
         assert emb.shape == (6, net.visual.output_dim)
         np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
@@ -123,6 +125,63 @@ def test_embed_rows_keeps_a_corrupt_image_as_an_error_row(tmp_path):
             ref = emb
         else:
             np.testing.assert_array_equal(ref, emb)
+
+
+def _same_batch(got, want):
+    assert got["rows"] == want["rows"]
+    assert got["pos"] == want["pos"] and got["jpeg_pos"] == want["jpeg_pos"] and got["errors"] == want["errors"]
+    assert (got["x"] is None) == (want["x"] is None)
+    if want["x"] is not None:
+        assert got["x"].dtype == want["x"].dtype and torch.equal(got["x"], want["x"])
+    assert len(got["jpeg"]) == len(want["jpeg"]) and all(torch.equal(a, b) for a, b in zip(got["jpeg"], want["jpeg"]))
+
+
+@pytest.mark.parametrize("unit,workers", [(3, 2), (1, 3), (8, 2), (64, 2), (None, 2)])
+def test_decode_units_reassemble_into_the_batches_one_worker_prepares(tmp_path, unit, workers):
+    """Worker processes decoding units of a batch give back, batch by batch, exactly what
+    ``prepare_batch`` makes of the whole batch: rows, positions, pixels, JPEG bytes, errors (corrupt
+    files, text-only samples and rows not ``ok`` included), also for the short last batch."""
+    import open_clip
+
+    from curation.decode import RowDecoder, decoded_batches, list_batches, prepare_batch, split_preprocess
+
+    pre = split_preprocess(open_clip.image_transform(32, is_train=False))
+    dec = RowDecoder(pre.to_uint8, None, 0.5)           # some rows left as JPEG bytes, the others decoded
+    rng = np.random.default_rng(7)
+    rows = []
+    for i in range(21):
+        p = tmp_path / f"{i}.{'png' if i % 6 == 5 else 'jpg'}"
+        if i in (4, 13):
+            p.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+        else:
+            im = _photo(rng, 60 + 3 * i, 40 + 2 * i)
+            im.save(p, "PNG") if p.suffix == ".png" else im.save(p, "JPEG", quality=90)
+        r = {"sample_id": f"{i:016x}", "status": "ok", "error": None,
+             "images": [{"container": "file", "file": str(p)}]}
+        if i == 9:
+            r["images"] = []                            # text-only: becomes no_image
+        if i == 10:
+            r["status"], r["error"] = "too_small", "x"
+        rows.append(r)
+
+    def fresh():
+        return [dict(r) for r in rows]
+
+    want = [prepare_batch(b, dec) for b in list_batches(fresh(), 8)]
+    got = list(decoded_batches(lambda: list_batches(fresh(), 8), dec, "processes", workers, prefetch=1, unit=unit))
+    assert len(got) == len(want) == 3
+    assert any(w["errors"] for w in want) and any(w["jpeg"] for w in want) and any(w["pos"] for w in want)
+    for g, w in zip(got, want):
+        _same_batch(g, w)
+    assert [r["status"] for r in got[1]["rows"]][1:3] == ["no_image", "too_small"]
+
+
+def test_decode_unit_must_be_positive():
+    from curation.embed import EmbedImagesConfig
+
+    with pytest.raises(ValueError, match="decode_unit"):
+        EmbedImagesConfig(decode_unit=0)
+    assert EmbedImagesConfig().decode_unit == 32
 
 
 def test_jpeg_draft_stays_within_bf16_of_the_full_decode(tmp_path):
@@ -227,3 +286,25 @@ def test_a_batch_split_between_nvjpeg_and_cpu_workers_keeps_row_order(tmp_path):
     assert not np.allclose(cpu, gpu, atol=1e-6)          # the two decoders differ, so the check means something
     for i, g in enumerate(picked):
         np.testing.assert_allclose(half[i], (gpu if g else cpu)[i], atol=1e-6, err_msg=f"row {i}")
+
+
+@pytest.mark.gpu
+def test_reassembled_batches_are_pinned_for_the_gpu(tmp_path):
+    import open_clip
+
+    from curation.decode import RowDecoder, decoded_batches, list_batches, prepare_batch, split_preprocess
+
+    pre = split_preprocess(open_clip.image_transform(32, is_train=False))
+    dec = RowDecoder(pre.to_uint8)
+    rng = np.random.default_rng(8)
+    rows = []
+    for i in range(10):
+        p = tmp_path / f"{i}.jpg"
+        _photo(rng, 50 + i, 40).save(p, "JPEG", quality=90)
+        rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
+    want = [prepare_batch(b, dec) for b in list_batches([dict(r) for r in rows], 8)]
+    got = list(decoded_batches(lambda: list_batches([dict(r) for r in rows], 8), dec, "processes", 2, 1,
+                               pin_memory=True, unit=3))
+    for g, w in zip(got, want):
+        assert g["x"].is_pinned()
+        _same_batch(g, w)
