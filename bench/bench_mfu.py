@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--grad-accum", type=int, default=1)
-    ap.add_argument("--recompute", choices=["full", "selective", "none"], help="default: the stage's")
+    ap.add_argument("--recompute", choices=["full", "selective", "mlp", "none"], help="default: the stage's")
+    ap.add_argument("--vision-recompute", choices=["full", "selective", "none"], help="default: follows --recompute")
     ap.add_argument("--kernels", choices=["eager", "fused"], help="default: the trainer's (fused on GPU)")
     ap.add_argument("--loss-kernel", choices=["megatron", "liger", "torch"], help="default: the trainer's")
     ap.add_argument("--loader-workers", type=int, help="DataLoader worker processes (default: the trainer's)")
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                           micro_batch=a.micro_batch, grad_accum=a.grad_accum,
                           distributed_optimizer=a.distributed_optimizer == "on", peak_tflops=a.peak_tflops,
                           recompute=recompute, loader_workers=a.loader_workers, kernels=a.kernels,
-                          loss_kernel=a.loss_kernel),
+                          loss_kernel=a.loss_kernel, vision_recompute=a.vision_recompute),
               on_step=on_step, log=lambda *_: None)
     except _Done:
         pass
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     med = (lambda k: statistics.median(r[k] for r in timed))
     summary = {
         "recipe": a.recipe, "stage": a.stage, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "recompute": recompute, "kernels": ran.get("kernels"), "loss_kernel": ran.get("loss_kernel"),
+        "recompute": recompute, "vision_recompute": ran.get("vision_recompute"), "kernels": ran.get("kernels"), "loss_kernel": ran.get("loss_kernel"),
         "distributed_optimizer": a.distributed_optimizer == "on",
         "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": len(recs), "timed_steps": len(timed),
         "tokens_per_step": med("tokens"), "tokens_per_s_median": med("tokens_per_s"),

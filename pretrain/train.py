@@ -85,6 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--recompute", choices=RECOMPUTE, help="activation recompute (default: the stage's on GPU, "
                     "none on CPU): full | selective (core attention + MLP) | none")
     ap.add_argument("--loader-workers", type=int, help="DataLoader worker processes (default 4 on GPU, 0 on CPU)")
+    ap.add_argument("--vision-recompute", choices=["full", "selective", "none"], help="the tower's recompute "
+                    "(default: follows --recompute; mlp → selective)")
     ap.add_argument("--kernels", choices=["eager", "fused"], help="fused: compiled rotary/RMSNorm + megatron's "
                     "fused SwiGLU on CUDA (default on GPU; pretrain.fused)")
     ap.add_argument("--loss-kernel", choices=["megatron", "liger", "torch"], help="output layer + cross-entropy "
@@ -115,7 +117,8 @@ def config_from_args(a) -> TrainConfig:
                        tokenizer=a.tokenizer, tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
                        distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
                        bf16=False if a.fp32 else None, recompute=a.recompute, loader_workers=a.loader_workers,
-                       kernels=a.kernels, loss_kernel=a.loss_kernel, save_every=a.save_every, save_every_minutes=a.save_every_minutes, keep=a.keep,
+                       kernels=a.kernels, loss_kernel=a.loss_kernel,
+                       vision_recompute=a.vision_recompute, save_every=a.save_every, save_every_minutes=a.save_every_minutes, keep=a.keep,
                        stop_after=a.stop_after)
 
 

@@ -91,18 +91,23 @@ def recompute_overrides(recompute: str) -> dict:
     """``TransformerConfig`` fields of a recompute mode: ``full`` — every LLM layer's activations
     rebuilt in backward (and every tower layer's); ``selective`` — the core attention and the MLP
     (the widest activations: 2 × 9,728 per token in the 4B) of each layer, in the tower each MLP;
-    ``none`` — everything kept."""
+    ``mlp`` — the MLPs only (with flash attention the core attention keeps little beyond its inputs, which
+    its checkpoint would keep anyway, so rerunning it costs time and saves almost no memory); ``none`` —
+    everything kept."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     if recompute == "full":
         return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     if recompute == "selective":
         return {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "mlp"]}
+    if recompute == "mlp":
+        return {"recompute_granularity": "selective", "recompute_modules": ["mlp"]}
     return {}
 
 
 def build_model(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequence_parallel: bool,
-                dtype: torch.dtype, recompute: str, kernels: str = "eager", loss_kernel: str = "megatron"):
+                dtype: torch.dtype, recompute: str, kernels: str = "eager", loss_kernel: str = "megatron",
+                vision_recompute: str | None = None):
     """The VLM for this rank (its PP stage, TP shard), on the device, in the training dtype, with its
     kernels (``pretrain.fused``: ``kernels`` process-wide, megatron's fused SwiGLU in the config)."""
     from pretrain import fused
@@ -122,7 +127,10 @@ def build_model(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, 
     model = VLM(RECIPES[recipe], image_pad_id(run_dir, tokenizer), tp=sizes["tp"],
                 backend="auto" if cuda else "sdpa", sequence_parallel=sequence_parallel, dtype=dtype, **overrides)
     if getattr(model, "vision", None) is not None:
-        model.vision.recompute = recompute      # the tower's activations too, not only the LLM's
+        from pretrain.trainer.config import vision_recompute_of
+
+        # the tower's activations too, not only the LLM's
+        model.vision.recompute = vision_recompute or vision_recompute_of(recompute)
     model.set_loss_kernel(loss_kernel)
     if cuda:
         model.cuda()

@@ -14,7 +14,13 @@ from pathlib import Path
 
 from ovpipe.config import check_range, check_step_folder
 
-RECOMPUTE = ("full", "selective", "none")
+RECOMPUTE = ("full", "selective", "mlp", "none")
+VISION_RECOMPUTE = ("full", "selective", "none")
+
+
+def vision_recompute_of(recompute: str) -> str:
+    """The tower's mode when only the LLM's is given: ``mlp`` recomputes the tower's MLPs (``selective``)."""
+    return "selective" if recompute == "mlp" else recompute
 CPU_PEAK_TFLOPS = 0.2          # a nominal figure: MFU on a CPU only shows the trend
 GPU_PEAK_TFLOPS = 989.0        # H100/H200 SXM dense bf16
 
@@ -38,7 +44,8 @@ class TrainConfig:
     sequence_parallel: bool = False
     distributed_optimizer: bool | None = None   # None: on with CUDA
     bf16: bool | None = None                 # None: the stage's on GPU, fp32 on CPU
-    recompute: str | None = None             # full | selective | none; None: the stage's on GPU, none on CPU
+    recompute: str | None = None             # full | selective | mlp | none; None: the stage's on GPU, none on CPU
+    vision_recompute: str | None = None      # the tower's: full | selective | none; None: follows recompute
     loader_workers: int | None = None        # DataLoader worker processes; None: 4 on GPU, 0 on CPU
     kernels: str | None = None               # eager | fused (pretrain.fused); None: fused on GPU, eager on CPU
     loss_kernel: str | None = None           # megatron | liger | torch; None: liger on GPU at tp = 1 if installed
@@ -75,6 +82,8 @@ class TrainConfig:
             check_step_folder("data", self.data)
         if self.recompute is not None and self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {list(RECOMPUTE)}, got {self.recompute!r}")
+        if self.vision_recompute is not None and self.vision_recompute not in VISION_RECOMPUTE:
+            raise ValueError(f"vision_recompute must be one of {list(VISION_RECOMPUTE)}, got {self.vision_recompute!r}")
         from pretrain.fused import KERNELS, LOSS_KERNELS
 
         if self.kernels is not None and self.kernels not in KERNELS:
@@ -94,11 +103,13 @@ class TrainConfig:
         from pretrain.recipes import STAGES
 
         st = STAGES[self.stage]
+        recompute = (st.recompute if cuda else "none") if self.recompute is None else self.recompute
         return dataclasses.replace(
             self, data=self.data or st.data, lr=st.lr if self.lr is None else self.lr,
             distributed_optimizer=cuda if self.distributed_optimizer is None else self.distributed_optimizer,
             bf16=(cuda and st.bf16) if self.bf16 is None else self.bf16,
-            recompute=(st.recompute if cuda else "none") if self.recompute is None else self.recompute,
+            recompute=recompute,
+            vision_recompute=vision_recompute_of(recompute) if self.vision_recompute is None else self.vision_recompute,
             loader_workers=(4 if cuda else 0) if self.loader_workers is None else self.loader_workers,
             kernels=("fused" if cuda else "eager") if self.kernels is None else self.kernels,
             loss_kernel=resolve_loss_kernel(self.loss_kernel, cuda, self.tp),

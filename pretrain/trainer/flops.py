@@ -19,7 +19,8 @@ Model FLOPs (MFU):
 Hardware FLOPs (HFU) add the forward work that activation recompute repeats, wherever a backward
 runs through it: ``full`` every LLM layer (not the output layer; megatron's reentrant checkpoint reruns
 each layer whole) and every tower layer but its MLP's down projection; ``selective`` each LLM layer's
-MLP and core attention, and each tower layer's MLP up projection. The tower's recompute is torch's
+MLP and core attention, and each tower layer's MLP up projection; ``mlp`` each LLM layer's MLP (and the
+tower as ``selective``). The tower's mode can be set apart (``vision_recompute``). The tower's recompute is torch's
 non-reentrant checkpoint, which stops once every tensor the backward needs is back, so the down
 projection, whose output no backward reads, is not rerun (measured with ``FlopCounterMode`` in
 ``tests/pretrain/test_flops.py``). A frozen tower with nothing trained before it has no backward, so
@@ -59,9 +60,12 @@ def forward_flops(recipe, stats: dict) -> dict:
             "projector": 2 * n["projector"] * stats["merged"]}
 
 
-def model_flops(recipe, trainable: str, stats: dict, recompute: str) -> tuple[float, float]:
+def model_flops(recipe, trainable: str, stats: dict, recompute: str,
+                vision_recompute: str | None = None) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) of one micro-batch (``forward_flops``'s ``stats``).
-    ``trainable``: ``all`` | ``projector`` (stage 1); ``recompute``: ``full`` | ``selective`` | ``none``."""
+    ``trainable``: ``all`` | ``projector`` (stage 1); ``recompute`` (the LLM's): ``full`` | ``selective`` |
+    ``mlp`` | ``none``; ``vision_recompute`` (the tower's): ``full`` | ``selective`` | ``none``, None: as
+    ``pretrain.trainer.config.vision_recompute_of`` derives it."""
     f = forward_flops(recipe, stats)
     fwd_llm = f["llm_layers"] + f["llm_attn"] + f["llm_output"]
     fwd_vit = f["vit_layers"] + f["vit_attn"] + f["patch_embed"]
@@ -69,9 +73,9 @@ def model_flops(recipe, trainable: str, stats: dict, recompute: str) -> tuple[fl
     # forward + backward: trained 3× (input + weight gradients); frozen 2× behind a trained part, else 1×
     mult_vit, mult_proj, mult_llm = (3, 3, 3) if trains_all else (1, 3, 2)
     mf = mult_vit * fwd_vit + mult_proj * f["projector"] + mult_llm * fwd_llm
-    extra = 0
-    if recompute == "full":
-        extra = f["llm_layers"] + f["llm_attn"] + (f["vit_layers"] - f["vit_fc"] + f["vit_attn"] if trains_all else 0)
-    elif recompute == "selective":
-        extra = f["llm_mlp"] + f["llm_attn"] + (f["vit_fc"] if trains_all else 0)
+    vision = vision_recompute or ("selective" if recompute == "mlp" else recompute)
+    extra = {"full": f["llm_layers"] + f["llm_attn"], "selective": f["llm_mlp"] + f["llm_attn"],
+             "mlp": f["llm_mlp"]}.get(recompute, 0)
+    if trains_all:
+        extra += {"full": f["vit_layers"] - f["vit_fc"] + f["vit_attn"], "selective": f["vit_fc"]}.get(vision, 0)
     return float(mf), float(mf + extra)

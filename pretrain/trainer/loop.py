@@ -67,7 +67,8 @@ class Trainer:
         if rank0:
             log(f"stage {cfg.stage}: {self.plan.describe()}")
         self.model = build_model(cfg.recipe, cfg.run_dir, cfg.tokenizer, self.sizes, cfg.sequence_parallel,
-                                 self.dtype, cfg.recompute, cfg.kernels, cfg.loss_kernel)
+                                 self.dtype, cfg.recompute, cfg.kernels, cfg.loss_kernel,
+                                 cfg.vision_recompute)
         self.out = cfg.run_dir / "pretrain" / f"stage-{cfg.stage}"
         self.out.mkdir(parents=True, exist_ok=True)
         if rank0:
@@ -104,7 +105,7 @@ class Trainer:
              "epochs": c.epochs, "data_packs": self.plan.packs, "data_samples": self.plan.samples,
              "micro_batch": c.micro_batch, "grad_accum": c.grad_accum, **self.sizes,
              "sequence_parallel": c.sequence_parallel, "distributed_optimizer": c.distributed_optimizer,
-             "bf16": c.bf16, "recompute": c.recompute, "kernels": c.kernels, "loss_kernel": c.loss_kernel,
+             "bf16": c.bf16, "recompute": c.recompute, "vision_recompute": c.vision_recompute, "kernels": c.kernels, "loss_kernel": c.loss_kernel,
              "seed": c.seed}, indent=2))
 
     # ------------------------------------------------------------------ the step
@@ -158,7 +159,8 @@ class Trainer:
         if self.reports:
             agg[:2] = torch.stack([r["lm"] for r in res]).sum(0).double()
         if self.reports and self.cp_rank == 0:
-            flops = [model_flops(self.recipe, self.stage.trainable, b.stats, cfg.recompute) for b in raw]
+            flops = [model_flops(self.recipe, self.stage.trainable, b.stats, cfg.recompute,
+                                 cfg.vision_recompute) for b in raw]
             agg[2:] = torch.tensor([sum(b.stats["tokens"] for b in raw), sum(b.n_images for b in raw),
                                     sum(b.n_packs for b in raw), sum(b.n_samples for b in raw),
                                     sum(x[0] for x in flops), sum(x[1] for x in flops)], dtype=torch.float64)

@@ -130,10 +130,12 @@ def test_compiled_kernels_match_eager_on_cuda(t):
             targs = [a for a in args if torch.is_tensor(a)]
             rest = [a for a in args if not torch.is_tensor(a)]
             got, got_g = _fwd_bwd(lambda *z: f(*z, *rest), *targs)
-            exp, exp_g = _fwd_bwd(lambda *z: ref(*z, *rest), *targs)
-            torch.testing.assert_close(got.float(), exp.float(), rtol=2e-2, atol=2e-2)
-            for a, b in zip(got_g, exp_g):
-                torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)
+            eager, eager_g = _fwd_bwd(lambda *z: ref(*z, *rest), *targs)
+            exact, exact_g = _fwd_bwd(lambda *z: ref(*(a.float() for a in z), *rest), *targs)   # fp32 reference
+            # the fused kernel rounds once where eager bf16 rounds every intermediate: at least as accurate
+            for a, e, x in zip([got, *got_g], [eager, *eager_g], [exact, *exact_g]):
+                err, eager_err = (a.float() - x.float()).abs().max(), (e.float() - x.float()).abs().max()
+                assert err <= 1.5 * eager_err + 1e-3, (ref.__name__, float(err), float(eager_err))
     finally:
         fused.set_kernels("eager")
 
