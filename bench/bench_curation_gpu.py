@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--distinct", type=int, default=2048, help="distinct JPEGs among them")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--decode-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    ap.add_argument("--decode-unit", type=int, default=32, help="rows a decode worker prepares at a time")
+    ap.add_argument("--decode-unit", type=int, default=256, help="rows a decode worker prepares at a time")
     ap.add_argument("--embed", nargs="+", default=["processes", "nvjpeg", "processes+draft", "nvjpeg:0.5",
                                                     "nvjpeg:0.5+draft"],
                     help="embed_rows paths to time: threads | processes | nvjpeg[:share], each +draft optionally, "

@@ -48,7 +48,7 @@ class TrainConfig:
     vision_recompute: str | None = None      # the tower's: full | selective | none; None: follows recompute
     loader_workers: int | None = None        # DataLoader worker processes; None: 4 on GPU, 0 on CPU
     kernels: str | None = None               # eager | fused (pretrain.fused); None: fused on GPU, eager on CPU
-    loss_kernel: str | None = None           # megatron | liger | torch; None: liger on GPU at tp = 1 if installed
+    loss_kernel: str | None = None           # megatron | liger | torch; None: megatron (pretrain.fused)
     peak_tflops: float | None = None         # per device, what MFU divides by; None: 989 on GPU, 0.2 on CPU
     save_every: int = 0                      # checkpoint every N steps (0: at the end and on a signal)
     save_every_minutes: float = 0.0

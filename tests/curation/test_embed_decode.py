@@ -181,7 +181,7 @@ def test_decode_unit_must_be_positive():
 
     with pytest.raises(ValueError, match="decode_unit"):
         EmbedImagesConfig(decode_unit=0)
-    assert EmbedImagesConfig().decode_unit == 32
+    assert EmbedImagesConfig().decode_unit == 256
 
 
 def test_jpeg_draft_stays_within_bf16_of_the_full_decode(tmp_path):

@@ -75,8 +75,9 @@ def test_kernel_defaults_per_device(tmp_path):
     cpu = cfg.resolve(cuda=False)
     assert (cpu.kernels, cpu.loss_kernel) == ("eager", "megatron")
     gpu = cfg.resolve(cuda=True)
-    assert gpu.kernels == "fused" and gpu.loss_kernel == ("liger" if fused.liger_available() else "megatron")
-    assert TrainConfig(run_dir=tmp_path, stage="1.5", steps=1, tp=2).resolve(cuda=True).loss_kernel == "megatron"
+    assert (gpu.kernels, gpu.loss_kernel) == ("fused", "megatron")        # liger measured slower: a choice
+    liger = TrainConfig(run_dir=tmp_path, stage="1.5", steps=1, loss_kernel="liger")
+    assert liger.resolve(cuda=True).loss_kernel == "liger"
 
 
 def test_eager_switch_keeps_the_cpu_expressions():
