@@ -21,12 +21,30 @@ def _cuda_available() -> bool:
         return False
 
 
+# The longest-running modules, scheduled right after the Slurm group so that no long test starts late and
+# holds the suite's end (the 2-core CI machine: `make test` is two xdist workers).
+LONG_FIRST = ("tests/pretrain/test_parallel_parity.py", "tests/pretrain/test_kill_drill.py",
+              "tests/pretrain/test_export.py", "tests/pretrain/test_tensor_parallel.py",
+              "tests/pretrain/test_conversation_training.py", "tests/curation/test_curation_demo.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    # Under xdist (`make test` runs two workers) the Slurm tests share one worker: each module starts its
-    # own loopback cluster, and two clusters at once would compete for the same two cores and node name.
+    # Under xdist the Slurm tests share one worker: each module starts its own loopback cluster, and two
+    # clusters at once would compete for the same two cores and node name. The parallel-parity tests share
+    # another, so their one-process reference run (a module fixture) is computed once, not on each worker.
+    # Both groups go first (xdist's loadgroup hands out work in collection order), then LONG_FIRST.
+    def rank(item):
+        if "slurm" in item.keywords:
+            return 0
+        path = item.nodeid.split("::")[0]
+        return 1 + LONG_FIRST.index(path) if path in LONG_FIRST else len(LONG_FIRST) + 1
+
     for item in items:
         if "slurm" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.nodeid.startswith("tests/pretrain/test_parallel_parity.py"):
+            item.add_marker(pytest.mark.xdist_group("parity"))
+    items.sort(key=rank)          # stable: collection order within each rank
     if any("gpu" in item.keywords for item in items) and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
         for item in items:
