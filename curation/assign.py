@@ -87,21 +87,25 @@ class NpyShards:
             self._open[rel] = (mm, np.ndarray(shape, dtype, buffer=mm, offset=offset))
         return self._open[rel][1]
 
-    def gather(self, files, rows) -> np.ndarray:
-        """float32 [n, d]: row ``rows[j]`` of shard ``files[j]``."""
+    def gather(self, files, rows, dtype=np.float32) -> np.ndarray:
+        """[n, d] in ``dtype`` (None: the shards' own, fp16 for ``embed-*``'s): row ``rows[j]`` of shard
+        ``files[j]``."""
         files = np.asarray(files, dtype=object)
         rows = np.asarray(rows, dtype=np.int64)
         out = None
-        for rel in dict.fromkeys(files.tolist()):
+        names = list(dict.fromkeys(files.tolist()))
+        if dtype is None and names:
+            dtype = np.result_type(*(self._array(rel).dtype for rel in names))
+        for rel in names:
             a = self._array(rel)
             if out is None:
-                out = np.empty((len(rows), a.shape[1]), np.float32)
+                out = np.empty((len(rows), a.shape[1]), dtype)
             j = np.flatnonzero(files == rel)
             r = rows[j]
             if len(r) and (r.min() < 0 or r.max() >= len(a)):
                 raise IndexError(f"{rel}: rows up to {r.max()} asked, the shard has {len(a)}")
             out[j] = a[r]
-        return out if out is not None else np.zeros((0, 0), np.float32)
+        return out if out is not None else np.zeros((0, 0), np.float32 if dtype is None else dtype)
 
     def release(self, keep=()) -> None:
         """Drop the mapped pages of every open shard; close the shards not in ``keep``."""
@@ -122,9 +126,9 @@ class NpyShards:
 CONCEPT_COLUMNS = ["concept_id", "file", "row"]
 
 
-def concept_blocks(concepts, run_dir, block_rows: int = 65536):
-    """(concept_ids int64[V] in concept_id order, an iterator of their vectors as float32 blocks of at
-    most ``block_rows`` rows, in the same order), gathered from the mapped shards (paths relative to
+def concept_blocks(concepts, run_dir, block_rows: int = 65536, dtype=np.float32):
+    """(concept_ids int64[V] in concept_id order, an iterator of their vectors as ``dtype`` blocks (None:
+    the shards' own) of at most ``block_rows`` rows, in the same order), gathered from the mapped shards (paths relative to
     ``run_dir``) that the ``concepts`` manifest's ``CONCEPT_COLUMNS`` (canonical order) point at: the
     index or tensor is filled block by block, never beside a second whole copy of the matrix."""
     t = concepts
@@ -134,7 +138,7 @@ def concept_blocks(concepts, run_dir, block_rows: int = 65536):
         shards = NpyShards(run_dir)
         try:
             for a in range(0, len(rows), block_rows):
-                yield shards.gather(files[a:a + block_rows], rows[a:a + block_rows])
+                yield shards.gather(files[a:a + block_rows], rows[a:a + block_rows], dtype)
                 shards.release(keep=set(files[a:a + block_rows].tolist()))
         finally:
             shards.close()
@@ -225,7 +229,7 @@ class Searcher:
     queried batch after batch."""
 
     def __init__(self, keys, cfg: AssignConfig, device: str, n_keys: int | None = None):
-        """``keys``: float32 [V, d], or an iterable of its row blocks in order (``concept_blocks``; then
+        """``keys``: float32 [V, d] (fp16 on the GPU path), or an iterable of its row blocks in order (``concept_blocks``; then
         ``n_keys`` = V)."""
         self.backend = resolve_backend(cfg.backend, device)
         self.gpu = None
@@ -239,7 +243,7 @@ class Searcher:
                 whole, at = None, 0
                 for block in keys:
                     if whole is None:
-                        whole = np.empty((n_keys, block.shape[1]), np.float32)
+                        whole = np.empty((n_keys, block.shape[1]), block.dtype)
                     whole[at:at + len(block)] = block
                     at += len(block)
                 keys = whole if whole is not None else np.zeros((0, 0), np.float32)
@@ -294,7 +298,10 @@ def run(cfg: AssignConfig, task: TaskContext) -> None:
 
     device = pick_device(cfg.device)
     cfg = cfg.for_device(device)
-    cids, blocks = concept_blocks(task.read_input("concepts", columns=CONCEPT_COLUMNS), task.run_dir)
+    # on a GPU the fp16 shards travel as they are (half the bytes to convert, hold and upload; GpuTopK
+    # rescores in fp32 from the same exact values); the CPU paths compute in fp32
+    native = None if device.startswith("cuda") else np.float32
+    cids, blocks = concept_blocks(task.read_input("concepts", columns=CONCEPT_COLUMNS), task.run_dir, dtype=native)
     search = Searcher(blocks, cfg, device, n_keys=len(cids))
     task.stats.info["backend"] = search.backend
     k = search.k
@@ -323,7 +330,7 @@ def run(cfg: AssignConfig, task: TaskContext) -> None:
                 ok = batch.filter(pc.equal(status, "ok"))
                 task.stats.inc("images", ok.num_rows)
                 files = ok.column("file").to_numpy(zero_copy_only=False)
-                X = shards.gather(files, ok.column("row").to_numpy())
+                X = shards.gather(files, ok.column("row").to_numpy(), native)
                 with task.stats.timer("topk"):
                     handle = search.submit(X)
                 shards.release(keep=set(files.tolist()))

@@ -156,3 +156,34 @@ def test_index_filled_block_by_block_equals_the_whole_matrix(tmp_path, backend):
     s1, i1 = Searcher(blocks, cfg, "cpu", n_keys=len(cids))(X)
     s2, i2 = Searcher(C, cfg, "cpu")(X)
     assert (i1 == i2).all() and np.allclose(s1, s2)
+
+
+def test_gather_in_the_shards_own_dtype(tmp_path):
+    """The GPU path reads the fp16 shards as they are (``dtype=None``): the same values, half the bytes."""
+    from curation.assign import NpyShards
+
+    a = (np.arange(60, dtype=np.float32) / 7).astype(np.float16).reshape(20, 3)
+    np.save(tmp_path / "a.npy", a)
+    sh = NpyShards(tmp_path)
+    native, f32 = sh.gather(["a.npy"] * 3, [4, 0, 19], None), sh.gather(["a.npy"] * 3, [4, 0, 19])
+    assert native.dtype == np.float16 and f32.dtype == np.float32 and (native.astype(np.float32) == f32).all()
+    assert sh.gather([], [], None).shape == (0, 0)
+    sh.close()
+
+
+def test_fp16_blocks_fill_the_gpu_search_like_fp32(tmp_path):
+    """``concept_blocks(dtype=None)`` → the fp16 matrix ``GpuTopK`` takes (run here on the CPU device): the
+    same ids and scores as the fp32 blocks."""
+    from curation.assign import CONCEPT_COLUMNS, concept_blocks
+    from curation.assign_gpu import GpuTopK
+    from manifests.io import read_manifest
+
+    _, X, _ = _make_run(tmp_path, 300, d=32, V=300, shards=1)
+    concepts = read_manifest(tmp_path, "concepts", columns=CONCEPT_COLUMNS)
+    out = []
+    for dtype in (None, np.float32):
+        _, blocks = concept_blocks(concepts, tmp_path, block_rows=7, dtype=dtype)
+        blocks = list(blocks)
+        assert blocks[0].dtype == (np.float16 if dtype is None else np.float32)
+        out.append(GpuTopK(np.concatenate(blocks), 5, "cpu", concept_tile=128)(X.astype(np.float16)))
+    assert (out[0][1] == out[1][1]).all() and (out[0][0] == out[1][0]).all()
