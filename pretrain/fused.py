@@ -53,12 +53,16 @@ def _compiled(fn):
     return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
 def rotary_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x`` [t, heads, d] rotated by per-token tables [t, d] (megatron's non-interleaved rotary,
     tables cast to ``x``'s dtype)."""
     c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-    a, b = x.chunk(2, dim=-1)
-    return x * c + torch.cat((-b, a), dim=-1) * s
+    return x * c + rotate_half(x) * s
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -69,8 +73,7 @@ def rotary_acc_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     """The tower's rotary: ``x`` [t, heads, d] rotated in the tables' precision (fp32 at least, as HF
     does) by [t, 1, d] tables, cast back to ``x``'s dtype."""
     acc = x.to(cos.dtype)
-    a, b = acc.chunk(2, dim=-1)
-    return (acc * cos + torch.cat((-b, a), dim=-1) * sin).to(x.dtype)
+    return (acc * cos + rotate_half(acc) * sin).to(x.dtype)
 
 
 def rotary_acc(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -61,11 +61,6 @@ def merge_window_order(gh: int, gw: int) -> torch.Tensor:
     return torch.argsort(key)
 
 
-def rotate_half(x):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, s: ViTSize):
         super().__init__()

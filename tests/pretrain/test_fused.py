@@ -82,7 +82,7 @@ def test_kernel_defaults_per_device(tmp_path):
 
 def test_eager_switch_keeps_the_cpu_expressions():
     """On the CPU (and with kernels = eager) the functions are the plain expressions, bit for bit."""
-    from pretrain.vision import rotate_half
+    from pretrain.fused import rotate_half
 
     fused.set_kernels("fused")           # fused is a CUDA-only switch: CPU tensors still run eagerly
     try:
