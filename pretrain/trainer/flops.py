@@ -73,7 +73,9 @@ def model_flops(recipe, trainable: str, stats: dict, recompute: str,
     # forward + backward: trained 3× (input + weight gradients); frozen 2× behind a trained part, else 1×
     mult_vit, mult_proj, mult_llm = (3, 3, 3) if trains_all else (1, 3, 2)
     mf = mult_vit * fwd_vit + mult_proj * f["projector"] + mult_llm * fwd_llm
-    vision = vision_recompute or ("selective" if recompute == "mlp" else recompute)
+    from pretrain.trainer.config import vision_recompute_of
+
+    vision = vision_recompute or vision_recompute_of(recompute)
     extra = {"full": f["llm_layers"] + f["llm_attn"], "selective": f["llm_mlp"] + f["llm_attn"],
              "mlp": f["llm_mlp"]}.get(recompute, 0)
     if trains_all:
