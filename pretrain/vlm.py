@@ -61,7 +61,7 @@ class VLM(nn.Module):
 
     def set_loss_kernel(self, kind: str) -> None:
         """``megatron`` | ``liger`` | ``torch``: how the last stage turns hidden states into per-token losses
-        (``pretrain.fused``); checked by ``pretrain.fused.resolve_loss_kernel``."""
+        (``pretrain.fused``); checked by ``TrainConfig``."""
         from pretrain.fused import output_processor
 
         self.loss_kernel, self._loss_fn = kind, output_processor(kind)

@@ -112,5 +112,5 @@ class TrainConfig:
             vision_recompute=vision_recompute_of(recompute) if self.vision_recompute is None else self.vision_recompute,
             loader_workers=(4 if cuda else 0) if self.loader_workers is None else self.loader_workers,
             kernels=("fused" if cuda else "eager") if self.kernels is None else self.kernels,
-            loss_kernel=resolve_loss_kernel(self.loss_kernel, cuda, self.tp),
+            loss_kernel=resolve_loss_kernel(self.loss_kernel),
             peak_tflops=self.peak_tflops or (GPU_PEAK_TFLOPS if cuda else CPU_PEAK_TFLOPS))
