@@ -117,8 +117,8 @@ def config_from_args(a) -> TrainConfig:
                        tokenizer=a.tokenizer, tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
                        distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
                        bf16=False if a.fp32 else None, recompute=a.recompute, loader_workers=a.loader_workers,
-                       kernels=a.kernels, loss_kernel=a.loss_kernel,
-                       vision_recompute=a.vision_recompute, save_every=a.save_every, save_every_minutes=a.save_every_minutes, keep=a.keep,
+                       kernels=a.kernels, loss_kernel=a.loss_kernel, vision_recompute=a.vision_recompute,
+                       save_every=a.save_every, save_every_minutes=a.save_every_minutes, keep=a.keep,
                        stop_after=a.stop_after)
 
 

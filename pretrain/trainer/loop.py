@@ -105,8 +105,8 @@ class Trainer:
              "epochs": c.epochs, "data_packs": self.plan.packs, "data_samples": self.plan.samples,
              "micro_batch": c.micro_batch, "grad_accum": c.grad_accum, **self.sizes,
              "sequence_parallel": c.sequence_parallel, "distributed_optimizer": c.distributed_optimizer,
-             "bf16": c.bf16, "recompute": c.recompute, "vision_recompute": c.vision_recompute, "kernels": c.kernels, "loss_kernel": c.loss_kernel,
-             "seed": c.seed}, indent=2))
+             "bf16": c.bf16, "recompute": c.recompute, "vision_recompute": c.vision_recompute,
+             "kernels": c.kernels, "loss_kernel": c.loss_kernel, "seed": c.seed}, indent=2))
 
     # ------------------------------------------------------------------ the step
 
