@@ -38,7 +38,7 @@ class EmbedImagesConfig:
                                                # pipeline sooner but cost the main process a merge per unit:
                                                # 32 measured 66-79% of the model in steady state, 128-256 92-105%
     jpeg_decode: str = "auto"                  # nvjpeg: JPEGs decoded on the GPU (torchvision.io.decode_jpeg);
-                                               # auto: nvjpeg on a GPU, cpu on a CPU
+                                               # auto: the CPU workers (measured faster on an H200)
     nvjpeg_share: float = 1.0                  # with nvjpeg: the share of JPEG rows it takes (the rest: CPU workers)
     jpeg_draft: bool | None = None             # CPU decode of a JPEG at the smallest DCT scale covering the crop;
                                                # None: on with a GPU (the fastest measured path), off on a CPU
@@ -70,10 +70,10 @@ def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, 
     (None where the row was embedded). ``on_batch(b, rows)``, if given, is called as each batch's
     embeddings reach the host (a bench times the steady state from the first call)."""
     from curation.decode import (decoded_batches, embed_batches, list_batches, make_decoder, resolve_decode,
-                                 split_preprocess)
+                                 resolve_draft, split_preprocess)
 
     pre = split_preprocess(preprocess)
-    decoder = make_decoder(pre, device, jpeg_decode, nvjpeg_share, draft_default(jpeg_draft, device))
+    decoder = make_decoder(pre, device, jpeg_decode, nvjpeg_share, resolve_draft(jpeg_draft, device))
     batches = decoded_batches(partial(list_batches, rows, batch_size), decoder, resolve_decode(decode, device), workers,
                               prefetch, pin_memory=device.startswith("cuda"), unit=decode_unit)
     out, errors = [], [None] * len(rows)
@@ -87,10 +87,6 @@ def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, 
     d = net.visual.output_dim if hasattr(net.visual, "output_dim") else (out[0].shape[1] if out else 0)
     emb = np.concatenate(out) if out else np.zeros((0, d), np.float32)
     return emb, errors
-
-
-def draft_default(jpeg_draft: bool | None, device: str) -> bool:
-    return device.startswith("cuda") if jpeg_draft is None else jpeg_draft
 
 
 class NpyRowWriter:
@@ -153,7 +149,7 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
 
     from curation.clip import load_clip
     from curation.decode import (decoded_batches, embed_batches, make_decoder, manifest_batches, resolve_decode,
-                                 split_preprocess)
+                                 resolve_draft, split_preprocess)
     from manifests.schemas import schema_for
     from ovpipe.step import slice_bounds
 
@@ -161,7 +157,7 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     lo, hi = slice_bounds(task.input_num_rows("samples"), task.rank, task.world_size)
     net, preprocess, _, device = load_clip(cfg.model, cfg.pretrained, cfg.device)
     pre = split_preprocess(preprocess)
-    draft = draft_default(cfg.jpeg_draft, device)
+    draft = resolve_draft(cfg.jpeg_draft, device)
     decoder = make_decoder(pre, device, cfg.jpeg_decode, cfg.nvjpeg_share, draft)
     mode = resolve_decode(cfg.decode, device)
     task.stats.info["decode"] = (f"{mode}, jpeg {'nvjpeg' if decoder.nvjpeg_share else 'cpu'}"
