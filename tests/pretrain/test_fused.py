@@ -5,28 +5,7 @@ import pytest
 import torch
 
 from pretrain import fused
-
-PAD = 7
-
-
-def _batch(prep, n_samples=3, seed=0):
-    from pretrain.data import PackedBatch
-
-    g = torch.Generator().manual_seed(seed)
-    seqs = []
-    for _ in range(n_samples):
-        ids = torch.randint(10, 500, (9,), generator=g)
-        ids[3] = PAD
-        seqs.append(ids)
-    tokens = torch.cat(seqs)[None]
-    T = tokens.shape[1]
-    cu = torch.arange(0, T + 1, 9, dtype=torch.int32)
-    mask = torch.ones(1, T)
-    mask[0, cu[1:].long() - 1] = 0
-    b = PackedBatch(tokens, torch.roll(tokens, -1, 1), mask, torch.arange(9).repeat(n_samples)[None], cu, 9,
-                    n_samples, [torch.randn(3, 28, 28, generator=g) for _ in range(n_samples)], n_packs=1,
-                    n_samples=n_samples, pack_ids=[0])
-    return prep(b)
+from tiny_batches import PAD, tiny_batch  # (tests/pretrain is on sys.path)
 
 
 def _loss_and_grads(model, b):
@@ -45,7 +24,7 @@ def test_the_output_processor_hook_gives_megatrons_loss_and_gradients(megatron_s
     r = RECIPES["tiny"]
     model = VLM(r, PAD, backend="sdpa")
     model.set_trainable("all")
-    b = _batch(BatchPrep(r.vit, r.llm.kv_channels, r.llm.rope_theta, PAD))
+    b = tiny_batch(3, BatchPrep(r.vit, r.llm.kv_channels, r.llm.rope_theta, PAD), seed=0)
     ref, ref_g = _loss_and_grads(model, b)
     model.set_loss_kernel("torch")
     got, got_g = _loss_and_grads(model, b)

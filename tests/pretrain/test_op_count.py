@@ -5,7 +5,7 @@ work on the CPU beforehand)."""
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-PAD = 7
+from tiny_batches import PAD, tiny_batch  # (tests/pretrain is on sys.path)
 
 
 class _Count(TorchDispatchMode):
@@ -16,29 +16,6 @@ class _Count(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.n += 1
         return func(*args, **(kwargs or {}))
-
-
-def _batch(n_samples: int, prep):
-    """``n_samples`` samples of 9 tokens, each with one 28×28 image (one merged token)."""
-    from pretrain.data import PackedBatch
-
-    g = torch.Generator().manual_seed(n_samples)
-    seqs = []
-    for _ in range(n_samples):
-        ids = torch.randint(10, 500, (9,), generator=g)
-        ids[3] = PAD
-        seqs.append(ids)
-    tokens = torch.cat(seqs)[None]
-    T = tokens.shape[1]
-    labels = torch.roll(tokens, -1, 1)
-    cu = torch.arange(0, T + 1, 9, dtype=torch.int32)
-    pos = torch.arange(9).repeat(n_samples)[None]
-    mask = torch.ones(1, T)
-    mask[0, cu[1:].long() - 1] = 0
-    images = [torch.randn(3, 28, 28, generator=g) for _ in range(n_samples)]
-    b = PackedBatch(tokens, labels, mask, pos, cu, 9, n_samples, images, n_packs=1, n_samples=n_samples,
-                    pack_ids=[0])
-    return prep(b)
 
 
 def _ops(model, b) -> int:
@@ -59,7 +36,7 @@ def test_op_count_does_not_grow_with_samples_and_images(megatron_single):
     model = VLM(r, PAD, backend="sdpa")
     model.set_trainable("all")
     prep = BatchPrep(r.vit, r.llm.kv_channels, r.llm.rope_theta, PAD)
-    small, large = _batch(2, prep), _batch(64, prep)
+    small, large = tiny_batch(2, prep), tiny_batch(64, prep)
     assert large.vision.n_images == 64 and len(large.cu_seqlens) == 65
     _ops(model, small)                                   # first call: lazy set-up outside the count
     a, b = _ops(model, small), _ops(model, large)
