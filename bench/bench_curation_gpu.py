@@ -131,7 +131,7 @@ def embed_variant(spec: str) -> dict:
 
 
 def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: int, before, json_path,
-                reps_e: int = 1, variants=("processes", "nvjpeg"), unit: int = 32) -> None:
+                reps_e: int = 1, variants=("processes", "nvjpeg"), unit: int = 256) -> None:
     import open_clip
     import torch
 
