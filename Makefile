@@ -17,7 +17,7 @@ EXEC_ARGS  = --run-dir $(RUN) --executor $(EXECUTOR) $(if $(filter slurm,$(EXECU
 STEP_ARGS  = $(EXEC_ARGS) --tasks $(TASKS) --workers $(WORKERS)
 DEMO_DATA_ARGS ?=
 
-.PHONY: install lock test-latest demo test test-fast bench demo-data ingest report status clean
+.PHONY: install bytecode lock test-latest demo test test-fast bench demo-data ingest report status clean
 
 # The install is the lock (requirements/lock.txt, every package pinned with hashes for CPython 3.12 on
 # x86-64 Linux), made by uv from pyproject.toml's ranges; `make lock` refreshes it (docs/install.md).
@@ -30,14 +30,23 @@ $(UV):
 	PIP_CONFIG_FILE=/dev/null $(PYTHON312) -m pip install -q --disable-pip-version-check --root-user-action=ignore \
 	  --target .uv uv==$(UV_VERSION)
 
+# --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set (as on this project's machines and CI), Python
+# never caches what it compiles, so every process — each step, each task, each test's subprocess — would
+# recompile torch's, transformers' and megatron's sources: ~9 s of CPU per process. Compiled once here,
+# read by every process after (`make bytecode` does the same for the project's own packages).
 install: $(VENV)/.installed
 $(VENV)/.installed: $(LOCK) requirements/no-deps.txt pyproject.toml | $(UV)
 	test -x $(BIN)/python || $(UV) venv -q --seed --python $(PYTHON312) $(VENV)
-	$(UV) pip sync -q --python $(BIN)/python --require-hashes $(LOCK)
-	$(UV) pip install -q --python $(BIN)/python --no-deps --require-hashes -r requirements/no-deps.txt
+	$(UV) pip sync -q --compile-bytecode --python $(BIN)/python --require-hashes $(LOCK)
+	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --no-deps --require-hashes -r requirements/no-deps.txt
 	$(UV) pip install -q --python $(BIN)/python --no-deps -e .
 	$(BIN)/python -W ignore -c "import logging; logging.disable(logging.WARNING); import torchvision, open_clip, megatron.core, faiss, transformers; print('install ok: torch', __import__('torch').__version__, '| transformers', transformers.__version__, '| megatron-core', megatron.core.__version__)"
 	touch $@
+
+# The project's own packages, compiled where their sources changed (the install's note above says why).
+PROJECT_PKGS := ovpipe manifests curation packing pretrain rl_select inference grpo demo
+bytecode: install
+	@$(BIN)/python -m compileall -q -j 0 $(PROJECT_PKGS) >/dev/null
 
 # Re-resolve every lock from pyproject.toml's ranges (and requirements/*.in). To upgrade one package
 # only: make lock LOCK_UPGRADE="--upgrade-package transformers", then make test.
@@ -80,7 +89,7 @@ DEMO_STAGES ?= ingest $(filter $(DEMO_TARGETS),$(DEMO_ORDER))
 # task logs (make demo VERBOSE=1 shows everything). The output is teed to RUN/demo-output.log and
 # checked (scripts/check_demo_output.py): no warnings or tracebacks, a summary line for every step.
 VERBOSE ?=
-demo: install
+demo: bytecode
 	@mkdir -p $(RUN)
 	@bash -o pipefail -c '$(if $(VERBOSE),OVPIPE_VERBOSE=1 )$(MAKE) --no-print-directory $(if $(VERBOSE),,-s) $(DEMO_STAGES) 2>&1 | tee $(RUN)/demo-output.log'
 	@$(if $(VERBOSE),true,$(BIN)/python scripts/check_demo_output.py $(RUN)/demo-output.log $(RUN))
@@ -96,10 +105,10 @@ status:
 # 2-core CI machine; the Slurm tests share one worker (tests/conftest.py). TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
 TEST_XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
-test: install
+test: bytecode
 	$(BIN)/python -m pytest -q $(TEST_XDIST)
 
-test-fast: install
+test-fast: bytecode
 	$(BIN)/python -m pytest -q $(TEST_XDIST) -m "not slow and not slurm"
 
 bench: install
