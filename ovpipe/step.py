@@ -247,10 +247,17 @@ class TaskContext:
 
     def read_input_slice(self, kind: str, step: str | None = None, columns: list[str] | None = None):
         """This rank's contiguous share of ``kind`` in canonical order (independent of how the
-        input itself was split into parts)."""
-        table = self.read_input(kind, step=step, columns=columns)
-        lo, hi = slice_bounds(table.num_rows, self.rank, self.world_size)
-        return table.slice(lo, hi - lo)
+        input itself was split into parts), read from the row groups that overlap it: a task holds its
+        share, never the whole manifest (``iter_input_slice`` streams it)."""
+        import pyarrow as pa
+
+        from manifests.schemas import schema_for
+
+        batches = list(self.iter_input_slice(kind, columns, step))
+        if batches:
+            return pa.Table.from_batches(batches)
+        schema = schema_for(kind)
+        return schema.empty_table().select(columns) if columns else schema.empty_table()
 
     def read_output(self, kind: str):
         """Every part this step wrote for ``kind`` (for ``finalize``)."""
@@ -308,10 +315,11 @@ class TaskContext:
 
         return prefetch(self.iter_input(kind, columns, step))
 
-    def iter_input_slice(self, kind: str, columns: list[str], step: str | None = None):
+    def iter_input_slice(self, kind: str, columns: list[str] | None, step: str | None = None,
+                         batch_rows: int | None = None):
         """This rank's canonical slice of ``kind`` (what ``read_input_slice`` returns), streamed: for an
         apply phase whose part must come out sorted, in bounded memory."""
-        return self.iter_input(kind, columns, step, *self._share(kind, step))
+        return self.iter_input(kind, columns, step, *self._share(kind, step), batch_rows)
 
     def part_writer(self, kind: str, row_group_rows: int | None = None):
         """A streaming writer of this rank's part of ``kind`` (``with task.part_writer(k) as w: w.write(t)``);

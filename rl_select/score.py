@@ -27,13 +27,37 @@ class ScoreConfig:
         check_step_folder("rollouts_step", self.rollouts_step)
 
 
+ROLLOUT_BATCH = 8_192       # rollouts read and scored at a time: a task holds one batch, whatever its slice
+
+
 def run(cfg: ScoreConfig, task: TaskContext) -> None:
+    """This rank's slice of ``rollouts``, streamed a batch at a time through the reward workers into the
+    ``rewards`` part (sorted by its key as it goes). A rollout's reward rows for the last (prompt_id,
+    rollout_idx) of a batch wait for the next batch, which may hold more of that rollout's prompt types."""
     from rl_select.rewards import RewardRunner
 
     prompts = {r["prompt_id"]: r for r in task.read_input("rl_prompts", columns=[
         "prompt_id", "ground_truth", "answer_type", "extra", "status"]).to_pylist() if r["status"] == "ok"}
-    rolls = task.read_input_slice("rollouts", step=cfg.rollouts_step,
-                                  columns=["prompt_id", "rollout_idx", "prompt_type", "response"]).to_pylist()
+    columns = ["prompt_id", "rollout_idx", "prompt_type", "response"]
+    held, n_rolls = [], 0
+    with task.stats.timer("score"), RewardRunner(cfg.workers, cfg.timeout_s) as runner, \
+            task.part_writer("rewards") as out:
+        for rb in task.iter_input_slice("rollouts", columns, cfg.rollouts_step, batch_rows=ROLLOUT_BATCH):
+            rolls = rb.to_pylist()
+            n_rolls += len(rolls)
+            rows = held + _score(cfg, task, runner, prompts, rolls)
+            rows.sort(key=lambda r: (r["prompt_id"], r["rollout_idx"], r["reward_type"]))
+            last = (rolls[-1]["prompt_id"], rolls[-1]["rollout_idx"])
+            cut = next((i for i, r in enumerate(rows) if (r["prompt_id"], r["rollout_idx"]) == last), len(rows))
+            if cut:
+                out.write(rows[:cut])
+            held = rows[cut:]
+        if held:
+            out.write(held)
+    task.stats.inc("rollouts", n_rolls)
+
+
+def _score(cfg: ScoreConfig, task: TaskContext, runner, prompts: dict, rolls: list[dict]) -> list[dict]:
     jobs, keys = [], []
     for r in rolls:
         p = prompts.get(r["prompt_id"])
@@ -44,16 +68,13 @@ def run(cfg: ScoreConfig, task: TaskContext) -> None:
         if cfg.format_reward and r["prompt_type"] == "thinking":
             jobs.append(("format", r["response"], "", "{}"))
             keys.append((r["prompt_id"], r["rollout_idx"], "format"))
-    with task.stats.timer("score"), RewardRunner(cfg.workers, cfg.timeout_s) as runner:
-        results = runner.score(jobs)
     rows = []
-    for (pid, idx, rtype), (reward, correct, status, error) in zip(keys, results):
+    for (pid, idx, rtype), (reward, correct, status, error) in zip(keys, runner.score(jobs)):
         rows.append({"prompt_id": pid, "rollout_idx": idx, "reward": reward, "correct": correct,
                      "reward_type": rtype, "status": status, "error": error})
         task.stats.inc(f"status/{status}")
         task.stats.inc(f"reward_type/{rtype}")
-    task.stats.inc("rollouts", len(rolls))
-    task.write_part("rewards", rows)
+    return rows
 
 
 STEP = Step("score", ScoreConfig, run, inputs={"rollouts": "rollouts_step", "rl_prompts": None}, outputs=("rewards",),

@@ -161,3 +161,39 @@ def test_outputs_do_not_depend_on_task_count(rl_run, tmp_path):
     assert main(["select", "--run-dir", str(r1), "--quiet", "--tasks", "1", "--set", "ks=[1,2,4,8]"]) == 0
     for kind in ("rewards", "selection"):
         assert read_manifest(run, kind).equals(read_manifest(r1, kind)), kind
+
+
+def test_score_streams_its_slice_in_batches_with_the_same_bytes(rl_run, tmp_path, monkeypatch):
+    """score reads its slice a batch at a time; a batch boundary that falls between the prompt types of one
+    rollout (answer_only, then thinking with its format reward) changes no byte of the rewards part."""
+    import shutil
+
+    from rl_select import score
+
+    run, _ = rl_run
+    prompts = sorted(p["prompt_id"] for p in read_manifest(run, "rl_prompts").to_pylist() if p["status"] == "ok")
+    data = tmp_path / "rollouts.jsonl"
+    with open(data, "w") as f:
+        for pid in prompts[:4]:
+            for i in range(3):
+                for ptype in ("answer_only", "thinking"):
+                    body = f"<answer>{i}</answer>" if ptype == "answer_only" else f"<think>t</think><answer>{i}</answer>"
+                    f.write(json.dumps({"prompt_id": pid, "rollout_idx": i, "prompt_type": ptype,
+                                        "response": body}) + "\n")
+
+    def scored(name, batch, tasks):
+        r = tmp_path / name
+        shutil.copytree(run / "rl-ingest", r / "rl-ingest")
+        assert main(["rollout", "--set", "backend=file", "--set", f"file={data}", "--run-dir", str(r), "--quiet"]) == 0
+        monkeypatch.setattr(score, "ROLLOUT_BATCH", batch)
+        assert main(["score", "--run-dir", str(r), "--quiet", "--tasks", str(tasks), "--workers", "1"]) == 0
+        return r
+
+    whole = scored("whole", 1 << 16, 1)
+    rewards = read_manifest(whole, "rewards").to_pylist()
+    assert sorted(r["reward_type"] for r in rewards) == ["format"] * 12 + ["math"] * 24
+    part = sorted((whole / "score").rglob("*.parquet"))
+    for batch in (1, 3, 5):               # 3 and 5 cut between a rollout's two prompt types
+        r = scored(f"b{batch}", batch, 1)
+        assert [p.read_bytes() for p in sorted((r / "score").rglob("*.parquet"))] == [p.read_bytes() for p in part]
+    assert read_manifest(scored("t2", 5, 2), "rewards").equals(read_manifest(whole, "rewards"))
