@@ -11,7 +11,12 @@
   the steady state (what a task embedding hundreds of thousands of rows sees): the rows after the fill
   over the time from the fill's last embeddings reaching the host to the end. The fill is the first
   ``ceil(workers × prefetch × unit / batch)`` batches (at least one; one for threads): those the workers
-  may have prepared before the model started, which would flatter the rate.
+  may have prepared before the model started, which would flatter the rate. Each call also records when
+  its first batch reached the host (``first_batch_s``), and ``startup_probe`` times the start-up's parts
+  apart, before the calls and after them: one unit's decode in this process, and the start of the worker
+  processes (the DataLoader forks all of them before any gets work; a fork copies the parent's page tables,
+  so it costs more the more memory the parent holds: 16 workers 0.26 s, 1.64 s with 4 GB resident, on the
+  CPU, ``bench/results/embed_startup_probe_cpu.txt``).
 * **assign**: 1M × 500K × 1024, K = 10, fp16-exact unit vectors (what the ``.npy`` shards hold), through
   ``curation.assign_gpu.GpuTopK`` on the GPU, handed over as fp32 arrays and (``fp16 inputs``) as the
   fp16 arrays the shards hold, against the floor ``2·n·V·d / fp16 GEMM rate``; the ids are compared
@@ -160,6 +165,8 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
         _sync()
     res["model_only"] = batch * reps / (time.perf_counter() - t0)
     print(f"{model}: model only {res['model_only']:,.0f} img/s (batch {batch})", flush=True)
+    res["startup"] = startup_probe(rows, preprocess, device, workers, unit)
+    print(f"  start-up parts: {res['startup']}", flush=True)
     _save(json_path)
     runs = []
     if before is not None:
@@ -181,6 +188,8 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
                 first = {"rows": 0}
 
                 def on_batch(b, n, first=first):     # batch b's embeddings are on the host
+                    if b == 0:
+                        first["first_batch_s"] = time.perf_counter() - t0
                     if b < fill:
                         first["t"], first["rows"] = time.perf_counter(), first["rows"] + n
                 _sync()
@@ -193,7 +202,7 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
                     steady.append(((len(rows) - first["rows"]) / (t1 - first["t"]), first["t"] - t0))
             dt = min(times)
             res[name] = {"img_s": len(rows) / dt, "all_s": times, "of_model": len(rows) / dt / res["model_only"],
-                         "errors": sum(e is not None for e in errors)}
+                         "errors": sum(e is not None for e in errors), "first_batch_s": first.get("first_batch_s")}
             if steady:      # (the first batch's forward overlaps the second's input: a bias of one batch in all)
                 rate, fill_s = max(steady)
                 res[name].update(steady_img_s=rate, steady_of_model=rate / res["model_only"], fill_batches=fill,
@@ -207,8 +216,48 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
             res[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"  {name}: FAILED {res[name]['error']}", flush=True)
         _save(json_path)
+    # again, as the later calls found the process: pinned batches cached by torch, a fork copying more
+    res["startup_after_runs"] = startup_probe(rows, preprocess, device, workers, unit)
+    print(f"  start-up parts after the runs: {res['startup_after_runs']}", flush=True)
+    _save(json_path)
     del net
     torch.cuda.empty_cache()
+
+
+def _ping_dataset():
+    import torch
+
+    class Ping(torch.utils.data.IterableDataset):
+        """One tiny tensor per DataLoader worker: what starting the workers costs, without any decoding."""
+
+        def __iter__(self):
+            yield torch.zeros(1)
+
+    return Ping()
+
+
+def startup_probe(rows: list[dict], preprocess, device: str, workers: int, unit: int) -> dict:
+    """The parts of an ``embed_rows`` call's start-up, timed apart in this process as it stands (the model
+    on the device): one ``unit``-row decode in this process (what a worker needs before its first unit is
+    ready) and the start of ``workers`` DataLoader worker processes (fork, then one item from each)."""
+    import torch
+
+    from curation.decode import make_decoder, prepare_batch, resolve_draft, split_preprocess
+
+    pre = split_preprocess(preprocess)
+    decoder = make_decoder(pre, device, "cpu", 1.0, resolve_draft(None, device))
+    t0 = time.perf_counter()
+    prepare_batch(rows[:unit], decoder)
+    decode_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    it = iter(torch.utils.data.DataLoader(_ping_dataset(), batch_size=None, num_workers=workers))
+    started = time.perf_counter() - t0
+    for _ in range(workers):
+        next(it)
+    first = time.perf_counter() - t0
+    del it
+    return {"decode_unit_s": decode_s, "unit": min(unit, len(rows)), "workers": workers,
+            "workers_started_s": started, "workers_first_item_s": first}
 
 
 # ------------------------------------------------------------------------------------- assign
