@@ -39,6 +39,7 @@ decode and resize work on the CPU, and again within bf16 tolerance of the full d
 from __future__ import annotations
 
 import io
+import itertools
 import zlib
 from collections import deque
 from dataclasses import dataclass
@@ -268,6 +269,14 @@ def _iterable_dataset():
             self.source, self.prepare, self.unit = source, prepare, unit
 
         def __iter__(self):
+            # A worker calls iter() as it starts, before its first request; the DataLoader sends requests
+            # only once it has forked every worker (each fork costs more the more the parent holds). So the
+            # first unit is prepared here, while the parent still forks the others.
+            units = self._units()
+            first = next(units, None)
+            return itertools.chain(() if first is None else (first,), units)
+
+        def _units(self):
             info = torch.utils.data.get_worker_info()
             w, n = (info.id, info.num_workers) if info is not None else (0, 1)
             u = 0
