@@ -308,3 +308,23 @@ def test_reassembled_batches_are_pinned_for_the_gpu(tmp_path):
     for g, w in zip(got, want):
         assert g["x"].is_pinned()
         _same_batch(g, w)
+
+
+def test_a_decode_worker_prepares_its_first_unit_as_it_starts():
+    """torch calls iter() on the dataset as a worker starts, and sends requests only once every worker is
+    forked: the first unit is prepared at iter(), the rest on request, in order, each with its offset."""
+    from curation.decode import _iterable_dataset
+
+    calls = []
+
+    def prepare(piece):
+        calls.append(list(piece))
+        return {"rows": list(piece)}
+
+    ds = _iterable_dataset()(lambda: iter([[1, 2, 3], [4, 5]]), prepare, 2)
+    it = iter(ds)
+    assert calls == [[1, 2]]
+    out = list(it)
+    assert calls == [[1, 2], [3], [4, 5]]
+    assert [(u["rows"], u["offset"], u["last"]) for u in out] == [([1, 2], 0, False), ([3], 2, True), ([4, 5], 0, True)]
+    assert list(iter(_iterable_dataset()(lambda: iter([]), prepare, 2))) == []
