@@ -33,18 +33,21 @@ ROLLOUT_BATCH = 8_192       # rollouts read and scored at a time: a task holds o
 def run(cfg: ScoreConfig, task: TaskContext) -> None:
     """This rank's slice of ``rollouts``, streamed a batch at a time through the reward workers into the
     ``rewards`` part (sorted by its key as it goes). A rollout's reward rows for the last (prompt_id,
-    rollout_idx) of a batch wait for the next batch, which may hold more of that rollout's prompt types."""
+    rollout_idx) of a batch wait for the next batch, which may hold more of that rollout's prompt types.
+    The prompts are read alongside, in the same prompt_id order: a task holds one batch's prompts."""
     from rl_select.rewards import RewardRunner
 
-    prompts = {r["prompt_id"]: r for r in task.read_input("rl_prompts", columns=[
-        "prompt_id", "ground_truth", "answer_type", "extra", "status"]).to_pylist() if r["status"] == "ok"}
+    cursor = PromptCursor(task.iter_input("rl_prompts", ["prompt_id", "ground_truth", "answer_type", "extra",
+                                                         "status"]))
     columns = ["prompt_id", "rollout_idx", "prompt_type", "response"]
-    held, n_rolls = [], 0
+    held, n_rolls, prompts = [], 0, {}
     with task.stats.timer("score"), RewardRunner(cfg.workers, cfg.timeout_s) as runner, \
             task.part_writer("rewards") as out:
         for rb in task.iter_input_slice("rollouts", columns, cfg.rollouts_step, batch_rows=ROLLOUT_BATCH):
             rolls = rb.to_pylist()
             n_rolls += len(rolls)
+            first, last = rolls[0]["prompt_id"], rolls[-1]["prompt_id"]
+            prompts = {k: v for k, v in prompts.items() if k >= first} | cursor.upto(first, last)
             rows = held + _score(cfg, task, runner, prompts, rolls)
             rows.sort(key=lambda r: (r["prompt_id"], r["rollout_idx"], r["reward_type"]))
             last = (rolls[-1]["prompt_id"], rolls[-1]["rollout_idx"])
@@ -55,6 +58,24 @@ def run(cfg: ScoreConfig, task: TaskContext) -> None:
         if held:
             out.write(held)
     task.stats.inc("rollouts", n_rolls)
+
+
+class PromptCursor:
+    """The ``ok`` rows of ``rl_prompts`` (record batches in prompt_id order), handed out by prompt_id range as
+    a sorted slice of rollouts asks for them; rows before the range are passed over, not kept."""
+
+    def __init__(self, batches):
+        self._rows = (r for b in batches for r in b.to_pylist())
+        self._next = next(self._rows, None)
+
+    def upto(self, first: str, last: str) -> dict:
+        out = {}
+        while self._next is not None and self._next["prompt_id"] <= last:
+            r = self._next
+            if r["status"] == "ok" and r["prompt_id"] >= first:
+                out[r["prompt_id"]] = r
+            self._next = next(self._rows, None)
+        return out
 
 
 def _score(cfg: ScoreConfig, task: TaskContext, runner, prompts: dict, rolls: list[dict]) -> list[dict]:
