@@ -197,3 +197,62 @@ def test_score_streams_its_slice_in_batches_with_the_same_bytes(rl_run, tmp_path
         r = scored(f"b{batch}", batch, 1)
         assert [p.read_bytes() for p in sorted((r / "score").rglob("*.parquet"))] == [p.read_bytes() for p in part]
     assert read_manifest(scored("t2", 5, 2), "rewards").equals(read_manifest(whole, "rewards"))
+
+
+SCORE_MEASURE = r"""
+import json, sys
+from pathlib import Path
+import numpy, pyarrow, pyarrow.parquet, duckdb  # not the task's memory
+import rl_select.score, rl_select.rewards, manifests.io, ovpipe.executors.task
+from ovpipe.executors.task import run_task
+from ovpipe.mapreduce import vmhwm_bytes
+
+run, tasks = Path(sys.argv[1]), int(sys.argv[2])
+base = vmhwm_bytes()
+(run / "score" / "completions" / "00000").unlink()
+run_task("score", run, 0, tasks)
+print(json.dumps({"delta": vmhwm_bytes() - base}))
+"""
+
+
+def _score_corpus(run, n_prompts: int, parts: int) -> None:
+    """``n_prompts`` ok prompts (a 2 KB extra each) and 4 rollouts of each with a 16 KB response, in ``parts``
+    parts as that many rollout tasks write them (a task reads whole row groups: each part is one)."""
+    from manifests.io import write_part
+
+    ids = [f"{i:08d}" for i in range(n_prompts)]
+    write_part({"prompt_id": ids, "source": ["s"] * n_prompts, "category": ["c"] * n_prompts,
+                "question": ["q"] * n_prompts, "images": [[]] * n_prompts, "ground_truth": ["A"] * n_prompts,
+                "answer_type": ["choice"] * n_prompts, "extra": ['{"pad": "' + "x" * 2048 + '"}'] * n_prompts,
+                "status": ["ok"] * n_prompts, "error": [None] * n_prompts},
+               run / "rl-ingest" / "rl_prompts" / "part-00000.parquet", "rl_prompts")
+    per = n_prompts // parts
+    for k in range(parts):
+        m = 4 * per
+        write_part({"prompt_id": [p for p in ids[k * per:(k + 1) * per] for _ in range(4)],
+                    "rollout_idx": [i % 4 for i in range(m)], "prompt_type": ["answer_only"] * m,
+                    "response": ["<answer>A</answer>" + " " * 16384] * m, "tokens": [4096] * m,
+                    "backend": ["file"] * m, "model": ["m"] * m, "sampling": ["{}"] * m},
+                   run / "rollout" / "rollouts" / f"part-{k:05d}.parquet", "rollouts")
+
+
+def test_score_task_memory_follows_its_slice_not_the_corpus(tmp_path):
+    """The same slice (1,000 rollouts) out of an 8× larger corpus (2 → 16 tasks): a score task's peak resident
+    memory stays flat. It held the whole rollouts manifest (the responses: 64 MB of the large corpus's
+    text) and every prompt before."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    deltas = []
+    for name, n, tasks in (("small", 500, 2), ("large", 4000, 16)):
+        run = tmp_path / name
+        _score_corpus(run, n, tasks)
+        assert main(["score", "--run-dir", str(run), "--tasks", str(tasks), "--workers", "2", "--quiet"]) == 0
+        r = subprocess.run([sys.executable, "-c", SCORE_MEASURE, str(run), str(tasks)], capture_output=True,
+                           text=True, cwd=Path(__file__).parents[2])
+        assert r.returncode == 0, r.stderr[-3000:]
+        deltas.append(json.loads(r.stdout.strip().splitlines()[-1])["delta"] / 2 ** 20)
+    print(f"VmHWM added by score rank 0, MiB: 2K rollouts / 2 tasks {deltas[0]:.1f}; "
+          f"16K rollouts / 16 tasks {deltas[1]:.1f}")
+    assert deltas[1] - deltas[0] < 24, deltas
