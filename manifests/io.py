@@ -22,6 +22,9 @@ import pyarrow.parquet as pq
 from manifests.schemas import SORT_KEYS, ManifestSchemaError, schema_for
 
 PARQUET_OPTS = dict(compression="zstd", row_group_size=1 << 20, write_statistics=True)
+# Kinds whose rows carry long text get smaller row groups: a streamed reader (``iter_parts``) holds one
+# row group, and 1M rollouts of a few KB of response each would be gigabytes.
+ROW_GROUP_ROWS = {"rollouts": 1 << 16}
 
 
 def temp_path(path: str | os.PathLike) -> Path:
@@ -89,7 +92,7 @@ def write_part(data, path: str | os.PathLike, kind: str, sort: bool = False) -> 
     table = as_manifest_table(data, kind)
     if sort and table.num_rows:
         table = table.sort_by([(k, "ascending") for k in SORT_KEYS[kind]])
-    return write_table(table, path)
+    return write_table(table, path, ROW_GROUP_ROWS.get(kind))
 
 
 def read_part(path: str | os.PathLike, kind: str) -> pa.Table:
@@ -377,7 +380,7 @@ class PartWriter:
     def __init__(self, path: str | os.PathLike, kind: str, row_group_rows: int | None = None):
         self.path = Path(path)
         self.kind = kind
-        self.group = row_group_rows or PARQUET_OPTS["row_group_size"]
+        self.group = row_group_rows or ROW_GROUP_ROWS.get(kind) or PARQUET_OPTS["row_group_size"]
         self._atomic = atomic_write(self.path)        # the temp name, renamed by close, removed on failure
         self.tmp = self._atomic.__enter__()
         self._writer: pq.ParquetWriter | None = None
