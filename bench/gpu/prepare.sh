@@ -1,0 +1,28 @@
+#!/bin/bash
+# What a device call carries (carry [".whl", ".gpu"]), built on the CPU: the wheels the device image lacks
+# (it has torch, triton, transformers, pyarrow, xxhash, pyyaml; no network) and an 8K-token run folder with
+# the stage 1.5 packs (web captions) and the stage 1 packs (LLaVA-558K-style), ~44 MB. Both paths are
+# local (.git/info/exclude). Usage: bash bench/gpu/prepare.sh   (from the repository root, after make install)
+set -euo pipefail
+OV=.venv/bin/ovpipe
+mkdir -p .whl
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_28_x86_64 -d .whl megatron-core==0.19.2 webdataset==1.0.2 braceexpand==0.1.7 \
+  liger-kernel==0.8.5 open_clip_torch==3.3.0 ftfy==6.3.1 wcwidth==0.9.4 einops==0.8.2
+DATA=runs/demo-data-gpu; R=${RUN_GPU:-$PWD/.gpu/run8k}
+rm -rf "$DATA" "$R"; mkdir -p "$(dirname "$R")"
+$OV demo-data --out $DATA
+$OV ingest --config configs/demo/ingest.yaml --set "inputs=[\"$DATA/shards/*.tar\"]" --run-dir $R --quiet
+.venv/bin/python -m packing.tiny_tokenizer --out $R/tokenizer --run-dir $R   # on the captions only, as in every figure so far
+$OV ingest --name ingest-llava --config configs/demo/ingest-llava.yaml --set "inputs=[\"$DATA/llava-558k/*.json\"]" \
+  --run-dir $R --quiet
+$OV lengths --config configs/demo/lengths.yaml --set tokenizer=$R/tokenizer --set seq_len=8192 --run-dir $R --quiet
+$OV pack --config configs/demo/pack.yaml --set seq_len=8192 --run-dir $R --quiet
+$OV lengths --name lengths-align --config configs/demo/lengths.yaml --set tokenizer=$R/tokenizer --set seq_len=8192 \
+  --set 'samples_steps=[ingest-llava]' --run-dir $R --quiet
+$OV pack --name pack-align --config configs/demo/pack.yaml --set lengths_step=lengths-align --set seq_len=8192 \
+  --run-dir $R --quiet
+rm -rf $R/lengths $R/lengths-align "$DATA"   # the packs hold the tokens and images; the trainer reads packs
+grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
+grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
+du -sh .whl "$R"
