@@ -17,11 +17,20 @@ Backends (``backend``) — ``transformers`` and ``vllm`` are the shared VLM gene
 Every row records the backend, the model id and the sampling parameters (JSON). ``rollout_idx``
 is unique per prompt across templates (answer-only first). Sampling is seeded per request
 (``seed ⊕ prompt_id`` + template offset), so a prompt's rollouts do not depend on which rank drew it.
+
+Resumable per rank, like ``recaption``: the rank's prompts are cut into chunks of ``chunk_size``, and each
+chunk's rollouts are written, atomically, to ``RUN/<step>/chunks/{rank:05d}/chunk-{k:06d}-{key}.parquet``
+as soon as they are generated (``key``: a hash of the chunk's prompt ids and the sampling). A rank
+restarted after a kill or a Slurm pre-emption keeps every chunk whose file is there and whole, and
+generates the rest: a pre-empted task loses one chunk, not its slice. The chunks are streamed into the
+rank's ``rollouts`` part (a task holds one chunk), and ``finalize`` removes them.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any, Literal
 
 from ovpipe.config import check_range
@@ -53,6 +62,7 @@ class RolloutConfig:
                                   # several tasks share few cores, else they oversubscribe them
     vllm_engine_args: dict[str, Any] = field(default_factory=dict)  # vllm backend: more LLM(...) arguments, e.g.
                                   # {tensor_parallel_size: 2, model_impl: transformers, max_model_len: 8192}
+    chunk_size: int = 64          # prompts per written chunk: what a pre-empted task loses, and what it holds
 
     def __post_init__(self):
         if self.n < 1:
@@ -66,6 +76,7 @@ class RolloutConfig:
         check_range(self, "max_new_tokens", 1)
         check_range(self, "seed", 0)
         check_range(self, "cpu_threads", 0)
+        check_range(self, "chunk_size", 1)
 
     def sampling(self) -> str:
         return json.dumps({"n": self.n, "temperature": self.temperature, "top_p": self.top_p,
@@ -99,14 +110,19 @@ def requests_for(prompts: list[dict], cfg: RolloutConfig):
     return reqs, keys
 
 
-def rollouts_generate(prompts: list[dict], cfg: RolloutConfig, stats, backend=None) -> list[dict]:
-    """``transformers`` / ``vllm`` through the shared VLM backend (``inference.backends``)."""
-    from inference.backends import Sampling, load_backend
+def load(cfg: RolloutConfig):
+    from inference.backends import load_backend
 
-    if backend is None:
-        backend = load_backend(cfg.backend, cfg.model, device=cfg.device, dtype=cfg.dtype,
-                               cpu_threads=cfg.cpu_threads, seed=cfg.seed, engine_args=cfg.vllm_engine_args)
-    stats.info["device"] = getattr(backend, "device", "cuda")
+    return load_backend(cfg.backend, cfg.model, device=cfg.device, dtype=cfg.dtype, cpu_threads=cfg.cpu_threads,
+                        seed=cfg.seed, engine_args=cfg.vllm_engine_args)
+
+
+def rollouts_generate(prompts: list[dict], cfg: RolloutConfig, stats, backend=None) -> list[dict]:
+    """``transformers`` / ``vllm`` through the shared VLM backend (``inference.backends``; loaded here if
+    not given)."""
+    from inference.backends import Sampling
+
+    backend = backend or load(cfg)
     reqs, keys = requests_for(prompts, cfg)
     gens = backend.generate(reqs, Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens))
     rows, next_idx = [], {}
@@ -122,44 +138,108 @@ def rollouts_generate(prompts: list[dict], cfg: RolloutConfig, stats, backend=No
     return rows
 
 
-def rollouts_transformers(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
-    return rollouts_generate(prompts, cfg, stats)
+class FileRollouts:
+    """backend=file: the rows of the rollouts JSONL for the prompts still to do, read once (streamed, the
+    others skipped), handed out per chunk."""
+
+    def __init__(self, cfg: RolloutConfig, want: set[str], stats):
+        from inference.backends import read_jsonl
+
+        self.rows, next_idx = {}, {}
+        for r in read_jsonl(cfg.file, lambda r: r.get("prompt_id") in want, stats, other_key="file/other_prompt"):
+            pid = r["prompt_id"]
+            i = r.get("rollout_idx", next_idx.get(pid, 0))
+            next_idx[pid] = max(next_idx.get(pid, 0), i + 1)
+            self.rows.setdefault(pid, []).append({
+                "prompt_id": pid, "rollout_idx": int(i), "prompt_type": r.get("prompt_type", "answer_only"),
+                "response": str(r.get("response", "")), "tokens": int(r.get("tokens", 0)), "model": r.get("model")})
+
+    def __call__(self, prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
+        return [r for p in prompts for r in self.rows.get(p["prompt_id"], [])]
 
 
-def rollouts_vllm(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
-    return rollouts_generate(prompts, cfg, stats)
+def chunk_dir(task: TaskContext) -> Path:
+    return task.step_dir / "chunks" / f"{task.rank:05d}"
 
 
-def rollouts_file(prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
-    from inference.backends import read_jsonl
+def chunk_path(task: TaskContext, k: int, prompts: list[dict], cfg: RolloutConfig) -> Path:
+    """Chunk ``k``'s file; its name carries a hash of the chunk's prompt ids and of what generates them, so
+    an earlier try's chunk is reused only for the same prompts, backend, model and sampling."""
+    import xxhash
 
-    want = {p["prompt_id"] for p in prompts}
-    rows, next_idx = [], {}
-    for r in read_jsonl(cfg.file, lambda r: r.get("prompt_id") in want, stats, other_key="file/other_prompt"):
-        pid = r["prompt_id"]
-        i = r.get("rollout_idx", next_idx.get(pid, 0))
-        next_idx[pid] = max(next_idx.get(pid, 0), i + 1)
-        rows.append({"prompt_id": pid, "rollout_idx": int(i), "prompt_type": r.get("prompt_type", "answer_only"),
-                     "response": str(r.get("response", "")), "tokens": int(r.get("tokens", 0)),
-                     "model": r.get("model")})
-    return rows
+    h = xxhash.xxh64()
+    for p in prompts:
+        h.update(p["prompt_id"].encode() + b"\0")
+    h.update(json.dumps([cfg.backend, cfg.model, cfg.file, cfg.prompt_types, cfg.sampling()]).encode())
+    return chunk_dir(task) / f"chunk-{k:06d}-{h.hexdigest()}.parquet"
+
+
+def done_chunk(path: Path) -> bool:
+    from manifests.io import read_part
+
+    if not path.exists():
+        return False
+    try:
+        read_part(path, "rollouts")
+    except Exception:
+        return False
+    return True
+
+
+def write_chunk(path: Path, rows: list[dict]) -> None:
+    from manifests.io import write_part
+
+    write_part(rows, path, "rollouts", sort=True)
 
 
 def run(cfg: RolloutConfig, task: TaskContext) -> None:
+    from manifests.io import read_part
+
     prompts = [p for p in task.read_input_slice("rl_prompts").to_pylist() if p["status"] == "ok"]
-    fn = {"transformers": rollouts_transformers, "vllm": rollouts_vllm, "file": rollouts_file}[cfg.backend]
-    with task.stats.timer("rollout"):
-        rows = fn(prompts, cfg, task.stats)
+    chunks = [prompts[i:i + cfg.chunk_size] for i in range(0, len(prompts), cfg.chunk_size)]
+    paths = [chunk_path(task, k, c, cfg) for k, c in enumerate(chunks)]
+    cdir = chunk_dir(task)
+    for p in cdir.glob(".tmp-*"):           # a killed earlier try of this rank: only this rank writes here
+        p.unlink(missing_ok=True)
+    todo = [k for k in range(len(chunks)) if not done_chunk(paths[k])]
+    task.stats.inc("chunks/resumed", len(chunks) - len(todo))
+    generate = None
+    if todo:
+        if cfg.backend == "file":
+            generate = FileRollouts(cfg, {p["prompt_id"] for k in todo for p in chunks[k]}, task.stats)
+        else:
+            with task.stats.timer("load_model"):
+                backend = load(cfg)
+            task.stats.info["device"] = getattr(backend, "device", "cuda")
+            generate = partial(rollouts_generate, backend=backend)
     sampling = cfg.sampling()
-    for r in rows:
-        r["backend"] = cfg.backend
-        r["model"] = r.get("model") or cfg.model or None
-        r["sampling"] = sampling
+    with task.stats.timer("rollout"), task.progress(len(prompts), unit="prompts") as bar:
+        bar.update(sum(len(chunks[k]) for k in range(len(chunks)) if k not in todo))
+        for k in todo:
+            rows = generate(chunks[k], cfg, task.stats)
+            for r in rows:
+                r["backend"] = cfg.backend
+                r["model"] = r.get("model") or cfg.model or None
+                r["sampling"] = sampling
+            write_chunk(paths[k], rows)
+            task.stats.inc("chunks/written")
+            bar.update(len(chunks[k]))
+    n = 0
+    with task.part_writer("rollouts") as out:   # chunks in prompt_id order, each sorted: the part's order
+        for path in paths:
+            t = read_part(path, "rollouts")
+            n += t.num_rows
+            out.write(t)
     task.stats.inc("prompts", len(prompts))
-    task.stats.inc("rollouts", len(rows))
-    task.write_part("rollouts", rows)
+    task.stats.inc("rollouts", n)
 
 
-STEP = Step("rollout", RolloutConfig, run, inputs={"rl_prompts": None}, outputs=("rollouts",),
+def finalize(cfg: RolloutConfig, task: TaskContext) -> None:
+    import shutil
+
+    shutil.rmtree(task.step_dir / "chunks", ignore_errors=True)   # every rank's part is written
+
+
+STEP = Step("rollout", RolloutConfig, run, inputs={"rl_prompts": None}, outputs=("rollouts",), finalize=finalize,
             check=lambda cfg, run_dir: check_backend_runtime(cfg),
             description="N rollouts per prompt (vLLM / transformers / file)")

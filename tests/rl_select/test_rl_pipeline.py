@@ -256,3 +256,53 @@ def test_score_task_memory_follows_its_slice_not_the_corpus(tmp_path):
     print(f"VmHWM added by score rank 0, MiB: 2K rollouts / 2 tasks {deltas[0]:.1f}; "
           f"16K rollouts / 16 tasks {deltas[1]:.1f}")
     assert deltas[1] - deltas[0] < 24, deltas
+
+
+def test_rollout_killed_mid_slice_resumes_from_its_last_chunk(rl_run, tmp_path, monkeypatch):
+    """A rank pre-empted while writing its 2nd chunk keeps its 1st; the rerun generates only the rest, leaves
+    the finished rank alone, and gives the bytes of an uninterrupted run (and of any chunk size)."""
+    import shutil
+
+    import rl_select.rollout as ro
+
+    run, _ = rl_run
+    data = run / "data" / "rollouts.jsonl"
+
+    def rollout(r, chunk):
+        return main(["rollout", "--set", "backend=file", "--set", f"file={data}", "--set", f"chunk_size={chunk}",
+                     "--run-dir", str(r), "--quiet", "--tasks", "2", "--workers", "1"])
+
+    def fresh(name):
+        r = tmp_path / name
+        shutil.copytree(run / "rl-ingest", r / "rl-ingest")
+        return r
+
+    ref = fresh("ref")
+    assert rollout(ref, 2) == 0
+    assert not (ref / "rollout" / "chunks").exists()                     # finalize removed them
+
+    killed = fresh("killed")
+    real_write = ro.write_chunk
+
+    def dying_write(path, rows):
+        if path.parent.name == "00001" and path.name.startswith("chunk-000001-"):
+            raise KeyboardInterrupt("pre-empted")
+        real_write(path, rows)
+
+    monkeypatch.setattr(ro, "write_chunk", dying_write)
+    with pytest.raises(KeyboardInterrupt):
+        rollout(killed, 2)
+    sdir = killed / "rollout"
+    assert (sdir / "completions" / "00000").exists() and not (sdir / "completions" / "00001").exists()
+    assert [p.name[:12] for p in sorted((sdir / "chunks" / "00001").glob("chunk-*"))] == ["chunk-000000"]
+    rank0 = (sdir / "stats" / "00000.json").read_bytes()
+
+    monkeypatch.setattr(ro, "write_chunk", real_write)
+    assert rollout(killed, 2) == 0
+    rank1 = json.loads((sdir / "stats" / "00001.json").read_text())["counters"]
+    assert rank1["chunks/resumed"] == 1 and rank1["chunks/written"] == -(-rank1["prompts"] // 2) - 1
+    assert (sdir / "stats" / "00000.json").read_bytes() == rank0           # the finished rank was not redone
+    parts = lambda r: [p.read_bytes() for p in sorted((r / "rollout" / "rollouts").glob("*.parquet"))]  # noqa: E731
+    assert parts(killed) == parts(ref)
+    other = fresh("chunk5")
+    assert rollout(other, 5) == 0 and parts(other) == parts(ref)

@@ -12,8 +12,7 @@ import pytest
 from PIL import Image
 
 from ovpipe.step import Stats
-from rl_select.rollout import (TEMPLATES, RolloutConfig, prompt_seed, requests_for, rollouts_file, rollouts_generate,
-                               rollouts_vllm)
+from rl_select.rollout import TEMPLATES, FileRollouts, RolloutConfig, prompt_seed, requests_for, rollouts_generate
 
 
 def png(color, size=(8, 8)):
@@ -61,7 +60,7 @@ def test_vllm_requests(monkeypatch):
                {"prompt_id": "b" * 16, "question": "Text only?", "images": []}]
     cfg = RolloutConfig(backend="vllm", model="some/vlm", n=4, prompt_types=["answer_only", "thinking"],
                         temperature=0.7, max_new_tokens=64, seed=3)
-    rows = rollouts_vllm(prompts, cfg, Stats())
+    rows = rollouts_generate(prompts, cfg, Stats())
     assert seen["llm"][0] == "some/vlm" and seen["llm"][1]["trust_remote_code"] is True
     assert len(seen["sampling"]) == 4                                      # one per request
     base = prompt_seed(3, "a" * 16)
@@ -127,7 +126,8 @@ def test_file_backend_counts_bad_lines(tmp_path):
                             json.dumps({"prompt_id": "p1", "response": "y", "prompt_type": "thinking"}),
                             json.dumps({"prompt_id": "other", "response": "z"})]) + "\n")
     stats = Stats()
-    rows = rollouts_file([{"prompt_id": "p1"}], RolloutConfig(backend="file", file=str(f)), stats)
+    cfg = RolloutConfig(backend="file", file=str(f))
+    rows = FileRollouts(cfg, {"p1"}, stats)([{"prompt_id": "p1"}], cfg, stats)
     assert [(r["rollout_idx"], r["prompt_type"], r["response"]) for r in rows] == [
         (0, "answer_only", "x"), (1, "thinking", "y")]
     assert stats.counters["file/bad_json"] == 1 and stats.counters["file/other_prompt"] == 1
