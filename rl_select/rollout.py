@@ -162,14 +162,14 @@ def chunk_dir(task: TaskContext) -> Path:
     return task.step_dir / "chunks" / f"{task.rank:05d}"
 
 
-def chunk_path(task: TaskContext, k: int, prompts: list[dict], cfg: RolloutConfig) -> Path:
+def chunk_path(task: TaskContext, k: int, ids: list[str], cfg: RolloutConfig) -> Path:
     """Chunk ``k``'s file; its name carries a hash of the chunk's prompt ids and of what generates them, so
     an earlier try's chunk is reused only for the same prompts, backend, model and sampling."""
     import xxhash
 
     h = xxhash.xxh64()
-    for p in prompts:
-        h.update(p["prompt_id"].encode() + b"\0")
+    for pid in ids:
+        h.update(pid.encode() + b"\0")
     h.update(json.dumps([cfg.backend, cfg.model, cfg.file, cfg.prompt_types, cfg.sampling()]).encode())
     return chunk_dir(task) / f"chunk-{k:06d}-{h.hexdigest()}.parquet"
 
@@ -192,45 +192,62 @@ def write_chunk(path: Path, rows: list[dict]) -> None:
     write_part(rows, path, "rollouts", sort=True)
 
 
+def prompt_chunks(task: TaskContext, size: int, columns: list[str] | None = None):
+    """The ``ok`` prompts of this rank's slice of ``rl_prompts``, streamed, in chunks of ``size`` (the last
+    shorter): a task holds one chunk and one row group, not its slice (the prompts carry their images)."""
+    chunk = []
+    for b in task.iter_input_slice("rl_prompts", columns, batch_rows=size):
+        for p in b.to_pylist():
+            if p["status"] == "ok":
+                chunk.append(p)
+                if len(chunk) == size:
+                    yield chunk
+                    chunk = []
+    if chunk:
+        yield chunk
+
+
 def run(cfg: RolloutConfig, task: TaskContext) -> None:
     from manifests.io import read_part
 
-    prompts = [p for p in task.read_input_slice("rl_prompts").to_pylist() if p["status"] == "ok"]
-    chunks = [prompts[i:i + cfg.chunk_size] for i in range(0, len(prompts), cfg.chunk_size)]
-    paths = [chunk_path(task, k, c, cfg) for k, c in enumerate(chunks)]
+    ids = [[p["prompt_id"] for p in c] for c in prompt_chunks(task, cfg.chunk_size, ["prompt_id", "status"])]
+    paths = [chunk_path(task, k, c, cfg) for k, c in enumerate(ids)]
+    n_prompts = sum(map(len, ids))
     cdir = chunk_dir(task)
     for p in cdir.glob(".tmp-*"):           # a killed earlier try of this rank: only this rank writes here
         p.unlink(missing_ok=True)
-    todo = [k for k in range(len(chunks)) if not done_chunk(paths[k])]
-    task.stats.inc("chunks/resumed", len(chunks) - len(todo))
+    todo = {k for k in range(len(ids)) if not done_chunk(paths[k])}
+    task.stats.inc("chunks/resumed", len(ids) - len(todo))
     generate = None
     if todo:
         if cfg.backend == "file":
-            generate = FileRollouts(cfg, {p["prompt_id"] for k in todo for p in chunks[k]}, task.stats)
+            generate = FileRollouts(cfg, {pid for k in todo for pid in ids[k]}, task.stats)
         else:
             with task.stats.timer("load_model"):
                 backend = load(cfg)
             task.stats.info["device"] = getattr(backend, "device", "cuda")
             generate = partial(rollouts_generate, backend=backend)
     sampling = cfg.sampling()
-    with task.stats.timer("rollout"), task.progress(len(prompts), unit="prompts") as bar:
-        bar.update(sum(len(chunks[k]) for k in range(len(chunks)) if k not in todo))
-        for k in todo:
-            rows = generate(chunks[k], cfg, task.stats)
+    with task.stats.timer("rollout"), task.progress(n_prompts, unit="prompts") as bar:
+        bar.update(sum(len(ids[k]) for k in range(len(ids)) if k not in todo))
+        for k, prompts in enumerate(prompt_chunks(task, cfg.chunk_size) if todo else ()):
+            if k not in todo:
+                continue
+            rows = generate(prompts, cfg, task.stats)
             for r in rows:
                 r["backend"] = cfg.backend
                 r["model"] = r.get("model") or cfg.model or None
                 r["sampling"] = sampling
             write_chunk(paths[k], rows)
             task.stats.inc("chunks/written")
-            bar.update(len(chunks[k]))
+            bar.update(len(prompts))
     n = 0
     with task.part_writer("rollouts") as out:   # chunks in prompt_id order, each sorted: the part's order
         for path in paths:
             t = read_part(path, "rollouts")
             n += t.num_rows
             out.write(t)
-    task.stats.inc("prompts", len(prompts))
+    task.stats.inc("prompts", n_prompts)
     task.stats.inc("rollouts", n)
 
 

@@ -3,6 +3,7 @@ select → export, checked exactly."""
 import io
 import json
 import math
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -306,3 +307,49 @@ def test_rollout_killed_mid_slice_resumes_from_its_last_chunk(rl_run, tmp_path, 
     assert parts(killed) == parts(ref)
     other = fresh("chunk5")
     assert rollout(other, 5) == 0 and parts(other) == parts(ref)
+
+
+ROLLOUT_MEASURE = SCORE_MEASURE.replace('"score"', '"rollout"').replace("rl_select.score", "rl_select.rollout")
+
+
+def _rollout_corpus(run, n_prompts: int, parts: int) -> Path:
+    """``n_prompts`` ok prompts with a 64 KB image each, in ``parts`` parts as that many rl-ingest tasks write
+    them, and a rollouts JSONL with one response per prompt."""
+    from manifests.io import write_part
+
+    ids = [f"{i:08d}" for i in range(n_prompts)]
+    per = n_prompts // parts
+    image = bytes(range(256)) * 256
+    for k in range(parts):
+        mine = ids[k * per:(k + 1) * per]
+        m = len(mine)
+        write_part({"prompt_id": mine, "source": ["s"] * m, "category": ["c"] * m, "question": ["<image>q"] * m,
+                    "images": [[image]] * m, "ground_truth": ["A"] * m, "answer_type": ["choice"] * m,
+                    "extra": ["{}"] * m, "status": ["ok"] * m, "error": [None] * m},
+                   run / "rl-ingest" / "rl_prompts" / f"part-{k:05d}.parquet", "rl_prompts")
+    data = run / "rollouts.jsonl"
+    data.write_text("".join(json.dumps({"prompt_id": p, "response": "<answer>A</answer>"}) + "\n" for p in ids))
+    return data
+
+
+def test_rollout_task_memory_follows_its_chunk_not_its_slice(tmp_path):
+    """Two tasks over 512 and over 4,096 prompts (their 64 KB images inline, in parts of 256 as rl-ingest
+    tasks write them): a rollout task's slice grows 8× (16 → 128 MB of images), its peak resident memory
+    does not — it streams its prompts a chunk at a time (32 here) and writes each chunk as it goes."""
+    import subprocess
+    import sys
+
+    deltas = []
+    for name, n in (("small", 512), ("large", 4096)):
+        run = tmp_path / name
+        data = _rollout_corpus(run, n, n // 256)
+        assert main(["rollout", "--set", "backend=file", "--set", f"file={data}", "--set", "chunk_size=32",
+                     "--run-dir", str(run), "--tasks", "2", "--workers", "2", "--quiet"]) == 0
+        (run / "rollout" / "completions" / "finalized").unlink()
+        r = subprocess.run([sys.executable, "-c", ROLLOUT_MEASURE, str(run), "2"], capture_output=True,
+                           text=True, cwd=Path(__file__).parents[2])
+        assert r.returncode == 0, r.stderr[-3000:]
+        deltas.append(json.loads(r.stdout.strip().splitlines()[-1])["delta"] / 2 ** 20)
+    print(f"VmHWM added by rollout rank 0, MiB: a 256-prompt slice {deltas[0]:.1f}; a 2,048-prompt slice "
+          f"{deltas[1]:.1f}")
+    assert deltas[1] - deltas[0] < 24, deltas
