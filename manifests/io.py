@@ -25,7 +25,7 @@ PARQUET_OPTS = dict(compression="zstd", row_group_size=1 << 20, write_statistics
 # Kinds whose rows are large get smaller row groups: a streamed reader (``iter_parts``) holds one row
 # group, and 1M rollouts of a few KB of response each, or 1M RL prompts with their images inline, would
 # be gigabytes to hundreds of gigabytes.
-ROW_GROUP_ROWS = {"rollouts": 1 << 16, "rl_prompts": 1 << 12}
+ROW_GROUP_ROWS = {"rollouts": 1 << 16, "rl_prompts": 512}
 
 
 def temp_path(path: str | os.PathLike) -> Path:

@@ -49,12 +49,16 @@ class SpillWriter:
     with the rank's per-bucket row counts (``buckets``) and its number of runs (``runs``): memory one run.
     Opening it removes the runs an earlier try of the same rank left (a rerun rank starts from scratch)."""
 
-    def __init__(self, directory: Path, rank: int, kind: str):
+    def __init__(self, directory: Path, rank: int, kind: str, convert_rows: int | None = None,
+                 group_rows: int | None = None):
         import numpy as np
 
         from manifests.schemas import SORT_KEYS
 
         self.directory, self.rank, self.kind, self.key = Path(directory), rank, kind, SORT_KEYS[kind][0]
+        # fewer rows for large rows (images inline): what the writer holds as dicts, and what a merge of
+        # the runs holds per run (a row group)
+        self.convert_rows, self.group_rows = convert_rows or CONVERT_ROWS, group_rows or SPILL_GROUP_ROWS
         self.rows, self.tables, self.nbytes, self.runs = [], [], 0, 0
         self.buckets = np.zeros(N_BUCKETS, np.int64)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -67,7 +71,7 @@ class SpillWriter:
             raise ValueError(f"{self.key} {sid!r} is not an xxh3-64 hex digest")
         self.buckets[int(sid[:BUCKET_HEX], 16)] += 1
         self.rows.append(row)
-        if len(self.rows) >= CONVERT_ROWS:
+        if len(self.rows) >= self.convert_rows:
             self._convert()
             if self.nbytes >= SPILL_BYTES:
                 self.flush()
@@ -92,7 +96,7 @@ class SpillWriter:
             return
         t = pa.concat_tables(self.tables).sort_by([(k, "ascending") for k in SORT_KEYS[self.kind]])
         self.tables, self.nbytes = [], 0
-        write_table(t, spill_path(self.directory, self.rank, self.runs), row_group_rows=SPILL_GROUP_ROWS)
+        write_table(t, spill_path(self.directory, self.rank, self.runs), row_group_rows=self.group_rows)
         self.runs += 1
 
 

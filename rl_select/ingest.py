@@ -60,8 +60,10 @@ def _read_rows(path: str) -> Iterator[tuple[object, str | None]]:
         return
     import pyarrow.parquet as pq
 
-    for rec in pq.read_table(path).to_pylist():
-        yield rec, None
+    # batches, not the file at once; pre_buffer off: with it, the reader keeps every row group it read
+    for b in pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=SPILL_ROWS, use_threads=False):
+        for rec in b.to_pylist():
+            yield rec, None
 
 
 def _image_bytes(v, base: Path) -> bytes:
@@ -106,11 +108,11 @@ def adapt(row: dict, layout: str, cfg: RLIngestConfig) -> dict:
             "extra": {k: row[k] for k in ("id", "prompt_type") if k in row}}
 
 
-def ingest_file(path: str, cfg: RLIngestConfig, stats) -> list[dict]:
+def ingest_file(path: str, cfg: RLIngestConfig, stats) -> Iterator[dict]:
+    """The ``rl_prompts`` rows of one input file, in its order, one at a time."""
     import xxhash
 
     base = Path(path).parent
-    out = []
     for row, parse_error in _read_rows(path):
         status, error, images = "ok", None, []
         try:
@@ -143,22 +145,41 @@ def ingest_file(path: str, cfg: RLIngestConfig, stats) -> list[dict]:
         for part in (source, q, a["ground_truth"] or "", *images):
             h.update(part if isinstance(part, bytes) else str(part).encode())
             h.update(b"\x00")
-        out.append({"prompt_id": h.hexdigest(), "source": source, "category": a["category"] or "default",
-                    "question": q, "images": images, "ground_truth": a["ground_truth"],
-                    "answer_type": a["answer_type"] or cfg.default_answer_type,
-                    "extra": json.dumps(a["extra"], default=str, sort_keys=True), "status": status, "error": error})
         stats.inc(f"status/{status}")
-    return out
+        yield {"prompt_id": h.hexdigest(), "source": source, "category": a["category"] or "default",
+               "question": q, "images": images, "ground_truth": a["ground_truth"],
+               "answer_type": a["answer_type"] or cfg.default_answer_type,
+               "extra": json.dumps(a["extra"], default=str, sort_keys=True), "status": status, "error": error}
+
+
+SPILL_ROWS = 64     # prompts (with their images) made a table, a spill run's row group, a merge batch per run
 
 
 def run(cfg: RLIngestConfig, task: TaskContext) -> None:
+    """This rank's input files (every ``world_size``-th), their rows sorted by prompt_id into its part
+    through spilled sorted runs (``ovpipe.shuffle.SpillWriter``, merged by ``merge_sorted``): a task holds
+    one run being filled (``shuffle.SPILL_BYTES``), then ``SPILL_ROWS`` rows of each run while merging (the
+    prompts carry their images) — not its files' rows. The part has the bytes a sort of all its rows
+    would give (ties in input order)."""
+    import shutil
+
+    from manifests.schemas import schema_for
+    from ovpipe.shuffle import SpillWriter, merge_sorted, spill_path
+
     files = sorted({str(Path(f).resolve()) for p in cfg.inputs for f in glob.glob(os.path.expanduser(p))})
     if not files:
         raise FileNotFoundError(f"rl-ingest.inputs {cfg.inputs} match no file")
-    rows = []
+    sdir = task.step_dir / "spill" / f"{task.rank:05d}"
+    spill = SpillWriter(sdir, task.rank, "rl_prompts", convert_rows=SPILL_ROWS, group_rows=SPILL_ROWS)
     for f in files[task.rank::task.world_size]:
-        rows.extend(ingest_file(f, cfg, task.stats))
-    task.write_part("rl_prompts", rows)
+        for row in ingest_file(f, cfg, task.stats):
+            spill.add(row)
+    spill.flush()
+    runs = [spill_path(sdir, task.rank, r) for r in range(spill.runs)]
+    with task.part_writer("rl_prompts") as out:
+        for t in merge_sorted(runs, "prompt_id", schema_for("rl_prompts").names, batch_rows=SPILL_ROWS):
+            out.write(t.drop_columns(["_file", "_row"]))
+    shutil.rmtree(sdir, ignore_errors=True)
 
 
 def finalize(cfg: RLIngestConfig, task: TaskContext) -> None:
@@ -169,7 +190,9 @@ def finalize(cfg: RLIngestConfig, task: TaskContext) -> None:
     only the parts that hold a repeat are rewritten."""
     import pyarrow as pa
 
-    from manifests.io import read_part, write_part
+    import pyarrow.parquet as pq
+
+    from manifests.io import PartWriter
     from ovpipe.shuffle import FirstOccurrence, merge_sorted
 
     files = task.output_files("rl_prompts")
@@ -183,16 +206,22 @@ def finalize(cfg: RLIngestConfig, task: TaskContext) -> None:
         for i, r in enumerate(rep):
             if r is not None and status[i] != "duplicate":
                 repeats.setdefault(part[i], []).append(row[i])
-    for k, rows in sorted(repeats.items()):
-        t = read_part(files[k], "rl_prompts")
-        status = t.column("status").to_pylist()
-        error = t.column("error").to_pylist()
-        for i in rows:
-            status[i], error[i] = "duplicate", "same source, question, answer and images as another row"
+    for k, rows in sorted(repeats.items()):      # rewritten a row group at a time (the prompts carry images)
+        rows = sorted(rows)
         task.stats.inc("duplicates", len(rows))
-        t = t.set_column(t.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
-        t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
-        write_part(t, files[k], "rl_prompts")
+        at, j = 0, 0
+        with PartWriter(files[k], "rl_prompts") as out:          # a temp file, renamed over the part at the end
+            for b in pq.ParquetFile(files[k], pre_buffer=False).iter_batches(batch_size=SPILL_ROWS, use_threads=False):
+                status, error = b.column("status").to_pylist(), b.column("error").to_pylist()
+                while j < len(rows) and rows[j] < at + b.num_rows:
+                    i = rows[j] - at
+                    status[i], error[i] = "duplicate", "same source, question, answer and images as another row"
+                    j += 1
+                at += b.num_rows
+                t = pa.Table.from_batches([b])
+                t = t.set_column(t.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
+                t = t.set_column(t.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
+                out.write(t)
 
 
 STEP = Step("rl-ingest", RLIngestConfig, run, outputs=("rl_prompts",), finalize=finalize,

@@ -133,3 +133,34 @@ def test_a_line_that_is_not_json_is_a_bad_row_and_json_arrays_read(tmp_path):
     (tmp_path / "v.jsonl").write_text(json.dumps(rows[0]) + "\n")
     (bad,) = ingest(tmp_path / "c", tmp_path / "v.jsonl", "verl")
     assert bad["status"] == "bad_row" and "messages[0].content[0]" in bad["error"]
+
+
+def test_spilled_runs_and_the_streamed_dedupe_give_the_bytes_of_one_sort(tmp_path, monkeypatch):
+    """A task's rows are spilled as sorted runs and merged into its part, and the duplicate marking rewrites a
+    part a batch at a time: with a run every 7 rows (row groups of 7) the parts are the bytes of the
+    default (one run) — the rows of one sort, ties (repeats within a file) in input order."""
+    import ovpipe.shuffle as shuffle
+    import rl_select.ingest as rl_ingest
+    from manifests.io import manifest_files
+
+    for f in range(2):
+        rows = [{"problem": f"<image>{i % 37} + {f}?", "answer": str(i % 37 % 5),
+                 "images": [{"bytes": png((i % 37 * 6, f * 100, 0))}]} for i in range(120)]
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"set{f}.parquet")
+
+    def parts(name, tasks):
+        run = tmp_path / name
+        assert main(["rl-ingest", "--set", f"inputs=['{tmp_path}/*.parquet']", "--set", "layout=geometry3k",
+                     "--set", "source=s", "--run-dir", str(run), "--quiet", "--tasks", str(tasks),
+                     "--workers", "1"]) == 0
+        assert not (run / "rl-ingest" / "spill").exists() or not any((run / "rl-ingest" / "spill").rglob("*.parquet"))
+        return [p.read_bytes() for p in manifest_files(run, "rl_prompts")], read_manifest(run, "rl_prompts")
+
+    whole, table = parts("whole", 1)
+    statuses = table.column("status").to_pylist()
+    assert statuses.count("ok") == 2 * 37 and statuses.count("duplicate") == 2 * (120 - 37)
+    whole2, _ = parts("whole2", 2)
+    monkeypatch.setattr(rl_ingest, "SPILL_ROWS", 7)
+    monkeypatch.setattr(shuffle, "SPILL_BYTES", 1)
+    assert parts("spilled", 1)[0] == whole
+    assert parts("spilled2", 2)[0] == whole2
