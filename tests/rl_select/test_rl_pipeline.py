@@ -200,20 +200,31 @@ def test_score_streams_its_slice_in_batches_with_the_same_bytes(rl_run, tmp_path
     assert read_manifest(scored("t2", 5, 2), "rewards").equals(read_manifest(whole, "rewards"))
 
 
-SCORE_MEASURE = r"""
+TASK_MEASURE = r"""
 import json, sys
 from pathlib import Path
 import numpy, pyarrow, pyarrow.parquet, duckdb  # not the task's memory
-import rl_select.score, rl_select.rewards, manifests.io, ovpipe.executors.task
+import rl_select.score, rl_select.rollout, rl_select.rewards, manifests.io, ovpipe.executors.task
 from ovpipe.executors.task import run_task
 from ovpipe.mapreduce import vmhwm_bytes
 
-run, tasks = Path(sys.argv[1]), int(sys.argv[2])
+step, run, tasks = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 base = vmhwm_bytes()
-(run / "score" / "completions" / "00000").unlink()
-run_task("score", run, 0, tasks)
+(run / step / "completions" / "00000").unlink()
+run_task(step, run, 0, tasks)
 print(json.dumps({"delta": vmhwm_bytes() - base}))
 """
+
+
+def _rank0_peak_mib(step: str, run, tasks: int) -> float:
+    """The VmHWM (MiB) that rank 0 of ``step``, run again in a fresh process, adds to its imports."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", TASK_MEASURE, step, str(run), str(tasks)], capture_output=True,
+                       text=True, cwd=Path(__file__).parents[2])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])["delta"] / 2 ** 20
 
 
 def _score_corpus(run, n_prompts: int, parts: int) -> None:
@@ -241,19 +252,12 @@ def test_score_task_memory_follows_its_slice_not_the_corpus(tmp_path):
     """The same slice (1,000 rollouts) out of an 8× larger corpus (2 → 16 tasks): a score task's peak resident
     memory stays flat. It held the whole rollouts manifest (the responses: 64 MB of the large corpus's
     text) and every prompt before."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     deltas = []
     for name, n, tasks in (("small", 500, 2), ("large", 4000, 16)):
         run = tmp_path / name
         _score_corpus(run, n, tasks)
         assert main(["score", "--run-dir", str(run), "--tasks", str(tasks), "--workers", "2", "--quiet"]) == 0
-        r = subprocess.run([sys.executable, "-c", SCORE_MEASURE, str(run), str(tasks)], capture_output=True,
-                           text=True, cwd=Path(__file__).parents[2])
-        assert r.returncode == 0, r.stderr[-3000:]
-        deltas.append(json.loads(r.stdout.strip().splitlines()[-1])["delta"] / 2 ** 20)
+        deltas.append(_rank0_peak_mib("score", run, tasks))
     print(f"VmHWM added by score rank 0, MiB: 2K rollouts / 2 tasks {deltas[0]:.1f}; "
           f"16K rollouts / 16 tasks {deltas[1]:.1f}")
     assert deltas[1] - deltas[0] < 24, deltas
@@ -309,7 +313,6 @@ def test_rollout_killed_mid_slice_resumes_from_its_last_chunk(rl_run, tmp_path, 
     assert rollout(other, 5) == 0 and parts(other) == parts(ref)
 
 
-ROLLOUT_MEASURE = SCORE_MEASURE.replace('"score"', '"rollout"').replace("rl_select.score", "rl_select.rollout")
 
 
 def _rollout_corpus(run, n_prompts: int, parts: int) -> Path:
@@ -336,9 +339,6 @@ def test_rollout_task_memory_follows_its_chunk_not_its_slice(tmp_path):
     """Two tasks over 512 and over 4,096 prompts (their 64 KB images inline, in parts of 256 as rl-ingest
     tasks write them): a rollout task's slice grows 8× (16 → 128 MB of images), its peak resident memory
     does not — it streams its prompts a chunk at a time (32 here) and writes each chunk as it goes."""
-    import subprocess
-    import sys
-
     deltas = []
     for name, n in (("small", 512), ("large", 4096)):
         run = tmp_path / name
@@ -346,10 +346,7 @@ def test_rollout_task_memory_follows_its_chunk_not_its_slice(tmp_path):
         assert main(["rollout", "--set", "backend=file", "--set", f"file={data}", "--set", "chunk_size=32",
                      "--run-dir", str(run), "--tasks", "2", "--workers", "2", "--quiet"]) == 0
         (run / "rollout" / "completions" / "finalized").unlink()
-        r = subprocess.run([sys.executable, "-c", ROLLOUT_MEASURE, str(run), "2"], capture_output=True,
-                           text=True, cwd=Path(__file__).parents[2])
-        assert r.returncode == 0, r.stderr[-3000:]
-        deltas.append(json.loads(r.stdout.strip().splitlines()[-1])["delta"] / 2 ** 20)
+        deltas.append(_rank0_peak_mib("rollout", run, 2))
     print(f"VmHWM added by rollout rank 0, MiB: a 256-prompt slice {deltas[0]:.1f}; a 2,048-prompt slice "
           f"{deltas[1]:.1f}")
     assert deltas[1] - deltas[0] < 24, deltas
