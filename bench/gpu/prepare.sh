@@ -5,7 +5,7 @@
 # local (.git/info/exclude). Usage: bash bench/gpu/prepare.sh   (from the repository root, after make install)
 set -euo pipefail
 OV=.venv/bin/ovpipe
-mkdir -p .whl
+rm -rf .whl; mkdir -p .whl     # afresh: two builds of one wheel side by side make the device's install refuse both
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 -d .whl megatron-core==0.19.2 webdataset==1.0.2 braceexpand==0.1.7 \
   liger-kernel==0.8.5 open_clip_torch==3.3.0 ftfy==6.3.1 wcwidth==0.9.4 einops==0.8.2
