@@ -269,12 +269,8 @@ def rank_images(task: TaskContext, cfg: RecaptionConfig, ids: list[str]) -> dict
     return out
 
 
-def chunk_dir(task: TaskContext) -> Path:
-    return task.step_dir / "chunks" / f"{task.rank:05d}"
-
-
 def chunk_path(task: TaskContext, k: int) -> Path:
-    return chunk_dir(task) / f"chunk-{k:06d}.parquet"
+    return task.chunk_dir() / f"chunk-{k:06d}.parquet"
 
 
 def write_chunk(path: Path, rows: list[dict]) -> None:
@@ -367,9 +363,6 @@ def run(cfg: RecaptionConfig, task: TaskContext) -> None:
     samples = input_samples(task, cfg)
     langs = sorted(cfg.prompts)
     chunks = [samples[i:i + cfg.chunk_size] for i in range(0, len(samples), cfg.chunk_size)]
-    cdir = chunk_dir(task)
-    for p in cdir.glob(".tmp-*"):           # a killed earlier try of this rank: only this rank writes here
-        p.unlink(missing_ok=True)
     wants = [{(s["sample_id"], lang) for s in c for lang in langs} for c in chunks]
     todo = [k for k in range(len(chunks)) if not done_chunk(chunk_path(task, k), wants[k])]
     task.stats.inc("chunks/resumed", len(chunks) - len(todo))

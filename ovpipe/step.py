@@ -259,6 +259,12 @@ class TaskContext:
         schema = schema_for(kind)
         return schema.empty_table().select(columns) if columns else schema.empty_table()
 
+    def chunk_dir(self) -> Path:
+        """This rank's resumable chunks (``recaption``, ``rollout``): a long GPU task writes each chunk of its
+        slice here, atomically, as it is done, so a rerun after a kill or pre-emption keeps them (the
+        temp files of a killed try are removed as the rank starts: ``clean_temp_files``)."""
+        return self.step_dir / "chunks" / f"{self.rank:05d}"
+
     def read_output(self, kind: str):
         """Every part this step wrote for ``kind`` (for ``finalize``)."""
         from manifests.io import read_manifest

@@ -158,10 +158,6 @@ class FileRollouts:
         return [r for p in prompts for r in self.rows.get(p["prompt_id"], [])]
 
 
-def chunk_dir(task: TaskContext) -> Path:
-    return task.step_dir / "chunks" / f"{task.rank:05d}"
-
-
 def chunk_path(task: TaskContext, k: int, ids: list[str], cfg: RolloutConfig) -> Path:
     """Chunk ``k``'s file; its name carries a hash of the chunk's prompt ids and of what generates them, so
     an earlier try's chunk is reused only for the same prompts, backend, model and sampling."""
@@ -171,16 +167,21 @@ def chunk_path(task: TaskContext, k: int, ids: list[str], cfg: RolloutConfig) ->
     for pid in ids:
         h.update(pid.encode() + b"\0")
     h.update(json.dumps([cfg.backend, cfg.model, cfg.file, cfg.prompt_types, cfg.sampling()]).encode())
-    return chunk_dir(task) / f"chunk-{k:06d}-{h.hexdigest()}.parquet"
+    return task.chunk_dir() / f"chunk-{k:06d}-{h.hexdigest()}.parquet"
 
 
 def done_chunk(path: Path) -> bool:
-    from manifests.io import read_part
+    """An earlier try's chunk is kept iff its footer reads and holds the rollouts schema: chunks are renamed
+    into place whole, and its name already says which prompts and sampling it holds (read in full once,
+    when it is streamed into the part)."""
+    import pyarrow.parquet as pq
+
+    from manifests.io import check_part_schema
 
     if not path.exists():
         return False
     try:
-        read_part(path, "rollouts")
+        check_part_schema(path, pq.read_schema(path), "rollouts")
     except Exception:
         return False
     return True
@@ -213,9 +214,6 @@ def run(cfg: RolloutConfig, task: TaskContext) -> None:
     ids = [[p["prompt_id"] for p in c] for c in prompt_chunks(task, cfg.chunk_size, ["prompt_id", "status"])]
     paths = [chunk_path(task, k, c, cfg) for k, c in enumerate(ids)]
     n_prompts = sum(map(len, ids))
-    cdir = chunk_dir(task)
-    for p in cdir.glob(".tmp-*"):           # a killed earlier try of this rank: only this rank writes here
-        p.unlink(missing_ok=True)
     todo = {k for k in range(len(ids)) if not done_chunk(paths[k])}
     task.stats.inc("chunks/resumed", len(ids) - len(todo))
     generate = None

@@ -31,7 +31,8 @@ def clean_temp_files(sdir: Path, rank: int | None = None) -> int:
 
     ``rank=None``: every ``.tmp-*`` under the step folder — call only under the step lock with no
     rank running. ``rank``: only that rank's own part and stats temp files (``part-{rank:05d}.*``
-    under ``<kind>/``, ``{rank:05d}.json`` under ``stats/``), safe while other ranks run."""
+    under ``<kind>/``, ``{rank:05d}.json`` under ``stats/``) and its resumable chunks' (``chunks/{rank:05d}/``,
+    ``TaskContext.chunk_dir``), safe while other ranks run."""
     sdir = Path(sdir)
     if not sdir.is_dir():
         return 0
@@ -42,6 +43,7 @@ def clean_temp_files(sdir: Path, rank: int | None = None) -> int:
         files += list((sdir / "partials").glob(f".tmp-*-{rank:05d}.npz"))
         files += list((sdir / "stats").glob(f".tmp-*-{rank:05d}.json"))
         files += list((sdir / "failures").glob(f".tmp-*-{rank:05d}"))
+        files += list((sdir / "chunks" / f"{rank:05d}").glob(".tmp-*"))
     n = 0
     for p in files:
         with contextlib.suppress(FileNotFoundError):

@@ -221,12 +221,14 @@ def test_status_running_vs_stale_and_temp_files_removed(tmp_path, capsys):
 
 def test_restarted_rank_removes_only_its_own_temp_files(tmp_path):
     sdir = tmp_path / "s"
-    mine = [sdir / "things" / ".tmp-7-part-00003.parquet", sdir / "stats" / ".tmp-7-00003.json"]
-    other = [sdir / "things" / ".tmp-8-part-00004.parquet", sdir / "stats" / ".tmp-8-00004.json"]
+    mine = [sdir / "things" / ".tmp-7-part-00003.parquet", sdir / "stats" / ".tmp-7-00003.json",
+            sdir / "chunks" / "00003" / ".tmp-7-chunk-000001.parquet"]            # a resumable step's chunk
+    other = [sdir / "things" / ".tmp-8-part-00004.parquet", sdir / "stats" / ".tmp-8-00004.json",
+             sdir / "chunks" / "00004" / ".tmp-8-chunk-000000.parquet"]
     for p in mine + other:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.touch()
-    assert cleanup.clean_temp_files(sdir, rank=3) == 2
+    assert cleanup.clean_temp_files(sdir, rank=3) == 3
     assert not any(p.exists() for p in mine) and all(p.exists() for p in other)
 
 
