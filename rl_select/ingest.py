@@ -52,6 +52,9 @@ class RLIngestConfig:
         check_range(self, "max_images", 0)
 
 
+SPILL_ROWS = 64     # prompts (with their images) made a table, a spill run's row group, a merge batch per run
+
+
 def _read_rows(path: str) -> Iterator[tuple[object, str | None]]:
     """``(record, parse error or None)`` of a Parquet or JSON/JSONL file (``manifests.sources``)."""
     if path.endswith((".jsonl", ".json")):
@@ -150,9 +153,6 @@ def ingest_file(path: str, cfg: RLIngestConfig, stats) -> Iterator[dict]:
                "question": q, "images": images, "ground_truth": a["ground_truth"],
                "answer_type": a["answer_type"] or cfg.default_answer_type,
                "extra": json.dumps(a["extra"], default=str, sort_keys=True), "status": status, "error": error}
-
-
-SPILL_ROWS = 64     # prompts (with their images) made a table, a spill run's row group, a merge batch per run
 
 
 def run(cfg: RLIngestConfig, task: TaskContext) -> None:

@@ -211,6 +211,8 @@ def prompt_chunks(task: TaskContext, size: int, columns: list[str] | None = None
 def run(cfg: RolloutConfig, task: TaskContext) -> None:
     from manifests.io import read_part
 
+    # two passes over the slice: the ids first (two light columns: the chunks' names, and the rows the file
+    # backend must find), then the prompts of the chunks still to do, images included
     ids = [[p["prompt_id"] for p in c] for c in prompt_chunks(task, cfg.chunk_size, ["prompt_id", "status"])]
     paths = [chunk_path(task, k, c, cfg) for k, c in enumerate(ids)]
     n_prompts = sum(map(len, ids))

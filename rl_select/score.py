@@ -50,8 +50,8 @@ def run(cfg: ScoreConfig, task: TaskContext) -> None:
             prompts = {k: v for k, v in prompts.items() if k >= first} | cursor.upto(first, last)
             rows = held + _score(cfg, task, runner, prompts, rolls)
             rows.sort(key=lambda r: (r["prompt_id"], r["rollout_idx"], r["reward_type"]))
-            last = (rolls[-1]["prompt_id"], rolls[-1]["rollout_idx"])
-            cut = next((i for i, r in enumerate(rows) if (r["prompt_id"], r["rollout_idx"]) == last), len(rows))
+            tail = (rolls[-1]["prompt_id"], rolls[-1]["rollout_idx"])
+            cut = next((i for i, r in enumerate(rows) if (r["prompt_id"], r["rollout_idx"]) == tail), len(rows))
             if cut:
                 out.write(rows[:cut])
             held = rows[cut:]
