@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--grad-accum", type=int, default=1)
-    ap.add_argument("--recompute", choices=["full", "selective", "mlp", "none"], help="default: the stage's")
+    ap.add_argument("--recompute", choices=["full", "selective", "mlp", "none", "auto"],
+                    help="default: the trainer's (auto: pretrain.trainer.memory)")
     ap.add_argument("--vision-recompute", choices=["full", "selective", "none"], help="default: follows --recompute")
     ap.add_argument("--kernels", choices=["eager", "fused"], help="default: the trainer's (fused on GPU)")
     ap.add_argument("--loss-kernel", choices=["megatron", "liger", "torch"], help="default: the trainer's")
@@ -56,11 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available() or not a.run_dir:
         print("bench_mfu: needs a CUDA GPU and --run-dir with packed data; skipped")
         return 0
-    from pretrain.recipes import STAGES
     from pretrain.train import train
     from pretrain.trainer.config import TrainConfig
 
-    recompute = a.recompute or STAGES[a.stage].recompute
     recs: list[dict] = []
     prof, profiled, prof_out = None, set(), {}
 
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         train(TrainConfig(run_dir=Path(a.run_dir), recipe=a.recipe, stage=a.stage, steps=a.steps,
                           micro_batch=a.micro_batch, grad_accum=a.grad_accum,
                           distributed_optimizer=a.distributed_optimizer == "on", peak_tflops=a.peak_tflops,
-                          recompute=recompute, loader_workers=a.loader_workers, kernels=a.kernels,
+                          recompute=a.recompute, loader_workers=a.loader_workers, kernels=a.kernels,
                           loss_kernel=a.loss_kernel, vision_recompute=a.vision_recompute),
               on_step=on_step, log=lambda *_: None)
     except _Done:
@@ -101,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     med = (lambda k: statistics.median(r[k] for r in timed))
     summary = {
         "recipe": a.recipe, "stage": a.stage, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "recompute": recompute, "vision_recompute": ran.get("vision_recompute"), "kernels": ran.get("kernels"), "loss_kernel": ran.get("loss_kernel"),
+        "recompute": ran.get("recompute"), "vision_recompute": ran.get("vision_recompute"),
+        "kernels": ran.get("kernels"), "loss_kernel": ran.get("loss_kernel"),
         "distributed_optimizer": a.distributed_optimizer == "on",
         "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": len(recs), "timed_steps": len(timed),
         "tokens_per_step": med("tokens"), "tokens_per_s_median": med("tokens_per_s"),
@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         "step_s_median": med("step_s"), "fwd_bwd_s_median": med("fwd_bwd_s"), "optimizer_s_median": med("optimizer_s"),
         "data_wait_share": sum(r["data_wait_s"] for r in timed) / sum(r["step_s"] for r in timed),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_estimate_gib": _estimate(a, ran),
+        "recompute_auto": ran.get("recompute_auto"),
         "wall_s": time.perf_counter() - t0,
         "command": "python -m bench.bench_mfu " + " ".join(sys.argv[1:] if argv is None else argv),
     }
@@ -118,6 +120,24 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).write_text(json.dumps({"summary": summary, "steps": recs, "profile_table": prof_out.get("table")},
                                           indent=2))
     return 0
+
+
+def _estimate(a, ran: dict) -> float | None:
+    """``pretrain.trainer.memory``'s peak for the modes that ran (every token an image token: an upper
+    bound where the packs hold text), beside the measured one, to check and refit its calibration."""
+    from pretrain.data import pack_shape
+    from pretrain.recipes import RECIPES, STAGES
+    from pretrain.trainer.memory import Layout, estimate
+
+    if not ran.get("recompute"):
+        return None
+    tokens, _ = pack_shape(a.run_dir, ran.get("data") or STAGES[a.stage].data)
+    lay = Layout(tp=ran.get("tp", 1), pp=ran.get("pp", 1), cp=ran.get("cp", 1), dp=ran.get("dp", 1),
+                 sequence_parallel=ran.get("sequence_parallel", False),
+                 distributed_optimizer=ran.get("distributed_optimizer", True), micro_batch=a.micro_batch,
+                 grad_accum=a.grad_accum)
+    return estimate(RECIPES[a.recipe], STAGES[a.stage].trainable, ran["recompute"], ran["vision_recompute"],
+                    ran.get("loss_kernel") or "megatron", a.micro_batch * tokens, lay)["total"]
 
 
 def _profile_summary(prof, steps: int) -> dict:

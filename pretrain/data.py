@@ -14,6 +14,7 @@ may hold none at all (text-only data), which the model handles (``pretrain.vlm``
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,3 +292,24 @@ def plan_data(run_dir: str | Path, step: str, micro_batch: int, grad_accum: int,
             raise ValueError(f"--epochs: the pack step {step!r} holds no packs")
         steps = math.ceil(round(epochs * packs / gbs, 9))   # round: 0.1 × 30 is 3.0000000000000004, not 4 steps
     return DataPlan(step, packs, samples, gbs, steps, epochs)
+
+
+def pack_shape(run_dir: str | Path, step: str) -> tuple[int, float]:
+    """(tokens of the step's longest pack, Σ sample length² of its densest) — what sizes a micro-batch's
+    activations and attention FLOPs for ``recompute: auto``. The length is the pack step's ``seq_len``
+    (its ``config.json``), else the longest pack's; Σ length² comes from the first ``packs`` part, a
+    sample bounded whatever the corpus, since every rank reads it."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from manifests.io import manifest_files
+
+    files = manifest_files(run_dir, "packs", step)      # none: FileNotFoundError naming the folder
+    t = pq.read_table(files[0], columns=["lengths", "total_tokens"])
+    lengths = pc.list_flatten(t.column("lengths")).cast("int64")
+    squares = pc.list_parent_indices(t.column("lengths"))
+    per_pack = np.bincount(squares.to_numpy(), weights=pc.multiply(lengths, lengths).to_numpy().astype(float),
+                           minlength=t.num_rows)
+    config = Path(run_dir) / step / "config.json"
+    seq_len = json.loads(config.read_text()).get("seq_len") if config.exists() else None
+    return int(seq_len or pc.max(t.column("total_tokens")).as_py()), float(per_pack.max(initial=0.0))

@@ -9,9 +9,11 @@
 Stages (defaults as published): 1 — projector only, lr 1e-4, on LLaVA-558K-style caption
 conversations; 1.5 — all parameters on the concept-balanced caption packs, lr 1e-5; 2 — all
 parameters on the mixed instruction packs (multi-turn, multi-image, text-only), lr 1e-5; cosine
-decay to 1e-6, warmup 0.2%, Adam ε 1e-5, bf16. Recompute ``selective`` (each layer's core attention and
-MLP rebuilt in backward; ``pretrain.trainer.build.recompute_overrides``): the fastest mode that fits the 4B
-stage 1.5 on one H200 (``none`` runs out of memory there, ``full`` is 10% slower; bench/results/gpu_h200.md).
+decay to 1e-6, warmup 0.2%, Adam ε 1e-5, bf16. Recompute ``auto``: the trainer estimates each mode's
+peak for the recipe, layout, pack length and card and runs the least recompute that fits
+(``pretrain.trainer.memory``); for the 4B stage 1.5 on one H200 that is ``selective`` (each layer's
+core attention and MLP rebuilt in backward), the fastest measured there (``none`` runs out of memory,
+``full`` is 10% slower; bench/results/gpu_h200.md).
 
 Each stage names its data by pack step (the ``ovpipe pack --name STEP`` folder of the run):
 
@@ -55,7 +57,7 @@ class StageConfig:
     trainable: str = "all"            # "projector" | "all"
     data: str = "pack"                # pack step folder whose shards (and `packs` manifest) the stage reads
     bf16: bool = True
-    recompute: str = "selective"      # full | selective | none (GPU only; a CPU run keeps everything)
+    recompute: str = "auto"           # full | selective | mlp | none | auto (GPU only; a CPU run keeps everything)
 
 
 STAGES = {

@@ -82,11 +82,12 @@ def main(argv=None) -> int:
     ap.add_argument("--distributed-optimizer", choices=["auto", "on", "off"], default="auto",
                     help="auto: on with CUDA (megatron's distributed optimizer checks for CUDA tensors)")
     ap.add_argument("--fp32", action="store_true", help="train in fp32 even on GPU")
-    ap.add_argument("--recompute", choices=RECOMPUTE, help="activation recompute (default: the stage's on GPU, "
-                    "none on CPU): full | selective (core attention + MLP) | none")
+    ap.add_argument("--recompute", choices=RECOMPUTE, help="activation recompute (default: auto on GPU, none on "
+                    "CPU): full | selective (core attention + MLP) | mlp | none | auto (the least recompute whose "
+                    "estimated peak fits the GPU, with the tower's: pretrain.trainer.memory)")
     ap.add_argument("--loader-workers", type=int, help="DataLoader worker processes (default 4 on GPU, 0 on CPU)")
     ap.add_argument("--vision-recompute", choices=["full", "selective", "none"], help="the tower's recompute "
-                    "(default: follows --recompute; mlp → selective)")
+                    "(default: follows --recompute, mlp → selective; with auto chosen with it)")
     ap.add_argument("--kernels", choices=["eager", "fused"], help="fused: compiled rotary/RMSNorm + megatron's "
                     "fused SwiGLU on CUDA (default on GPU; pretrain.fused)")
     ap.add_argument("--loss-kernel", choices=["megatron", "liger", "torch"], help="output layer + cross-entropy "

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from pretrain.trainer.config import RECOMPUTE
+from pretrain.trainer.config import MODES
 
 
 def lr_at(step: int, total: int, peak: float, min_lr: float = 1e-6, warmup_frac: float = 0.002) -> float:
@@ -94,8 +94,8 @@ def recompute_overrides(recompute: str) -> dict:
     ``mlp`` — the MLPs only (with flash attention the core attention keeps little beyond its inputs, which
     its checkpoint would keep anyway, so rerunning it costs time and saves almost no memory); ``none`` —
     everything kept."""
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if recompute not in MODES:     # auto is resolved before the model is built (pretrain.trainer.memory)
+        raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
     if recompute == "full":
         return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     if recompute == "selective":

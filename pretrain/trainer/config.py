@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ovpipe.config import check_range, check_step_folder
 
-RECOMPUTE = ("full", "selective", "mlp", "none")
+MODES = ("full", "selective", "mlp", "none")
+RECOMPUTE = MODES + ("auto",)      # auto: the fastest mode that fits the card (pretrain.trainer.memory)
 VISION_RECOMPUTE = ("full", "selective", "none")
 
 
@@ -44,8 +45,10 @@ class TrainConfig:
     sequence_parallel: bool = False
     distributed_optimizer: bool | None = None   # None: on with CUDA
     bf16: bool | None = None                 # None: the stage's on GPU, fp32 on CPU
-    recompute: str | None = None             # full | selective | mlp | none; None: the stage's on GPU, none on CPU
+    recompute: str | None = None             # full | selective | mlp | none | auto; None: the stage's (auto) on
+                                             # GPU, none on CPU
     vision_recompute: str | None = None      # the tower's: full | selective | none; None: follows recompute
+                                             # (with auto: chosen with it)
     loader_workers: int | None = None        # DataLoader worker processes; None: 4 on GPU, 0 on CPU
     kernels: str | None = None               # eager | fused (pretrain.fused); None: fused on GPU, eager on CPU
     loss_kernel: str | None = None           # megatron | liger | torch; None: megatron (pretrain.fused)
@@ -104,12 +107,15 @@ class TrainConfig:
 
         st = STAGES[self.stage]
         recompute = (st.recompute if cuda else "none") if self.recompute is None else self.recompute
+        if recompute == "auto" and not cuda:
+            recompute = "none"          # a CPU run keeps everything; auto weighs a GPU's memory
+        follows = self.vision_recompute is None and recompute != "auto"
         return dataclasses.replace(
             self, data=self.data or st.data, lr=st.lr if self.lr is None else self.lr,
             distributed_optimizer=cuda if self.distributed_optimizer is None else self.distributed_optimizer,
             bf16=(cuda and st.bf16) if self.bf16 is None else self.bf16,
             recompute=recompute,
-            vision_recompute=vision_recompute_of(recompute) if self.vision_recompute is None else self.vision_recompute,
+            vision_recompute=vision_recompute_of(recompute) if follows else self.vision_recompute,
             loader_workers=(4 if cuda else 0) if self.loader_workers is None else self.loader_workers,
             kernels=("fused" if cuda else "eager") if self.kernels is None else self.kernels,
             loss_kernel=resolve_loss_kernel(self.loss_kernel),

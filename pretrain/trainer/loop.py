@@ -66,6 +66,9 @@ class Trainer:
         self.steps = self.plan.steps
         if rank0:
             log(f"stage {cfg.stage}: {self.plan.describe()}")
+        self.auto = None
+        if cfg.recompute == "auto":
+            self.cfg = cfg = self._resolve_auto(cfg, log if rank0 else (lambda *_: None))
         self.model = build_model(cfg.recipe, cfg.run_dir, cfg.tokenizer, self.sizes, cfg.sequence_parallel,
                                  self.dtype, cfg.recompute, cfg.kernels, cfg.loss_kernel,
                                  cfg.vision_recompute)
@@ -98,6 +101,18 @@ class Trainer:
         self.policy = checkpoint.SavePolicy(cfg.save_every, cfg.save_every_minutes,
                                             log=log if rank0 else (lambda *_: None))
 
+    def _resolve_auto(self, cfg: TrainConfig, log) -> TrainConfig:
+        """``recompute: auto`` → the least recompute whose estimated peak fits this GPU."""
+        from pretrain.data import pack_shape
+        from pretrain.trainer.memory import GIB, resolve_auto
+
+        tokens, attn_sq = pack_shape(cfg.run_dir, cfg.data)
+        memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB
+        cfg, self.auto = resolve_auto(cfg, self.recipe, self.stage.trainable, self.sizes,
+                                      cfg.micro_batch * tokens, cfg.micro_batch * attn_sq, memory, log=log)
+        log(f"stage {cfg.stage}: {self.auto.describe()}")
+        return cfg
+
     def _write_stage_json(self) -> None:
         c = self.cfg
         (self.out / "stage.json").write_text(json.dumps(
@@ -106,7 +121,12 @@ class Trainer:
              "micro_batch": c.micro_batch, "grad_accum": c.grad_accum, **self.sizes,
              "sequence_parallel": c.sequence_parallel, "distributed_optimizer": c.distributed_optimizer,
              "bf16": c.bf16, "recompute": c.recompute, "vision_recompute": c.vision_recompute,
-             "kernels": c.kernels, "loss_kernel": c.loss_kernel, "seed": c.seed}, indent=2))
+             "kernels": c.kernels, "loss_kernel": c.loss_kernel, "seed": c.seed,
+             "recompute_auto": None if self.auto is None else {
+                 "peak_estimate_gib": round(self.auto.peak_gib, 2), "memory_gib": round(self.auto.memory_gib, 2),
+                 "candidates": [{"recompute": lm, "vision_recompute": vm, "peak_estimate_gib": round(pk, 2),
+                                 "recomputed_flops_share": round(x, 4)} for lm, vm, pk, x in self.auto.table]}},
+            indent=2))
 
     # ------------------------------------------------------------------ the step
 

@@ -1,0 +1,247 @@
+"""The GPU memory a training layout needs, and the recompute it should run (``recompute: auto``).
+
+Recompute trades FLOPs for memory, and the fastest mode is the one that recomputes least while its
+peak still leaves the allocator room. So the GPU default is chosen per recipe, layout, pack length
+and card, not fixed per stage:
+
+1. **The peak of each mode** (``estimate``), per rank, in bytes:
+
+   - *states*, exact from the recipe's shapes: bf16 weights (2 B/param), megatron's fp32 gradient
+     buffer (4 B/trained param, ``grad_reduce_in_fp32``), and Adam's fp32 master weights and two
+     moments (12 B/trained param) sharded over DP·CP by the distributed optimizer. A frozen part holds
+     its weights only. TP divides the LLM's matrices; PP keeps the largest stage (the first holds the
+     tower, the projector and the embedding);
+   - *activations*, the bf16 elements each layer keeps for its backward per token (``llm_elements``,
+     ``vit_elements``: counted from the layer's tensors, e.g. ``selective`` keeps the two norms'
+     inputs, the attention's q/k/v and output, the MLP's input), times the calibration factors below;
+     the tower counts 4 patches per LLM token of the micro-batch (every token an image token: the
+     worst pack a stage may meet later), and 1F1B keeps ``min(pp, grad_accum)`` micro-batches in flight
+     on the first stage;
+   - *the loss*: the [tokens, vocabulary] logits and their fp32 copies (megatron's or the plain loss;
+     liger's fused linear cross-entropy never materialises them);
+   - a fixed *overhead* (CUDA context, cuBLAS/flash workspaces, the layer being recomputed).
+
+2. **The calibration** (``CALIBRATION``) is a least-squares fit of the overhead and of one factor per
+   term to the peaks measured on one H200 (``CALIBRATION_POINTS``, from
+   ``bench/results/gpu_h200_2026-11-2{5,6}/*.json``); ``tests/pretrain/test_memory.py`` refits it from those
+   points and checks every point within ``3 GiB``. The factors above 1 are what the element counts miss
+   (copies the kernels make, fp32 intermediates); the LLM with nothing recomputed (``none``) was never
+   measured at 4B scale, so its figure is the count scaled by the fitted factor — an extrapolation.
+
+3. **The choice** (``choose``): among the (LLM, tower) modes whose estimate stays under
+   ``HEADROOM`` of the card's memory, the one with the fewest recomputed FLOPs
+   (``pretrain.trainer.flops``); a mode within ``TIE`` of its FLOPs and at least ``TIE_GIB`` smaller
+   wins instead.
+   ``HEADROOM`` 0.85: on the H200 the 4B at 92% of memory (``mlp``, tower kept whole) ran 4% slower
+   than ``selective`` at 81%, though it recomputes less — the allocator's retries cost more than the
+   FLOPs saved. ``TIE`` 1%: the 4B's ``mlp`` and ``selective`` differ only by the core attention of
+   short caption samples (0.2% of the FLOPs) and ran 34.5% and 34.7% MFU; the smaller peak wins.
+   When only the headroom is short, ``full`` runs (the least memory) with a warning naming the layouts
+   that would fit; when even ``full``'s estimate exceeds the card, the run fails before any work
+   with that advice (an explicit ``recompute`` skips the estimate).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+GIB = 1 << 30
+HEADROOM = 0.85
+TIE = 0.01
+TIE_GIB = 1.0
+# Least-squares fit to CALIBRATION_POINTS (tests/pretrain/test_memory.py refits it)
+CALIBRATION = {"overhead_gib": 2.313, "llm": 1.597, "vit": 0.9255, "loss": 1.374}
+# (LLM mode, tower mode, loss kernel, peak GiB) of the 4B, stage 1.5, one 8,192-token pack (the run's largest
+# tower input: 27,479 tower tokens), DP = 1, bf16, distributed optimizer, on one H200 (fused kernels; the
+# ``full`` run had eager kernels, so the 2.51 GiB eager kernels added to ``selective`` is taken off it).
+CALIBRATION_POINTS = {
+    "tokens": 8192, "vit_tokens": 27479,
+    "peaks": [("full", "full", "megatron", 83.06 - 2.51),      # gpu_h200_2026-11-25/after_full.json
+              ("selective", "selective", "megatron", 113.15),  # gpu_h200_2026-11-26/fused_megatron_selective.json
+              ("selective", "selective", "liger", 108.40),     # fused_liger_selective.json
+              ("mlp", "selective", "megatron", 117.4),         # the 3-step mlp run (gpu_h200.md)
+              ("mlp", "none", "megatron", 128.73),             # fused_megatron_mlp_vnone.json
+              ("mlp", "none", "liger", 123.98)],               # fused_liger_mlp_vnone.json
+}
+LLM_MODES = ("none", "mlp", "selective", "full")
+VIT_MODES = ("none", "selective", "full")
+
+
+def llm_elements(llm, mode: str, tp: int = 1, sequence_parallel: bool = False) -> tuple[float, float]:
+    """(elements kept per token by one LLM layer, of which the hidden-size ones that SP splits over TP)
+    for its backward: ``full`` keeps the layer's input; ``selective`` the input norm's input, the QKV
+    matmul's input, the q/k norms' inputs, the core attention's q/k/v, the output projection's input,
+    the pre-MLP norm's input and the MLP's input; ``mlp`` adds what flash attention keeps beside them
+    (its own q/k/v and output); ``none`` adds the SwiGLU's two branches and its output."""
+    h, q, kv = llm.hidden_size, llm.num_attention_heads * llm.kv_channels, llm.num_query_groups * llm.kv_channels
+    f = llm.ffn_hidden_size
+    hidden = {"full": h, "selective": 4 * h, "mlp": 4 * h, "none": 4 * h}[mode]
+    wide = {"full": 0, "selective": (q + kv) + (q + 2 * kv) + q,
+            "mlp": (q + kv) + (q + 2 * kv) + q + (2 * q + 2 * kv),
+            "none": (q + kv) + (q + 2 * kv) + q + (2 * q + 2 * kv) + 3 * f}[mode]
+    return hidden / (tp if sequence_parallel else 1) + wide / tp, hidden
+
+
+def vit_elements(vit, mode: str) -> int:
+    """Elements kept per tower token by one tower layer: ``full`` its input; ``selective`` the two
+    LayerNorms' and the attention's inputs, q/k/v, the attention output and the MLP's input;
+    ``none`` adds the MLP's hidden activation before and after the GELU."""
+    D, inter = vit.hidden_size, vit.intermediate_size
+    return {"full": D, "selective": 8 * D, "none": 8 * D + 2 * inter}[mode]
+
+
+def param_counts(recipe) -> dict:
+    from pretrain.trainer.flops import matmul_params
+
+    n = matmul_params(recipe)
+    llm = recipe.llm
+    emb = llm.vocab_size * llm.hidden_size
+    return {"llm_layer": n["llm_layers"] / llm.num_layers, "embedding": emb,
+            "output": 0 if llm.tie_embeddings else emb, "vit": n["vit_layers"] + n["patch_embed"],
+            "projector": n["projector"]}
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    dp: int = 1
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = True
+    micro_batch: int = 1
+    grad_accum: int = 1
+
+
+def state_bytes(recipe, trainable: str, lay: Layout) -> float:
+    """Weights, gradients and optimizer state on the rank of the largest pipeline stage."""
+    from pretrain.recipes import pipeline_sizes
+
+    p = param_counts(recipe)
+    layers = pipeline_sizes(recipe.llm.num_layers, lay.pp)
+    tower = p["vit"] + p["projector"]
+    if lay.pp == 1:
+        stages = [tower + (layers[0] * p["llm_layer"] + p["embedding"] + p["output"]) / lay.tp]
+    else:   # a tied output layer is a copy of the embedding on the last stage
+        stages = [tower + (layers[0] * p["llm_layer"] + p["embedding"]) / lay.tp,
+                  (layers[-1] * p["llm_layer"] + (p["output"] or p["embedding"])) / lay.tp]
+    trained = [s if trainable == "all" else (p["projector"] if i == 0 else 0) for i, s in enumerate(stages)]
+    shard = lay.dp * lay.cp if lay.distributed_optimizer else 1
+    return max(2 * s + (4 + 12 / shard) * t for s, t in zip(stages, trained))
+
+
+def estimate(recipe, trainable: str, llm_mode: str, vit_mode: str, loss_kernel: str, tokens: int,
+             lay: Layout, vit_tokens: int | None = None, calibration: dict | None = None) -> dict:
+    """The peak of one rank in GiB, by term. ``tokens``: LLM tokens of a micro-batch (``micro_batch``
+    packs of the step's ``seq_len``); ``vit_tokens``: the tower's, None: 4 per token (the worst pack)."""
+    from pretrain.recipes import pipeline_sizes
+
+    c = calibration or CALIBRATION
+    llm, vit = recipe.llm, recipe.vit
+    vit_tokens = 4 * tokens if vit_tokens is None else vit_tokens
+    t = tokens / lay.cp
+    in_flight = min(lay.pp, lay.grad_accum)
+    layers = pipeline_sizes(llm.num_layers, lay.pp)[0] if lay.pp > 1 else llm.num_layers
+    per_tok, _ = llm_elements(llm, llm_mode, lay.tp, lay.sequence_parallel)
+    act_llm = c["llm"] * 2 * per_tok * layers * t * in_flight
+    # a frozen tower that nothing trained precedes runs forward only and keeps nothing
+    act_vit = 0.0 if trainable != "all" else \
+        c["vit"] * 2 * vit_elements(vit, vit_mode) * vit.num_layers * vit_tokens * in_flight
+    loss = 0.0 if loss_kernel == "liger" else c["loss"] * 2 * t * llm.vocab_size / lay.tp
+    parts = {"states": state_bytes(recipe, trainable, lay), "llm_activations": act_llm,
+             "vit_activations": act_vit, "loss": loss}
+    out = {k: v / GIB for k, v in parts.items()}
+    out["overhead"] = c["overhead_gib"]
+    out["total"] = sum(out.values())
+    return out
+
+
+def candidates() -> list[tuple[str, str]]:
+    """Every (LLM, tower) pair: the tower's share of the memory and of the FLOPs differs by pack."""
+    return [(lm, vm) for lm in LLM_MODES for vm in VIT_MODES]
+
+
+@dataclass(frozen=True)
+class Choice:
+    recompute: str
+    vision_recompute: str
+    peak_gib: float
+    memory_gib: float
+    fits: bool
+    table: tuple = ()          # (llm, vit, peak GiB, recomputed FLOPs / model FLOPs) of every candidate
+
+    def describe(self) -> str:
+        rows = ", ".join(f"{lm}/{vm} {pk:.1f} GiB +{x:.1%}" for lm, vm, pk, x in self.table)
+        return (f"recompute auto: {self.recompute} (tower {self.vision_recompute}), estimated peak "
+                f"{self.peak_gib:.1f} of {self.memory_gib:.1f} GiB [{rows}]")
+
+
+def choose(recipe, trainable: str, loss_kernel: str, tokens: int, attn_sq: float, lay: Layout,
+           memory_gib: float, vision: str | None = None) -> Choice:
+    """The fastest (LLM, tower) recompute whose estimated peak fits ``HEADROOM`` of ``memory_gib``;
+    ``vision``: the tower's mode when it is set, not chosen."""
+    from pretrain.trainer.flops import model_flops
+
+    stats = {"tokens": tokens, "attn_sq": attn_sq, "vit_tokens": 4 * tokens, "vit_sq": 4 * tokens * 1024,
+             "merged": tokens}
+    rows = []
+    for lm, vm in candidates():
+        if vision is not None and vm != vision:
+            continue
+        mf, hf = model_flops(recipe, trainable, stats, lm, vm)
+        rows.append((lm, vm, estimate(recipe, trainable, lm, vm, loss_kernel, tokens, lay)["total"], hf / mf - 1))
+    fit = [r for r in rows if r[2] <= HEADROOM * memory_gib]
+    if not fit:
+        best = min(rows, key=lambda r: r[2])
+        return Choice(best[0], best[1], best[2], memory_gib, False, tuple(rows))
+    fastest = min(fit, key=lambda r: (r[3], r[2]))
+    near = [r for r in fit if r[3] <= fastest[3] + TIE and r[2] <= fastest[2] - TIE_GIB]
+    best = min(near, key=lambda r: (r[2], r[3])) if near else fastest
+    return Choice(best[0], best[1], best[2], memory_gib, True, tuple(rows))
+
+
+def resolve_auto(cfg, recipe, trainable: str, sizes: dict, tokens: int, attn_sq: float, memory_gib: float,
+                 log=print):
+    """``(cfg, Choice)``: ``cfg`` with ``recompute: auto`` (and the tower's, unless set) replaced by
+    ``choose``'s pick. Fails, naming the layouts that would fit, when the weights and optimizer state
+    alone, or the least-memory mode, exceed the card."""
+    lay = Layout(tp=sizes["tp"], pp=sizes["pp"], cp=sizes["cp"], dp=sizes["dp"],
+                 sequence_parallel=cfg.sequence_parallel, distributed_optimizer=bool(cfg.distributed_optimizer),
+                 micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum)
+    states = state_bytes(recipe, trainable, lay) / GIB
+    if states + CALIBRATION["overhead_gib"] > memory_gib:
+        raise ValueError(
+            f"recipe {cfg.recipe!r} stage {cfg.stage}: weights, gradients and optimizer state need "
+            f"{states:.1f} GiB per rank at tp={lay.tp} pp={lay.pp} dp={lay.dp} (distributed_optimizer="
+            f"{lay.distributed_optimizer}), more than this GPU's {memory_gib:.1f} GiB: "
+            f"{suggest(recipe, trainable, cfg.loss_kernel, tokens, lay, memory_gib)}")
+    c = choose(recipe, trainable, cfg.loss_kernel, tokens, attn_sq, lay, memory_gib, cfg.vision_recompute)
+    if not c.fits:
+        where = (f"even recompute {c.recompute} (tower {c.vision_recompute}) is estimated at {c.peak_gib:.1f} GiB "
+                 f"per rank at tp={lay.tp} pp={lay.pp} dp={lay.dp}")
+        advice = suggest(recipe, trainable, cfg.loss_kernel, tokens, lay, memory_gib)
+        if c.peak_gib > memory_gib:
+            raise ValueError(f"recipe {cfg.recipe!r} stage {cfg.stage}: {where}, more than this GPU's "
+                             f"{memory_gib:.1f} GiB: {advice} (or name --recompute to run anyway)")
+        log(f"warning: {where}, over {HEADROOM:.0%} of {memory_gib:.1f} GiB; {advice}")
+    return dataclasses.replace(cfg, recompute=c.recompute, vision_recompute=c.vision_recompute), c
+
+
+def suggest(recipe, trainable: str, loss_kernel: str, tokens: int, lay: Layout, memory_gib: float) -> str:
+    """The smallest change of layout (2×, 4× or 8× the DP ranks with the distributed optimizer, the
+    TP or the PP size) at which recompute ``full`` fits, as advice."""
+    from pretrain.recipes import Parallelism, validate
+
+    fixes = []
+    for name in ("dp", "tp", "pp"):
+        for k in (2, 4, 8):
+            new = dataclasses.replace(lay, **{name: getattr(lay, name) * k},
+                                      **({"distributed_optimizer": True} if name == "dp" else {}))
+            try:
+                validate(recipe, Parallelism(tp=new.tp, pp=new.pp, cp=new.cp, world_size=new.tp * new.pp * new.cp))
+            except ValueError:
+                break
+            if estimate(recipe, trainable, "full", "full", loss_kernel, tokens, new)["total"] <= HEADROOM * memory_gib:
+                fixes.append(f"{name}={getattr(new, name)}")
+                break
+    return ("it fits at " + " or ".join(fixes)) if fixes else "no layout up to 8× fits; use a GPU with more memory"
