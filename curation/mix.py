@@ -69,13 +69,13 @@ from typing import Iterator, Literal
 
 import numpy as np
 
+from manifests.io import BATCH_ROWS
 from ovpipe.config import check_range, check_step_folder
 from ovpipe.step import Step, TaskContext
 
 MIX_SALT = int.from_bytes(b"ovmix\x00\x00\x00", "big")  # separates mix keys from balance/pack keys
 U64 = (1 << 64) - 1
 KEY_BITS = 14                       # histogram buckets per group: 2^14 (128 KiB of counts per group)
-BATCH_ROWS = 1 << 16
 NULL_GROUP = "(none)"
 SCAN_COLUMNS = ("sample_id", "source", "category", "status")
 
@@ -201,7 +201,7 @@ def scan(files: list[Path], id_range: tuple[str | None, str | None] = (None, Non
         flt = flt & (ds.field("sample_id") < hi)
     dataset = ds.dataset([str(f) for f in files], format="parquet")
     for batch in dataset.to_batches(columns=["sample_id", "source", "category"], filter=flt,
-                                    batch_size=BATCH_ROWS):
+                                    batch_size=BATCH_ROWS):   # manifests.io's streamed batch
         if batch.num_rows:
             yield batch
 

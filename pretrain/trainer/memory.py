@@ -133,7 +133,9 @@ def state_bytes(recipe, trainable: str, lay: Layout) -> float:
 def estimate(recipe, trainable: str, llm_mode: str, vit_mode: str, loss_kernel: str, tokens: int,
              lay: Layout, vit_tokens: int | None = None, calibration: dict | None = None) -> dict:
     """The peak of one rank in GiB, by term. ``tokens``: LLM tokens of a micro-batch (``micro_batch``
-    packs of the step's ``seq_len``); ``vit_tokens``: the tower's, None: 4 per token (the worst pack)."""
+    packs of the step's ``seq_len``); ``vit_tokens``: the tower's, None: 4 per token (the worst pack).
+    At PP > 1 it is the first stage's activations with the last stage's logits added, and CP does not
+    split the tower: upper bounds, where the layouts were never measured."""
     from pretrain.recipes import pipeline_sizes
 
     c = calibration or CALIBRATION
