@@ -136,9 +136,9 @@ def run(cfg: ExportConfig, task: TaskContext) -> None:
                                                 "datasource": p["source"]}) + "\n")
             task.stats.inc(f"{fmt}/{split}", len(part))
         if splits:
-            from rl_select.handoff import write_handoff
+            from rl_select.handoff import score_timeout, write_handoff
 
-            write_handoff(fmt, root, splits, rows, task.run_dir)
+            write_handoff(fmt, root, splits, rows, score_timeout(task.run_dir, task.input_steps("selection")))
     task.stats.inc("exported", len(rows))
 
 

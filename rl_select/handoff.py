@@ -4,12 +4,11 @@ answer-only, then stage 2 CoT).
 
 Paths are absolute (the export folder and the adapter file of this checkout), so the lines run as
 printed; the model path, GPU counts and batch sizes are the user's (``$MODEL``, ``$N_GPUS``). The
-reward time limit is the one the run's ``score`` step used (``RUN/score/config.json``), so training
-times rewards out exactly where selection did.
+reward time limit is the one the run's ``score`` step used (``score_timeout``: found through the
+selection's inputs), so training times rewards out exactly where selection did.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 TRAINERS = Path(__file__).resolve().parent / "trainers"
@@ -20,14 +19,22 @@ SCALE_NOTE = ("Reward scale and bias are the trainer's: the recipe trains on `(r
               "no flag for it; see docs/rl_handoff.md.")
 
 
-def _timeout(run_dir: Path) -> float:
+def score_timeout(run_dir: Path, selection_steps: list[str]) -> float:
+    """The per-job time limit of the ``score`` step whose rewards the exported selection counted:
+    the export's ``selection`` folders → the folders their ``select`` read ``rewards`` from (the
+    framework's input resolver, so a score step run under another ``--name`` is found) → that step's
+    config. The registry default when the run folder does not say (a selection written by hand)."""
+    from ovpipe.inputs import resolve, upstream_config
     from rl_select.trainers import DEFAULT_TIMEOUT_S
 
-    cfg = Path(run_dir) / "score" / "config.json"
-    try:
-        return float(json.loads(cfg.read_text()).get("timeout_s", DEFAULT_TIMEOUT_S))
-    except (OSError, ValueError, AttributeError):
-        return DEFAULT_TIMEOUT_S
+    for sel in selection_steps:
+        try:
+            step, cfg = upstream_config(run_dir, sel)
+            for folder in resolve(step, cfg, run_dir, sel).get("rewards", []):
+                return float(upstream_config(run_dir, folder)[1].timeout_s)
+        except (OSError, ValueError, KeyError, AttributeError):
+            continue
+    return DEFAULT_TIMEOUT_S
 
 
 def _verl(root: Path, split: str, timeout: float) -> str:
@@ -81,8 +88,7 @@ rewards:
     tag_included: [{', '.join(tags)}]"""
 
 
-def write_handoff(fmt: str, root: Path, splits: list[str], rows: list[dict], run_dir: Path) -> Path:
-    timeout = _timeout(run_dir)
+def write_handoff(fmt: str, root: Path, splits: list[str], rows: list[dict], timeout: float) -> Path:
     blocks = []
     for split in splits:
         tags = sorted({r["category"] for r in rows if r["split"] == split})

@@ -256,3 +256,22 @@ def test_areal_reward_fn_runs_in_a_process_pool_worker():
         got = [ex.submit(reward_fn, prompt="p", completions=c, prompt_ids=[], completion_ids=[], answer="4",
                          answer_type="math", reward_params="{}").result() for c in ("<answer>4</answer>", "5")]
     assert got == [1.0, 0.0]
+
+
+def test_handoff_takes_the_time_limit_of_the_score_step_the_selection_read(tmp_path):
+    """A score step run under another name, with its own limit: the handoff finds it through the
+    selection's inputs, not a fixed folder name."""
+    import json
+
+    from rl_select.handoff import score_timeout
+    from rl_select.trainers import DEFAULT_TIMEOUT_S
+
+    def folder(name, step, config, outputs):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "executor.json").write_text(json.dumps({"step": step, "outputs": outputs}))
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+
+    folder("score-strict", "score", {"timeout_s": 9.0}, ["rewards"])
+    folder("pick", "select", {}, ["selection"])
+    assert score_timeout(tmp_path, ["pick"]) == 9.0
+    assert score_timeout(tmp_path, ["elsewhere"]) == DEFAULT_TIMEOUT_S != 9.0
