@@ -14,13 +14,17 @@ VLM folder, ovpipe's exported stage-2 folder included), ``file`` (captions produ
 is seeded from ``seed``, the sample id and the language, so a caption does not depend on the rank, the
 task count or the chunk it ran in: outputs are deterministic (``temperature: 0``, the default, is greedy).
 
-Resumable per rank: the rank's samples are cut into chunks of ``chunk_size``; each chunk's rows are
-written, atomically, to ``RUN/<step>/chunks/{rank:05d}/chunk-{k:06d}.parquet`` as soon as it is done.
-A rank restarted after a kill or a Slurm pre-emption keeps every whole chunk whose sample ids are the
-ones it expects and generates from the first missing one, so a pre-empted task loses at most one chunk
-(minutes), not the rank (hours). When the rank ends, its chunks become its ``captions`` part; ranks
-already complete are never redone (the executor's completion markers); ``finalize`` writes the report
-and removes the chunks.
+Resumable per rank: the rank's samples, in ``sample_id`` order, are cut into chunks of ``chunk_size``;
+each chunk's rows are written, atomically, to ``RUN/<step>/chunks/{rank:05d}/chunk-{k:06d}.parquet`` as
+soon as it is done. A rank restarted after a kill or a Slurm pre-emption keeps every whole chunk whose
+sample ids are the ones it expects and generates the missing ones, so a pre-empted task loses at most one
+chunk (minutes), not the rank (hours). When the rank ends, its chunks — consecutive ``sample_id`` ranges,
+each sorted — are streamed into its ``captions`` part; ranks already complete are never redone (the
+executor's completion markers); ``finalize`` writes the report and removes the chunks.
+
+Memory: one chunk and a batch of input, not the slice (``docs/recaption.md``): the slice is chosen on the
+input's light columns, its image addresses are streamed in ``sample_id`` order (``slice_samples``), and
+the ``file`` backend holds the offsets of the rank's JSONL rows, not the rows.
 
 Quality checks (``quality``), first that applies wins, every one a ``status`` — nothing is dropped:
 
@@ -45,7 +49,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 from ovpipe.config import check_local_path, check_range, check_step_folder, looks_like_local_path
 from inference.backends import check_backend_fields, check_backend_runtime
@@ -62,6 +66,7 @@ REFUSALS = [r"^\s*(i'?m sorry|i am sorry|sorry,|i cannot|i can'?t|i am unable|i'
             r"^\s*(抱歉|很抱歉|对不起|我无法|我不能)"]
 STATUSES = ("ok", "error", "empty", "refused", "repetition", "truncated", "wrong_language", "too_short")
 _WORD = re.compile(r"\w+", re.UNICODE)
+SAMPLE_BATCH_ROWS = 4096      # input rows decoded at once (sample_id + image address: a few hundred KB)
 
 
 @dataclass
@@ -203,33 +208,41 @@ def quality(text: str, lang: str, finish_reason: str, error: str | None, cfg: Re
 
 # ------------------------------------------------------------------------------------- the step
 
-def input_samples(task: TaskContext, cfg: RecaptionConfig) -> list[dict]:
-    """This rank's samples to caption, ``[{sample_id, image}]``: ok, one image, (``only_balanced``)
-    copies > 0, each ``sample_id`` once, the first ``limit`` — selected on the light columns
-    (``sample_id``, ``status``, ``n_images``) of the whole input before slicing, so ranks get equal
-    shares; only this rank's image addresses are then read (``rank_images``)."""
+def slice_rows(task: TaskContext, cfg: RecaptionConfig):
+    """This rank's samples to caption as ``(ids, rows)``: their ``sample_id`` (an Arrow array, sorted) and
+    their row numbers in ``samples_steps``' rows concatenated (each step in canonical order; ascending).
+    ok, one image, (``only_balanced``) copies > 0, each ``sample_id`` once, the first ``limit`` — selected
+    on the light columns (``sample_id``, ``status``, ``n_images``) of the whole input before slicing, so
+    ranks get equal shares; ``slice_samples`` then streams only this slice's image addresses."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from packing.lengths import read_samples
-
-    t = read_samples(task, cfg.samples_steps, ["sample_id", "status", "n_images"], whole=True)
-    keep = pc.and_(pc.equal(t.column("status"), "ok"), pc.equal(t.column("n_images"), 1))
+    sids, keeps, n_rows, n_not_ok, n_not_one = [], [], 0, 0, 0
+    for step in cfg.samples_steps:           # the light columns only, a row group at a time
+        for b in task.iter_input("samples", ["sample_id", "status", "n_images"], step=step):
+            ok, one = pc.equal(b.column("status"), "ok"), pc.equal(b.column("n_images"), 1)
+            keep = pc.fill_null(pc.and_(ok, one), False)
+            n_not_ok += int(pc.sum(pc.not_equal(b.column("status"), "ok")).as_py() or 0)
+            n_not_one += int(pc.sum(pc.and_(ok, pc.not_equal(b.column("n_images"), 1))).as_py() or 0)
+            sids.append(b.column("sample_id").filter(keep))
+            keeps.append(np.flatnonzero(keep.to_numpy(zero_copy_only=False)) + n_rows)
+            n_rows += b.num_rows
     if task.rank == 0:
-        task.stats.inc("input/samples", t.num_rows)
-        task.stats.inc("input/not_ok", int(pc.sum(pc.not_equal(t.column("status"), "ok")).as_py() or 0))
-        task.stats.inc("input/not_one_image", int(pc.sum(pc.and_(pc.equal(t.column("status"), "ok"),
-                                                                 pc.not_equal(t.column("n_images"), 1))).as_py() or 0))
-    t = t.filter(keep)
+        task.stats.inc("input/samples", n_rows)
+        task.stats.inc("input/not_ok", n_not_ok)
+        task.stats.inc("input/not_one_image", n_not_one)
+    sid = pa.chunked_array(sids, pa.string()).combine_chunks()
+    rows = np.concatenate(keeps) if keeps else np.zeros(0, np.int64)
+    del sids, keeps
     if cfg.only_balanced:
         b = task.read_input("balanced", step=cfg.balance_step, columns=["sample_id", "copies"])
         b = b.filter(pc.greater(b.column("copies"), 0))
-        n = t.num_rows
-        t = t.filter(pc.is_in(t.column("sample_id"), value_set=b.column("sample_id").combine_chunks()))
+        n = len(sid)
+        mask = pc.is_in(sid, value_set=b.column("sample_id").combine_chunks())
+        sid, rows = sid.filter(mask), rows[mask.to_numpy(zero_copy_only=False)]
         if task.rank == 0:
-            task.stats.inc("input/not_balanced", n - t.num_rows)
-    sid = t.column("sample_id").combine_chunks()
+            task.stats.inc("input/not_balanced", n - len(sid))
     if len(sid) > 1:           # the same sample ingested twice (same image bytes, same text): caption it once
         order = pc.sort_indices(sid).to_numpy()          # stable: the first occurrence leads its run
         s = pc.take(sid, pa.array(order))
@@ -238,35 +251,59 @@ def input_samples(task: TaskContext, cfg: RecaptionConfig) -> list[dict]:
         if dup.any():
             first = np.ones(len(s), bool)
             first[order[dup]] = False
-            sid = sid.filter(pa.array(first))
+            sid, rows = sid.filter(pa.array(first)), rows[first]
             if task.rank == 0:
                 task.stats.inc("input/duplicate_sample_ids", int(dup.sum()))
     if cfg.limit:
-        sid = sid.slice(0, cfg.limit)
+        sid, rows = sid.slice(0, cfg.limit), rows[:cfg.limit]
     lo, hi = slice_bounds(len(sid), task.rank, task.world_size)
-    ids = sid.slice(lo, hi - lo).to_pylist()
-    images = rank_images(task, cfg, ids)
-    return [{"sample_id": s, "image": images[s]} for s in ids]
+    mine = sid.slice(lo, hi - lo)
+    return mine.take(pc.sort_indices(mine)), rows[lo:hi].copy()
 
 
-def rank_images(task: TaskContext, cfg: RecaptionConfig, ids: list[str]) -> dict:
-    """``{sample_id: image address}`` of this rank's samples, read by DuckDB from the samples parts
-    (only the matching rows are materialised). A sample ingested twice has the same image bytes
-    under either address; the first in ``samples_steps`` order, then canonical order, is used."""
-    import pyarrow as pa
+def slice_samples(task: TaskContext, cfg: RecaptionConfig, rows) -> Iterator[dict]:
+    """The samples at ``rows`` (``slice_rows``) as ``{sample_id, image}`` in ``sample_id`` order, streamed.
+    Each step's rows come in canonical order — by ``sample_id`` — so a heap merge of one stream per step
+    gives the slice sorted while holding a batch per step, not the slice's addresses. A sample ingested
+    twice is read at the row ``slice_rows`` kept, its first occurrence (``samples_steps`` order, then
+    canonical); either copy has the same image bytes."""
+    import heapq
 
-    out: dict = {}
-    with task.duckdb() as con:
-        con.register("want", pa.table({"sample_id": pa.array(ids, pa.string())}))
-        for step in task.input_steps("samples"):
-            files = [str(f) for f in task.input_files("samples", step)]
-            rows = con.execute("""
-                SELECT sample_id, images[1] AS image FROM read_parquet(?)
-                WHERE status = 'ok' AND n_images = 1 AND sample_id IN (SELECT sample_id FROM want)
-                ORDER BY sample_id, source, shard, key""", [files]).fetchall()
-            for sid, image in rows:
-                out.setdefault(sid, image)
-    return out
+    import numpy as np
+
+    def step_samples(step: str, mine) -> Iterator[dict]:
+        at = int(mine[0])              # the step's row number of the batch's first row
+        for b in task.iter_input("samples", ["sample_id", "images"], step=step, lo=at, hi=int(mine[-1]) + 1,
+                                 batch_rows=SAMPLE_BATCH_ROWS):
+            take = mine[np.searchsorted(mine, at):np.searchsorted(mine, at + b.num_rows)] - at
+            at += b.num_rows
+            b = b.take(take)
+            for sid, images in zip(b.column("sample_id").to_pylist(), b.column("images").to_pylist()):
+                yield {"sample_id": sid, "image": images[0]}
+
+    streams, offset = [], 0
+    for step in cfg.samples_steps:
+        n = task.input_num_rows("samples", step)
+        mine = rows[(rows >= offset) & (rows < offset + n)] - offset
+        if len(mine):
+            streams.append(step_samples(step, mine))
+        offset += n
+    return heapq.merge(*streams, key=lambda s: s["sample_id"])
+
+
+def sample_chunks(task: TaskContext, cfg: RecaptionConfig, rows, todo: set[int]) -> Iterator[tuple[int, list[dict]]]:
+    """``(k, samples)`` of each chunk ``k`` in ``todo``: the slice in ``sample_id`` order cut every
+    ``chunk_size`` samples (``slice_samples``). A task holds one chunk."""
+    chunk = []
+    for i, s in enumerate(slice_samples(task, cfg, rows) if todo else ()):
+        k = i // cfg.chunk_size
+        if k in todo:
+            chunk.append(s)
+            if len(chunk) == cfg.chunk_size:
+                yield k, chunk
+                chunk = []
+    if chunk:
+        yield (len(rows) - 1) // cfg.chunk_size, chunk
 
 
 def chunk_path(task: TaskContext, k: int) -> Path:
@@ -294,26 +331,38 @@ def done_chunk(path: Path, want: set[tuple[str, str]]) -> bool:
 
 
 class FileCaptions:
-    """backend=file: this rank's rows of the captions JSONL, read once (streamed, others skipped)."""
+    """backend=file: where this rank's rows of the captions JSONL are (one streamed pass, others skipped);
+    a chunk's rows are read back as it is captioned, so a task holds offsets, not its slice's captions."""
 
     name = "file"
 
-    def __init__(self, cfg: RecaptionConfig, want: set[tuple[str, str]], stats):
-        from inference.backends import read_jsonl
+    def __init__(self, cfg: RecaptionConfig, want: set[str], stats):
+        from inference.backends import index_jsonl
 
-        self.rows = {}
-        for r in read_jsonl(cfg.file, lambda r: (r.get("sample_id"), r.get("lang")) in want, stats):
-            self.rows.setdefault((r["sample_id"], r["lang"]), r)
+        langs = set(cfg.prompts)
+
+        def key(r):
+            sid, lang = r.get("sample_id"), r.get("lang")
+            return (sid, lang) if sid in want and lang in langs else None
+
+        self.at = index_jsonl(cfg.file, key, stats)
+        self.file = open(cfg.file, "rb")
 
     def caption(self, sid: str, lang: str) -> dict:
-        r = self.rows.get((sid, lang))
-        if r is None:
+        from inference.backends import read_jsonl_at
+
+        at = self.at.get((sid, lang))
+        if at is None:
             return {"caption": "", "tokens": None, "finish_reason": "error", "model": None,
                     "error": f"no caption for ({sid}, {lang}) in the file"}
+        r = read_jsonl_at(self.file, at)
         tokens = r.get("tokens")
         return {"caption": str(r.get("caption") or ""), "tokens": int(tokens) if tokens is not None else None,
                 "finish_reason": r.get("finish_reason") or ("error" if r.get("error") else "stop"),
                 "model": r.get("model"), "error": r.get("error")}
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def caption_chunk(samples: list[dict], cfg: RecaptionConfig, backend, task: TaskContext) -> list[dict]:
@@ -356,20 +405,22 @@ def caption_chunk(samples: list[dict], cfg: RecaptionConfig, backend, task: Task
 
 
 def run(cfg: RecaptionConfig, task: TaskContext) -> None:
-    import pyarrow as pa
-
     from manifests.io import read_part
 
-    samples = input_samples(task, cfg)
+    ids, rows = slice_rows(task, cfg)
     langs = sorted(cfg.prompts)
-    chunks = [samples[i:i + cfg.chunk_size] for i in range(0, len(samples), cfg.chunk_size)]
-    wants = [{(s["sample_id"], lang) for s in c for lang in langs} for c in chunks]
-    todo = [k for k in range(len(chunks)) if not done_chunk(chunk_path(task, k), wants[k])]
-    task.stats.inc("chunks/resumed", len(chunks) - len(todo))
+    n_chunks = -(-len(ids) // cfg.chunk_size)
+
+    def chunk_ids(k: int) -> list[str]:
+        return ids.slice(k * cfg.chunk_size, cfg.chunk_size).to_pylist()
+
+    todo = {k for k in range(n_chunks)
+            if not done_chunk(chunk_path(task, k), {(s, lang) for s in chunk_ids(k) for lang in langs})}
+    task.stats.inc("chunks/resumed", n_chunks - len(todo))
     backend = None
     if todo:
         if cfg.backend == "file":
-            backend = FileCaptions(cfg, set().union(*(wants[k] for k in todo)), task.stats)
+            backend = FileCaptions(cfg, {s for k in todo for s in chunk_ids(k)}, task.stats)
         else:
             from inference.backends import load_backend
 
@@ -378,22 +429,27 @@ def run(cfg: RecaptionConfig, task: TaskContext) -> None:
                                        cpu_threads=cfg.cpu_threads, seed=cfg.seed, max_images=1,
                                        engine_args=cfg.vllm_engine_args)
             task.stats.info["device"] = getattr(backend, "device", "cuda")
-    with task.progress(len(samples), unit="samples") as bar:
-        bar.update(sum(len(chunks[k]) for k in range(len(chunks)) if k not in todo))
-        for k in todo:
-            rows = caption_chunk(chunks[k], cfg, backend, task)
-            write_chunk(chunk_path(task, k), rows)
-            task.stats.inc("chunks/written")
-            bar.update(len(chunks[k]))
-    tables = [read_part(chunk_path(task, k), "captions") for k in range(len(chunks))]
-    from manifests.schemas import schema_for
-
-    table = pa.concat_tables(tables) if tables else schema_for("captions").empty_table()
-    for lang, status in zip(table.column("lang").to_pylist(), table.column("status").to_pylist()):
-        task.stats.inc(f"status/{lang}/{status}")
-    task.stats.inc("samples", len(samples))
-    task.stats.inc("captions", table.num_rows)
-    task.write_part("captions", table)
+    try:
+        with task.progress(len(ids), unit="samples") as bar:
+            bar.update(len(ids) - sum(len(chunk_ids(k)) for k in todo))
+            for k, samples in sample_chunks(task, cfg, rows, todo):
+                write_chunk(chunk_path(task, k), caption_chunk(samples, cfg, backend, task))
+                task.stats.inc("chunks/written")
+                bar.update(len(samples))
+    finally:
+        if isinstance(backend, FileCaptions):
+            backend.close()
+    n = 0
+    # the chunks are consecutive sample_id ranges, each sorted: streamed in order, they are the part
+    with task.part_writer("captions") as out:
+        for k in range(n_chunks):
+            t = read_part(chunk_path(task, k), "captions")
+            for lang, status in zip(t.column("lang").to_pylist(), t.column("status").to_pylist()):
+                task.stats.inc(f"status/{lang}/{status}")
+            n += t.num_rows
+            out.write(t)
+    task.stats.inc("samples", len(ids))
+    task.stats.inc("captions", n)
 
 
 def finalize(cfg: RecaptionConfig, task: TaskContext) -> None:

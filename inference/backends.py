@@ -26,13 +26,14 @@ Backends:
   samples independent of the batch it ran in.
 
 Rows produced elsewhere come in through each step's ``file`` backend; ``read_jsonl`` is the
-shared streaming reader (bad lines counted, never raised).
+shared streaming reader (bad lines counted, never raised); ``index_jsonl`` keeps only the offsets of
+the rows a task needs, for a slice whose rows would not fit beside it.
 """
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal
+from typing import Callable, Hashable, Iterable, Literal
 
 BACKENDS = ("vllm", "transformers", "file")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -325,3 +326,42 @@ def read_jsonl(path: str, want: Callable[[dict], bool], stats=None, bad_key: str
                 stats.inc(other_key)
             continue
         yield r
+
+
+def index_jsonl(path: str, key: Callable[[dict], Hashable | None], stats=None, bad_key: str = "file/bad_json",
+                other_key: str = "file/other") -> dict:
+    """``{key(r): byte offset of r's line}`` for the JSON objects of a JSONL file whose ``key`` is not None,
+    the first line of each key kept — an index, so a task that needs many rows holds their offsets, not
+    the rows (``read_jsonl_at`` reads one back). Lines are split and counted as ``read_jsonl`` does."""
+    import json
+
+    out: dict = {}
+    with open(path, "rb") as f:
+        pos = 0
+        for line in f:
+            at, pos = pos, pos + len(line)
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                r = None
+            if not isinstance(r, dict):
+                if stats is not None:
+                    stats.inc(bad_key)
+                continue
+            k = key(r)
+            if k is None:
+                if stats is not None:
+                    stats.inc(other_key)
+                continue
+            out.setdefault(k, at)
+    return out
+
+
+def read_jsonl_at(f, offset: int) -> dict:
+    """The JSON object on the line at byte ``offset`` of the open binary file ``f`` (``index_jsonl``)."""
+    import json
+
+    f.seek(offset)
+    return json.loads(f.readline())

@@ -12,13 +12,15 @@ digits cut the id space into ``N_BUCKETS`` balanced buckets with no sampling.
 - **reduce** (``bucket_cuts``): the summed bucket counts cut into ``world_size`` ranges of ≈ equal rows.
 - **apply** (``merge_runs``): rank r merges its bucket range of every run (``spill_files``) into
   canonical order, a sub-range of ≈ ``MERGE_BYTES`` decoded rows at a time, reading only the row groups
-  whose footer min/max overlaps it. Memory: one sub-range.
+  whose footer min/max overlaps it. Memory: one sub-range, and a partial row group of each of at most
+  ``MERGE_FAN_IN`` runs (more runs are merged first in groups into larger runs, a level at a time).
 - **first occurrences** (``FirstOccurrence``): over a stream in key order, which rows repeat an earlier
   row's key, and where that first row came from — the state carries across batches, so the answer does
   not depend on how the stream is cut.
 - **sorted parts** (``merge_sorted``): the rows of parts that are each sorted by the key, merged into
-  (key, part, row) order a row group per part at a time — to find duplicates over a step's whole output
-  without holding its ids.
+  (key, part, row) order a row group per part at a time, at most ``MERGE_FAN_IN`` parts at once (more are
+  merged first in groups, a level at a time) — to find duplicates over a step's whole output without
+  holding its ids.
 
 Ties between equal keys keep the order the rows were read (map rank, run, row), so the merged result
 is the same for any task count, spill size or batch size (``tests/curation/test_ingest_shuffle.py``).
@@ -33,6 +35,7 @@ SPILL_BYTES = 256 << 20    # Arrow bytes a map rank holds before writing them, s
 SPILL_GROUP_ROWS = 1024    # rows per row group of a spill run: an apply rank's id range prunes the rest
 MERGE_BYTES = 128 << 20    # decoded bytes an apply rank merges at once (a sub-range of its buckets)
 BUCKET_HEX = 4             # a bucket is the first 4 hex digits of the key (top 16 bits of the xxh3)
+MERGE_FAN_IN = 64          # sorted runs merged at once: a merge holds a row group or batch of each
 N_BUCKETS = 16 ** BUCKET_HEX
 
 
@@ -137,15 +140,52 @@ def _bucket_hex(b: int) -> str | None:
 
 
 def merge_runs(files: list[Path], kind: str, buckets, lo_b: int, hi_b: int, stats=None,
-               batch_rows: int = 65536) -> Iterator:
+               batch_rows: int = 65536, work_dir: Path | None = None) -> Iterator:
     """The rows of the sorted runs ``files`` of manifest ``kind`` whose bucket is in ``[lo_b, hi_b)``, in
     canonical order (``SORT_KEYS``, ties by file then row: a stable sort of the runs concatenated in
-    order), as record batches. The range is cut into sub-ranges of whole buckets holding about
-    ``MERGE_BYTES`` of decoded rows (from ``buckets``, the global counts, and the runs' bytes per row); for
-    each, every run's row groups whose [min, max] key overlaps it (footer statistics, read once) are read,
-    filtered to the sub-range, concatenated in run order and stably sorted. Memory: one sub-range, plus at
-    most a partial row group per run at each end. ``stats`` counts ``merge_subranges`` and
-    ``merge_rows_read``."""
+    order), as record batches (``_merge_range``). Memory: one sub-range plus a partial row group per run,
+    so at most ``MERGE_FAN_IN`` runs are merged at once: more are first merged, over the same bucket range,
+    in consecutive groups of ``MERGE_FAN_IN`` into sorted runs under ``work_dir`` (a ``.merge-*`` folder,
+    by default beside ``files[0]``; removed at the end), and those in turn, a level at a time. A group's
+    run keeps its rows' order, ties by (file, row), and the groups follow the files' order, so the stable
+    sort of the next level gives the one-level order. ``stats`` counts ``merge_subranges`` and
+    ``merge_rows_read`` of the last level and ``merge_level_runs``, the runs written by the levels below."""
+    import shutil
+    import tempfile
+
+    from manifests.io import PartWriter
+
+    files = [Path(f) for f in files]
+    if len(files) <= MERGE_FAN_IN or lo_b >= hi_b:
+        yield from _merge_range(files, kind, buckets, lo_b, hi_b, stats, batch_rows)
+        return
+    work = Path(tempfile.mkdtemp(prefix=".merge-", dir=work_dir or files[0].parent))
+    try:
+        level, depth = files, 0
+        while len(level) > MERGE_FAN_IN:
+            runs = []
+            for g in range(0, len(level), MERGE_FAN_IN):
+                with PartWriter(work / f"level{depth}-{g // MERGE_FAN_IN:05d}.parquet", kind, SPILL_GROUP_ROWS) as out:
+                    for b in _merge_range(level[g:g + MERGE_FAN_IN], kind, buckets, lo_b, hi_b, None, batch_rows):
+                        out.write(b)
+                runs.append(out.path)
+                if stats is not None:
+                    stats.inc("merge_level_runs")
+            if depth:
+                for f in level:
+                    f.unlink()
+            level, depth = runs, depth + 1
+        yield from _merge_range(level, kind, buckets, lo_b, hi_b, stats, batch_rows)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _merge_range(files: list[Path], kind: str, buckets, lo_b: int, hi_b: int, stats, batch_rows: int) -> Iterator:
+    """``merge_runs`` over at most ``MERGE_FAN_IN`` runs. The range is cut into sub-ranges of whole buckets
+    holding about ``MERGE_BYTES`` of decoded rows (from ``buckets``, the global counts, and the runs' bytes
+    per row); for each, every run's row groups whose [min, max] key overlaps it (footer statistics, read
+    once) are read, filtered to the sub-range, concatenated in run order and stably sorted. Memory: one
+    sub-range, plus at most a partial row group per run at each end."""
     import bisect
 
     import numpy as np
@@ -240,22 +280,74 @@ class FirstOccurrence:
 
 # ----------------------------------------------------------------------------------- sorted parts
 
-def merge_sorted(files: list[Path], key: str, columns: list[str], batch_rows: int = 65536) -> Iterator:
+def merge_sorted(files: list[Path], key: str, columns: list[str], batch_rows: int = 65536,
+                 work_dir: Path | None = None) -> Iterator:
     """The rows of ``files`` — Parquet parts each sorted by ``key`` — merged into (key, file, row) order, as
     tables of ``columns`` plus ``_file`` (the index in ``files``) and ``_row`` (the row in that file). A
-    k-way merge a batch at a time: each file's next batch is read, and every buffered row whose key is
-    below the smallest last key of the files still open is final (no later row can come before it).
-    Memory: per file, the row group being read (pyarrow fetches a column chunk whole) of ``columns`` and
-    a batch or two — not the files' rows. A file whose rows are not
-    in ``key`` order is an error naming it (the merge would be wrong, not slow)."""
+    k-way merge a batch at a time (``_kway``). Memory: per merged file, the row group being read
+    (pyarrow fetches a column chunk whole) of ``columns`` and a batch or two — so at most ``MERGE_FAN_IN``
+    files are merged at once: more are first merged in consecutive groups of ``MERGE_FAN_IN`` into sorted
+    runs under ``work_dir`` (a ``.merge-*`` folder, by default beside ``files[0]``; removed at the end),
+    each row carrying its original ``_file`` and ``_row``, and those runs merged in turn, a level at a
+    time. The order is the same: ties are broken by the carried (file, row). A file whose rows are not in
+    ``key`` order is an error naming it (the merge would be wrong, not slow)."""
+    import shutil
+    import tempfile
+
+    files = [Path(f) for f in files]
+    read = columns if key in columns else [key, *columns]
+    if len(files) <= MERGE_FAN_IN:
+        yield from _kway(files, key, read, columns, batch_rows, carried=False)
+        return
+    work = Path(tempfile.mkdtemp(prefix=".merge-", dir=work_dir or files[0].parent))
+    try:
+        level, carried, depth = files, False, 0
+        while len(level) > MERGE_FAN_IN:
+            runs = []
+            for g in range(0, len(level), MERGE_FAN_IN):
+                runs.append(_write_run(work / f"level{depth}-{g // MERGE_FAN_IN:05d}.parquet",
+                                       _kway(level[g:g + MERGE_FAN_IN], key, read, read, batch_rows, carried,
+                                             first=g), batch_rows))
+            if carried:
+                for f in level:
+                    f.unlink()
+            level, carried, depth = runs, True, depth + 1
+        yield from _kway(level, key, read, columns, batch_rows, carried=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _write_run(path: Path, tables, group_rows: int) -> Path:
+    """An intermediate run of ``merge_sorted``: the merged tables as they come, in row groups of at most
+    ``group_rows`` (the merge batch) — the next level reads a row group whole, per run."""
+    import pyarrow.parquet as pq
+
+    writer = None
+    try:
+        for t in tables:
+            if writer is None:
+                writer = pq.ParquetWriter(path, t.schema, compression="zstd")
+            writer.write_table(t, row_group_size=group_rows)
+    finally:
+        if writer is not None:
+            writer.close()
+    return path
+
+
+def _kway(files: list[Path], key: str, read: list[str], columns: list[str], batch_rows: int, carried: bool,
+          first: int = 0) -> Iterator:
+    """``merge_sorted`` over at most ``MERGE_FAN_IN`` files: each file's next batch is read, and every
+    buffered row whose key is below the smallest last key of the files still open is final (no later row
+    can come before it). ``carried``: the files are ``merge_sorted``'s own runs, whose rows already carry
+    their original ``_file`` and ``_row``; else those are made here (``_file`` numbered from ``first``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    read = columns if key in columns else [key, *columns]
+    cols = [*read, "_file", "_row"] if carried else read
     readers, buffers, rows, last = [], [], [], []
     for f in files:
-        readers.append(pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=read,
+        readers.append(pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=cols,
                                                                          use_threads=False))
         buffers.append(None)
         rows.append(0)
@@ -272,8 +364,10 @@ def merge_sorted(files: list[Path], key: str, columns: list[str], batch_rows: in
                 raise ValueError(f"{files[i]}: rows are not in {key} order — merge_sorted needs each part sorted "
                                  f"(manifests.io.write_part(sort=True))")
             last[i] = k[batch.num_rows - 1].as_py()
-            t = pa.Table.from_batches([batch]).append_column("_file", pa.array([i] * batch.num_rows, pa.int32()))
-            t = t.append_column("_row", pa.array(range(rows[i], rows[i] + batch.num_rows), pa.int64()))
+            t = pa.Table.from_batches([batch])
+            if not carried:
+                t = t.append_column("_file", pa.array([first + i] * batch.num_rows, pa.int32()))
+                t = t.append_column("_row", pa.array(range(rows[i], rows[i] + batch.num_rows), pa.int64()))
             rows[i] += batch.num_rows
             buffers[i] = t if buffers[i] is None else pa.concat_tables([buffers[i], t])
             return True

@@ -158,9 +158,9 @@ def ingest_file(path: str, cfg: RLIngestConfig, stats) -> Iterator[dict]:
 def run(cfg: RLIngestConfig, task: TaskContext) -> None:
     """This rank's input files (every ``world_size``-th), their rows sorted by prompt_id into its part
     through spilled sorted runs (``ovpipe.shuffle.SpillWriter``, merged by ``merge_sorted``): a task holds
-    one run being filled (``shuffle.SPILL_BYTES``), then ``SPILL_ROWS`` rows of each run while merging (the
-    prompts carry their images) — not its files' rows. The part has the bytes a sort of all its rows
-    would give (ties in input order)."""
+    one run being filled (``shuffle.SPILL_BYTES``), then ``SPILL_ROWS`` rows of each of at most
+    ``shuffle.MERGE_FAN_IN`` runs while merging (the prompts carry their images) — not its files' rows. The
+    part has the bytes a sort of all its rows would give (ties in input order)."""
     import shutil
 
     from manifests.schemas import schema_for
@@ -198,7 +198,7 @@ def finalize(cfg: RLIngestConfig, task: TaskContext) -> None:
     files = task.output_files("rl_prompts")
     first = FirstOccurrence("prompt_id")
     repeats: dict[int, list[int]] = {}       # part → its rows that repeat an earlier prompt
-    for t in merge_sorted(files, "prompt_id", ["prompt_id", "status"]):
+    for t in merge_sorted(files, "prompt_id", ["prompt_id", "status"], work_dir=task.step_dir):
         rep = first.repeats(t)
         if rep is None:
             continue

@@ -103,6 +103,28 @@ def test_id_range_parts_same_bytes_for_any_split(tmp_path, monkeypatch):
     assert dups[("src1", "000000007")] == "duplicate of train.parquet/000000003"
 
 
+def test_merge_past_its_fan_in_gives_the_same_parts(tmp_path, monkeypatch):
+    """More spill runs than ``MERGE_FAN_IN`` (a run every 7 rows: 35 runs, merged 3 at a time, so three levels
+    of intermediate runs): an apply rank's part has the bytes of the one-level merge, and the intermediate
+    runs are gone."""
+    files = _corpus(tmp_path / "data")
+    monkeypatch.setattr(shuffle_mod, "CONVERT_ROWS", 7)
+    monkeypatch.setattr(shuffle_mod, "SPILL_BYTES", 1)
+    monkeypatch.setattr(shuffle_mod, "SPILL_GROUP_ROWS", 3)
+    monkeypatch.setattr(shuffle_mod, "MERGE_BYTES", 4000)
+    for tasks in (1, 3):
+        _ingest(tmp_path / f"one-{tasks}", files, tasks)
+    monkeypatch.setattr(shuffle_mod, "MERGE_FAN_IN", 3)
+    for tasks in (1, 3):
+        run = tmp_path / f"fan-{tasks}"
+        _ingest(run, files, tasks)
+        parts = lambda r: [p.read_bytes() for p in manifest_files(r, "samples")]  # noqa: E731
+        assert parts(run) == parts(tmp_path / f"one-{tasks}"), tasks
+        stats = json.loads((run / "ingest" / "stats.json").read_text())["counters"]
+        assert stats["merge_level_runs"] >= 12 + 4 + 2       # 35 runs → 12 → 4 → 2 (per apply rank's range)
+        assert not (run / "ingest" / "shuffle").exists()
+
+
 def test_duplicate_marker_is_batch_independent():
     ids = ["00aa", "00aa", "00ab", "00ac", "00ac", "00ac", "00ad"]
     shard = ["a", "b", "a", "a", "a", "c", "a"]

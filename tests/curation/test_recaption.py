@@ -1,5 +1,5 @@
 """recaption: quality statuses on crafted outputs, the file backend end to end, kill-and-rerun
-resume per chunk (identical final manifest), the balanced restriction, and the transformers backend
+resume per chunk (identical final manifest), parts independent of the chunking, the balanced restriction, and the transformers backend
 on a tiny random Qwen2-VL the test builds (bilingual, deterministic for any task count)."""
 import json
 import shutil
@@ -163,6 +163,48 @@ def test_kill_and_rerun_resumes_from_the_last_chunk(ingested_run, tmp_path, monk
     one = new_run(ingested_run, tmp_path, "one")
     assert recaption(one, tmp_path / "caps.jsonl", tasks=1) == 0
     assert read_manifest(one, "captions").equals(b)
+
+
+def test_part_is_the_slice_sorted_whatever_the_chunking(ingested_run, tmp_path, monkeypatch):
+    """A rank streams its slice in sample_id order a chunk at a time and its chunks into its part: each part
+    has the bytes of the old whole-slice write (``write_part`` of its rows, sorted), the same for any chunk
+    size, and the merged manifest is the same for any task count — also over two samples steps, whose slice
+    is not in sample_id order (a second ingest with new samples and repeats of the first's), and with
+    parts of several row groups."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import xxhash
+
+    from manifests.io import ROW_GROUP_ROWS, read_part
+
+    src = read_manifest(ingested_run, "samples", step="ingest")
+    ok = src.filter(pc.and_(pc.equal(src.column("status"), "ok"), pc.equal(src.column("n_images"), 1)))
+    more = ok.take(list(range(0, ok.num_rows, 3))).to_pylist()
+    for i, r in enumerate(more):
+        if i % 2:                                     # a new sample (same image, another id); else a repeat
+            r["sample_id"] = xxhash.xxh3_64_hexdigest(f"b{i}".encode())
+
+    def run_with(name, tasks, chunk):
+        run = new_run(ingested_run, tmp_path, name)
+        write_part(more, run / "ingest_b" / "samples" / "part-00000.parquet", "samples", sort=True)
+        crafted_captions(run, tmp_path / "caps.jsonl")
+        assert recaption(run, tmp_path / "caps.jsonl", "--set", f"chunk_size={chunk}", "--set",
+                         "samples_steps=[ingest, ingest_b]", tasks=tasks) == 0
+        parts = sorted((run / "recaption" / "captions").glob("*.parquet"))
+        for k, part in enumerate(parts):
+            whole = write_part(read_part(part, "captions"), tmp_path / f"{name}-{k}.parquet", "captions", sort=True)
+            assert part.read_bytes() == whole.read_bytes(), (name, part)
+        return [p.read_bytes() for p in parts], read_manifest(run, "captions")
+
+    ref, merged = run_with("t1c16", 1, 16)
+    assert merged.num_rows == 2 * (ok.num_rows + (len(more) // 2))
+    assert run_with("t1c5", 1, 5)[0] == ref
+    two = run_with("t2c16", 2, 16)
+    assert run_with("t2c3", 2, 3)[0] == two[0] and two[1].equals(merged)
+    assert run_with("t3c7", 3, 7)[1].equals(merged)
+    monkeypatch.setitem(ROW_GROUP_ROWS, "captions", 8)               # a part of many row groups
+    assert run_with("groups", 2, 5)[1].equals(merged)
+    assert pq.ParquetFile(tmp_path / "groups" / "recaption" / "captions" / "part-00000.parquet").num_row_groups > 4
 
 
 def test_only_balanced(ingested_run, tmp_path):

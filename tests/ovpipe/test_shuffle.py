@@ -65,3 +65,26 @@ def test_merge_sorted_refuses_a_part_out_of_order(tmp_path):
     pq.write_table(pa.table({"id": ["00b", "00a"]}), f)
     with pytest.raises(ValueError, match="not in id order"):
         list(merge_sorted([f], "id", ["id"]))
+
+
+@pytest.mark.parametrize("fan_in", [2, 3])
+def test_merge_sorted_past_its_fan_in_gives_the_one_level_order(tmp_path, monkeypatch, fan_in):
+    """More parts than ``MERGE_FAN_IN``: merged in levels of sorted runs (``fan_in`` 2: four levels for 11
+    parts) — the same rows in the same (key, part, row) order as one merge of them all, with the original
+    ``_file`` and ``_row``, and the runs' folder gone at the end."""
+    import ovpipe.shuffle as sh
+
+    files, want = _parts(tmp_path, sizes=(7, 0, 12, 1, 9, 5, 5, 3, 0, 8, 6), seed=5)
+    one = [t for t in merge_sorted(files, "id", ["n"], batch_rows=4)]
+    monkeypatch.setattr(sh, "MERGE_FAN_IN", fan_in)
+    work = tmp_path / "work"
+    work.mkdir()
+    got = pa.concat_tables(list(merge_sorted(files, "id", ["n"], batch_rows=4, work_dir=work)))
+    assert got.column_names == ["n", "_file", "_row"]
+    assert got.equals(pa.concat_tables(one))
+    assert list(zip(got.column("_file").to_pylist(), got.column("_row").to_pylist())) == [(k, i) for _, k, i in want]
+    assert list(work.iterdir()) == []
+    partial = merge_sorted(files, "id", ["n"], work_dir=work)
+    next(partial)
+    partial.close()                                  # a consumer that stops early leaves no runs either
+    assert list(work.iterdir()) == []

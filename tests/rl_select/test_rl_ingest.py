@@ -1,6 +1,7 @@
 """rl-ingest adapters: verl, ROLL, generic JSONL with image paths; per-row errors."""
 import io
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -164,3 +165,51 @@ def test_spilled_runs_and_the_streamed_dedupe_give_the_bytes_of_one_sort(tmp_pat
     monkeypatch.setattr(shuffle, "SPILL_BYTES", 1)
     assert parts("spilled", 1)[0] == whole
     assert parts("spilled2", 2)[0] == whole2
+    monkeypatch.setattr(shuffle, "MERGE_FAN_IN", 2)          # ≈ 34 runs per task, merged 2 at a time in levels
+    assert parts("levels", 1)[0] == whole
+    assert parts("levels2", 2)[0] == whole2
+    assert not list((tmp_path / "levels" / "rl-ingest").glob(".merge-*"))
+
+
+RL_MEASURE = r"""
+import json, sys, shutil
+from pathlib import Path
+import numpy, pyarrow, pyarrow.parquet, pyarrow.compute, xxhash, PIL.Image   # not the task's memory
+import rl_select.ingest, manifests.io, ovpipe.executors.task, ovpipe.shuffle
+from ovpipe.cli import main
+from ovpipe.mapreduce import vmhwm_bytes
+
+inp, run = sys.argv[1], Path(sys.argv[2])
+ovpipe.shuffle.SPILL_BYTES = 1        # a run every 64 prompts (1 MB): the inputs make 8 and 64 runs
+ovpipe.shuffle.MERGE_FAN_IN = int(sys.argv[3])
+base = vmhwm_bytes()
+assert main(["rl-ingest", "--set", f"inputs=['{inp}']", "--set", "layout=geometry3k", "--set", "source=s",
+             "--run-dir", str(run), "--quiet", "--tasks", "1", "--workers", "1"]) == 0
+print(json.dumps({"delta": vmhwm_bytes() - base}))
+"""
+
+
+def test_rl_ingest_merge_memory_follows_its_fan_in_not_its_runs(tmp_path):
+    """One task over 512 and over 4,096 prompts with a 16 KB image each, spilled every 64 prompts: 8 and 64
+    sorted runs. Merged ``MERGE_FAN_IN`` (here 4) at a time, a level of larger runs first, the 64 runs cost a
+    fraction of one merge of them all, which holds a batch of every run."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    b = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (72, 72, 3), dtype=np.uint8)).save(b, format="PNG")
+    peak = {}
+    for n, fan_in in ((512, 4), (4096, 4), (4096, 64)):
+        src = tmp_path / f"in{n}.parquet"
+        pq.write_table(pa.table({"problem": [f"<image>question {i}?" for i in range(n)], "answer": ["1"] * n,
+                                 "images": [[{"bytes": b.getvalue()}]] * n}), src, row_group_size=64)
+        r = subprocess.run([sys.executable, "-c", RL_MEASURE, str(src), str(tmp_path / f"run{n}-{fan_in}"), str(fan_in)],
+                           capture_output=True, text=True, cwd=Path(__file__).parents[2])
+        assert r.returncode == 0, r.stderr[-3000:]
+        peak[n, fan_in] = json.loads(r.stdout.strip().splitlines()[-1])["delta"] / 2 ** 20
+    print("VmHWM added by rl-ingest, MiB:", {f"{n} prompts, fan-in {f}": round(v, 1) for (n, f), v in peak.items()})
+    assert peak[4096, 4] < peak[4096, 64] - 64, peak
+    assert peak[4096, 4] - peak[512, 4] < 48, peak
