@@ -97,19 +97,13 @@ def write_part(data, path: str | os.PathLike, kind: str, sort: bool = False) -> 
     return write_table(table, path, ROW_GROUP_ROWS.get(kind))
 
 
-def read_part(path: str | os.PathLike, kind: str) -> pa.Table:
-    """Read one part and check it against ``kind``'s schema, naming file and column on error."""
+def read_part(path: str | os.PathLike, kind: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """Read one part (only ``columns``, in that order, when given) after checking its footer's schema
+    against ``kind``'s, naming file and column on error."""
     path = Path(path)
-    table = pq.read_table(path)
-    expected = schema_for(kind)
-    for field in expected:
-        if field.name not in table.column_names:
-            raise ManifestSchemaError(f"{path}: column {field.name!r} missing (manifest {kind!r})")
-        got = table.schema.field(field.name).type
-        if got != field.type:
-            raise ManifestSchemaError(
-                f"{path}: column {field.name!r} has type {got}, manifest {kind!r} expects {field.type}")
-    return table.select(expected.names)
+    check_part_schema(path, pq.read_schema(path), kind)
+    names = schema_for(kind).names if columns is None else list(columns)
+    return pq.read_table(path, columns=names).select(names)
 
 
 def find_manifest_dirs(run_dir: str | os.PathLike) -> dict[str, list[Path]]:
@@ -148,7 +142,10 @@ def read_manifest(run_dir: str | os.PathLike, kind: str, step: str | Sequence[st
     """All parts of one manifest kind in a run folder, concatenated and (by default) in
     canonical order, so the result does not depend on how many tasks wrote it."""
     files = manifest_files(run_dir, kind, step)
-    tables = [read_part(f, kind) for f in files]
+    # only the asked columns (and the sort keys) are read: a manifest's heavy columns (inline images,
+    # responses) cost nothing to a reader that does not use them
+    need = None if columns is None else list(dict.fromkeys([*columns, *(SORT_KEYS[kind] if sort else ())]))
+    tables = [read_part(f, kind, need) for f in files]
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     if sort and table.num_rows:
         table = table.sort_by([(k, "ascending") for k in SORT_KEYS[kind]])

@@ -171,3 +171,26 @@ def test_rollouts_parts_have_row_groups_a_reader_can_hold(tmp_path):
     md = pq.ParquetFile(a).metadata
     assert [md.row_group(i).num_rows for i in range(md.num_row_groups)] == [65_536, n - 65_536]
     assert a.read_bytes() == (tmp_path / "b.parquet").read_bytes()
+
+
+def test_read_manifest_reads_only_the_asked_columns(tmp_path):
+    """A reader of a few light columns does not decode the heavy ones: the errors column here holds
+    1 MB of text per part that ``columns=["sample_id", "row"]`` never allocates."""
+    import pyarrow.parquet as pq
+
+    heavy = "x" * 1000
+    for r in range(4):
+        rows = _rows([f"{r:04x}{i:012x}" for i in range(1000)])
+        rows["error"] = [heavy + str(i) for i in range(1000)]          # distinct: no dictionary shrinks it
+        write_part(rows, tmp_path / "s" / "image_embeddings" / f"part-{r:05d}.parquet", "image_embeddings")
+    base = pa.total_allocated_bytes()
+    light = read_manifest(tmp_path, "image_embeddings", columns=["sample_id", "row"])
+    light_bytes = pa.total_allocated_bytes() - base
+    assert light.column_names == ["sample_id", "row"] and light.num_rows == 4000
+    whole = read_manifest(tmp_path, "image_embeddings")
+    assert light.equals(whole.select(["sample_id", "row"]))
+    assert light_bytes < 0.1 * whole.nbytes, (light_bytes, whole.nbytes)
+    # the schema is still checked, from the footer, whatever columns are read
+    pq.write_table(pa.table({"sample_id": ["a"], "row": [1]}), tmp_path / "s" / "image_embeddings" / "part-00009.parquet")
+    with pytest.raises(ManifestSchemaError, match="part-00009.*'file' missing"):
+        read_manifest(tmp_path, "image_embeddings", columns=["sample_id"])
