@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterable, Literal
+from typing import Callable, Hashable, Iterable, Iterator, Literal
 
 BACKENDS = ("vllm", "transformers", "file")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -328,14 +328,11 @@ def read_jsonl(path: str, want: Callable[[dict], bool], stats=None, bad_key: str
         yield r
 
 
-def index_jsonl(path: str, key: Callable[[dict], Hashable | None], stats=None, bad_key: str = "file/bad_json",
-                other_key: str = "file/other") -> dict:
-    """``{key(r): byte offset of r's line}`` for the JSON objects of a JSONL file whose ``key`` is not None,
-    the first line of each key kept — an index, so a task that needs many rows holds their offsets, not
-    the rows (``read_jsonl_at`` reads one back). Lines are split and counted as ``read_jsonl`` does."""
+def iter_jsonl_offsets(path: str, stats=None, bad_key: str = "file/bad_json") -> Iterator[tuple[int, dict]]:
+    """``(byte offset of the line, object)`` of each JSON object of a JSONL file, one at a time; blank
+    lines are skipped and a line that is not a JSON object counts ``bad_key`` (as ``read_jsonl``)."""
     import json
 
-    out: dict = {}
     with open(path, "rb") as f:
         pos = 0
         for line in f:
@@ -350,12 +347,22 @@ def index_jsonl(path: str, key: Callable[[dict], Hashable | None], stats=None, b
                 if stats is not None:
                     stats.inc(bad_key)
                 continue
-            k = key(r)
-            if k is None:
-                if stats is not None:
-                    stats.inc(other_key)
-                continue
-            out.setdefault(k, at)
+            yield at, r
+
+
+def index_jsonl(path: str, key: Callable[[dict], Hashable | None], stats=None, bad_key: str = "file/bad_json",
+                other_key: str = "file/other") -> dict:
+    """``{key(r): byte offset of r's line}`` for the JSON objects of a JSONL file whose ``key`` is not None,
+    the first line of each key kept — an index, so a task that needs many rows holds their offsets, not
+    the rows (``read_jsonl_at`` reads one back). Lines are split and counted as ``read_jsonl`` does."""
+    out: dict = {}
+    for at, r in iter_jsonl_offsets(path, stats, bad_key):
+        k = key(r)
+        if k is None:
+            if stats is not None:
+                stats.inc(other_key)
+            continue
+        out.setdefault(k, at)
     return out
 
 

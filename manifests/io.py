@@ -23,10 +23,11 @@ from manifests.schemas import SORT_KEYS, ManifestSchemaError, schema_for
 
 PARQUET_OPTS = dict(compression="zstd", row_group_size=1 << 20, write_statistics=True)
 # Kinds whose rows are large get smaller row groups: a streamed reader (``iter_parts``) holds one row
-# group, and so does a ``PartWriter`` filling one; 1M rollouts of a few KB of response each, 1M captions of
-# up to 256 new tokens (≈ 1 KB), or 1M RL prompts with their images inline would be gigabytes to hundreds
-# of gigabytes.
-ROW_GROUP_ROWS = {"rollouts": 1 << 16, "captions": 1 << 14, "rl_prompts": 512}
+# group, and a ``PartWriter`` filling one about twice that (the buffer and its compressed copy); 1M rollouts
+# of a few KB of response each, 1M captions of up to 256 new tokens (≈ 1 KB), or 1M RL prompts with their
+# images inline would be gigabytes to hundreds of gigabytes. Rollouts: 1,024 responses of an 8K-token
+# chain of thought (≈ 32 KB) are 32 MB.
+ROW_GROUP_ROWS = {"rollouts": 1024, "captions": 1 << 14, "rl_prompts": 512}
 
 
 def temp_path(path: str | os.PathLike) -> Path:

@@ -139,23 +139,36 @@ def rollouts_generate(prompts: list[dict], cfg: RolloutConfig, stats, backend=No
 
 
 class FileRollouts:
-    """backend=file: the rows of the rollouts JSONL for the prompts still to do, read once (streamed, the
-    others skipped), handed out per chunk."""
+    """backend=file: the rollouts JSONL indexed once for the prompts still to do — each wanted line's byte
+    offset and its rollout index, not its response — and read back a chunk at a time, so a task holds one
+    chunk's responses whatever the size of its slice or of the file."""
 
     def __init__(self, cfg: RolloutConfig, want: set[str], stats):
-        from inference.backends import read_jsonl
+        from inference.backends import iter_jsonl_offsets
 
-        self.rows, next_idx = {}, {}
-        for r in read_jsonl(cfg.file, lambda r: r.get("prompt_id") in want, stats, other_key="file/other_prompt"):
-            pid = r["prompt_id"]
+        self.path, self.at, next_idx = cfg.file, {}, {}
+        for at, r in iter_jsonl_offsets(cfg.file, stats):
+            pid = r.get("prompt_id")
+            if pid not in want:
+                stats.inc("file/other_prompt")
+                continue
             i = r.get("rollout_idx", next_idx.get(pid, 0))
             next_idx[pid] = max(next_idx.get(pid, 0), i + 1)
-            self.rows.setdefault(pid, []).append({
-                "prompt_id": pid, "rollout_idx": int(i), "prompt_type": r.get("prompt_type", "answer_only"),
-                "response": str(r.get("response", "")), "tokens": int(r.get("tokens", 0)), "model": r.get("model")})
+            self.at.setdefault(pid, []).append((at, int(i)))
 
     def __call__(self, prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
-        return [r for p in prompts for r in self.rows.get(p["prompt_id"], [])]
+        from inference.backends import read_jsonl_at
+
+        out = []
+        with open(self.path, "rb") as f:
+            for p in prompts:
+                for at, i in self.at.get(p["prompt_id"], []):
+                    r = read_jsonl_at(f, at)
+                    out.append({"prompt_id": r["prompt_id"], "rollout_idx": i,
+                                "prompt_type": r.get("prompt_type", "answer_only"),
+                                "response": str(r.get("response", "")),
+                                "tokens": int(r.get("tokens", 0)), "model": r.get("model")})
+        return out
 
 
 def chunk_path(task: TaskContext, k: int, ids: list[str], cfg: RolloutConfig) -> Path:

@@ -155,21 +155,21 @@ def test_iter_parts_checks_the_schema_from_the_footer(tmp_path):
 
 
 def test_rollouts_parts_have_row_groups_a_reader_can_hold(tmp_path):
-    """A streamed reader holds a row group: rollouts (long responses) are written in groups of 65,536 rows,
+    """A streamed reader holds a row group: rollouts (long responses) are written in groups of 1,024 rows,
     by write_part and PartWriter alike, with the same bytes."""
     import pyarrow.parquet as pq
 
-    n = 70_000
+    n = 2_500
     rows = {"prompt_id": [f"{i // 8:08d}" for i in range(n)], "rollout_idx": [i % 8 for i in range(n)],
             "prompt_type": ["answer_only"] * n, "response": ["<answer>1</answer>"] * n, "tokens": [4] * n,
             "backend": ["file"] * n, "model": ["m"] * n, "sampling": ["{}"] * n}
     a = write_part(rows, tmp_path / "a.parquet", "rollouts")
     with PartWriter(tmp_path / "b.parquet", "rollouts") as w:
         t = pa.table(rows)
-        for lo in range(0, n, 30_000):
-            w.write(t.slice(lo, 30_000))
+        for lo in range(0, n, 700):
+            w.write(t.slice(lo, 700))
     md = pq.ParquetFile(a).metadata
-    assert [md.row_group(i).num_rows for i in range(md.num_row_groups)] == [65_536, n - 65_536]
+    assert [md.row_group(i).num_rows for i in range(md.num_row_groups)] == [1024, 1024, n - 2048]
     assert a.read_bytes() == (tmp_path / "b.parquet").read_bytes()
 
 

@@ -315,9 +315,9 @@ def test_rollout_killed_mid_slice_resumes_from_its_last_chunk(rl_run, tmp_path, 
 
 
 
-def _rollout_corpus(run, n_prompts: int, parts: int) -> Path:
+def _rollout_corpus(run, n_prompts: int, parts: int, response_bytes: int = 0, per_prompt: int = 1) -> Path:
     """``n_prompts`` ok prompts with a 64 KB image each, in ``parts`` parts as that many rl-ingest tasks write
-    them, and a rollouts JSONL with one response per prompt."""
+    them, and a rollouts JSONL with ``per_prompt`` responses per prompt (padded to about ``response_bytes``)."""
     from manifests.io import write_part
 
     ids = [f"{i:08d}" for i in range(n_prompts)]
@@ -331,18 +331,24 @@ def _rollout_corpus(run, n_prompts: int, parts: int) -> Path:
                     "extra": ["{}"] * m, "status": ["ok"] * m, "error": [None] * m},
                    run / "rl-ingest" / "rl_prompts" / f"part-{k:05d}.parquet", "rl_prompts")
     data = run / "rollouts.jsonl"
-    data.write_text("".join(json.dumps({"prompt_id": p, "response": "<answer>A</answer>"}) + "\n" for p in ids))
+    pad = "x" * response_bytes
+    with open(data, "w") as f:
+        for p in ids:
+            for _ in range(per_prompt):
+                f.write(json.dumps({"prompt_id": p, "response": f"{pad}<answer>A</answer>"}) + "\n")
     return data
 
 
 def test_rollout_task_memory_follows_its_chunk_not_its_slice(tmp_path):
     """Two tasks over 512 and over 4,096 prompts (their 64 KB images inline, in parts of 256 as rl-ingest
-    tasks write them): a rollout task's slice grows 8× (16 → 128 MB of images), its peak resident memory
-    does not — it streams its prompts a chunk at a time (32 here) and writes each chunk as it goes."""
+    tasks write them; the file backend's 4 responses per prompt 8 KB each): a rollout task's slice grows 8×
+    (16 → 128 MB of images, 8 → 64 MB of responses), its peak resident memory does not — it streams its
+    prompts a chunk at a time (32 here), reads a chunk's responses back from the offsets it indexed, and
+    writes each chunk as it goes, its part a row group at a time."""
     deltas = []
     for name, n in (("small", 512), ("large", 4096)):
         run = tmp_path / name
-        data = _rollout_corpus(run, n, n // 256)
+        data = _rollout_corpus(run, n, n // 256, response_bytes=8 << 10, per_prompt=4)
         assert main(["rollout", "--set", "backend=file", "--set", f"file={data}", "--set", "chunk_size=32",
                      "--run-dir", str(run), "--tasks", "2", "--workers", "2", "--quiet"]) == 0
         (run / "rollout" / "completions" / "finalized").unlink()
