@@ -288,7 +288,8 @@ def write_samples(cfg: IngestConfig, task: TaskContext) -> None:
     marker = _DuplicateMarker()
     with task.part_writer("samples", row_group_rows=BATCH_ROWS) as w, \
             task.progress(int(r["buckets"][lo_b:hi_b].sum()), unit="sample", desc=f"ingest[apply {task.rank}]") as bar:
-        for batch in merge_runs(files, "samples", r["buckets"], lo_b, hi_b, task.stats, BATCH_ROWS):
+        for batch in merge_runs(files, "samples", r["buckets"], lo_b, hi_b, task.stats, BATCH_ROWS,
+                                tag=f"{task.rank:05d}"):
             batch = marker.mark(batch)
             w.write(batch)
             bar.update(batch.num_rows)

@@ -139,8 +139,14 @@ def _bucket_hex(b: int) -> str | None:
     return None if b >= N_BUCKETS else f"{b:0{BUCKET_HEX}x}"
 
 
+def merge_prefix(tag: str = "") -> str:
+    """The name prefix of a merge level's temp folder; ``tag`` (a task's rank, ``05d``) lets the rank's
+    next try remove what a killed try left (``ovpipe.runfolder.cleanup.clean_temp_files``)."""
+    return f".merge-{tag}-" if tag else ".merge-"
+
+
 def merge_runs(files: list[Path], kind: str, buckets, lo_b: int, hi_b: int, stats=None,
-               batch_rows: int = 65536, work_dir: Path | None = None) -> Iterator:
+               batch_rows: int = 65536, work_dir: Path | None = None, tag: str = "") -> Iterator:
     """The rows of the sorted runs ``files`` of manifest ``kind`` whose bucket is in ``[lo_b, hi_b)``, in
     canonical order (``SORT_KEYS``, ties by file then row: a stable sort of the runs concatenated in
     order), as record batches (``_merge_range``). Memory: one sub-range plus a partial row group per run,
@@ -159,7 +165,7 @@ def merge_runs(files: list[Path], kind: str, buckets, lo_b: int, hi_b: int, stat
     if len(files) <= MERGE_FAN_IN or lo_b >= hi_b:
         yield from _merge_range(files, kind, buckets, lo_b, hi_b, stats, batch_rows)
         return
-    work = Path(tempfile.mkdtemp(prefix=".merge-", dir=work_dir or files[0].parent))
+    work = Path(tempfile.mkdtemp(prefix=merge_prefix(tag), dir=work_dir or files[0].parent))
     try:
         level, depth = files, 0
         while len(level) > MERGE_FAN_IN:
@@ -281,7 +287,7 @@ class FirstOccurrence:
 # ----------------------------------------------------------------------------------- sorted parts
 
 def merge_sorted(files: list[Path], key: str, columns: list[str], batch_rows: int = 65536,
-                 work_dir: Path | None = None) -> Iterator:
+                 work_dir: Path | None = None, tag: str = "") -> Iterator:
     """The rows of ``files`` — Parquet parts each sorted by ``key`` — merged into (key, file, row) order, as
     tables of ``columns`` plus ``_file`` (the index in ``files``) and ``_row`` (the row in that file). A
     k-way merge a batch at a time (``_kway``). Memory: per merged file, the row group being read
@@ -299,7 +305,7 @@ def merge_sorted(files: list[Path], key: str, columns: list[str], batch_rows: in
     if len(files) <= MERGE_FAN_IN:
         yield from _kway(files, key, read, columns, batch_rows, carried=False)
         return
-    work = Path(tempfile.mkdtemp(prefix=".merge-", dir=work_dir or files[0].parent))
+    work = Path(tempfile.mkdtemp(prefix=merge_prefix(tag), dir=work_dir or files[0].parent))
     try:
         level, carried, depth = files, False, 0
         while len(level) > MERGE_FAN_IN:

@@ -32,7 +32,7 @@ def clean_temp_files(sdir: Path, rank: int | None = None) -> int:
     ``rank=None``: every ``.tmp-*`` under the step folder — call only under the step lock with no
     rank running. ``rank``: only that rank's own part and stats temp files (``part-{rank:05d}.*``
     under ``<kind>/``, ``{rank:05d}.json`` under ``stats/``) and its resumable chunks' (``chunks/{rank:05d}/``,
-    ``TaskContext.chunk_dir``), safe while other ranks run."""
+    ``TaskContext.chunk_dir``), and its merges' ``.merge-{rank:05d}-*`` folders, safe while other ranks run."""
     sdir = Path(sdir)
     if not sdir.is_dir():
         return 0
@@ -44,9 +44,14 @@ def clean_temp_files(sdir: Path, rank: int | None = None) -> int:
         files += list((sdir / "stats").glob(f".tmp-*-{rank:05d}.json"))
         files += list((sdir / "failures").glob(f".tmp-*-{rank:05d}"))
         files += list((sdir / "chunks" / f"{rank:05d}").glob(".tmp-*"))
+    # a k-way merge's intermediate runs (``ovpipe.shuffle``): the rank's own folders, or all of them
+    dirs = [d for d in sdir.rglob(".merge-*" if rank is None else f".merge-{rank:05d}-*") if d.is_dir()]
     n = 0
     for p in files:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
             n += 1
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+        n += 1
     return n

@@ -225,11 +225,14 @@ def test_restarted_rank_removes_only_its_own_temp_files(tmp_path):
             sdir / "chunks" / "00003" / ".tmp-7-chunk-000001.parquet"]            # a resumable step's chunk
     other = [sdir / "things" / ".tmp-8-part-00004.parquet", sdir / "stats" / ".tmp-8-00004.json",
              sdir / "chunks" / "00004" / ".tmp-8-chunk-000000.parquet"]
-    for p in mine + other:
+    merges = {r: sdir / "shuffle" / f".merge-{r:05d}-abc{r}" for r in (3, 4)}     # a killed merge level's runs
+    for p in mine + other + [m / "level0-00000.parquet" for m in merges.values()]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.touch()
-    assert cleanup.clean_temp_files(sdir, rank=3) == 3
+    assert cleanup.clean_temp_files(sdir, rank=3) == 4
     assert not any(p.exists() for p in mine) and all(p.exists() for p in other)
+    assert not merges[3].exists() and merges[4].exists()
+    assert cleanup.clean_temp_files(sdir) == 4 and not merges[4].exists()      # no rank running: every one
 
 
 # ------------------------------------------------------------------------------------- orphans
