@@ -49,14 +49,25 @@ def _ext(b: bytes) -> str:
     return "png" if b[:8] == b"\x89PNG\r\n\x1a\n" else "jpg"
 
 
-def kept_rows(task: TaskContext) -> list[dict]:
-    sel = {r["prompt_id"]: r for r in task.read_input("selection").to_pylist() if r["kept"]}
-    out = []
-    for p in task.read_input("rl_prompts").to_pylist():
-        if p["prompt_id"] in sel and p["status"] == "ok":
-            s = sel[p["prompt_id"]]
-            out.append({**p, "split": s["split"], "pass_at_1": s["pass_at_1"]})
-    return out
+PROMPT_BATCH = 256     # rl_prompts rows (images inline) decoded at once; also the Parquet exports' row group
+
+
+def kept_splits(task: TaskContext) -> dict[str, tuple[str, float]]:
+    """``{prompt_id: (split, pass_at_1)}`` of the kept prompts: the selection's light columns only."""
+    cols = ["prompt_id", "kept", "split", "pass_at_1"]
+    return {pid: (split, p1) for b in task.iter_input("selection", cols)
+            for pid, kept, split, p1 in zip(*(b.column(c).to_pylist() for c in cols)) if kept}
+
+
+def kept_rows(task: TaskContext):
+    """The kept ``ok`` prompts with their ``split`` and ``pass_at_1``, streamed in canonical order: a
+    batch of prompts (their images inline) at a time, never the export's whole set."""
+    sel = kept_splits(task)
+    for b in task.iter_input("rl_prompts", batch_rows=PROMPT_BATCH):
+        for p in b.to_pylist():
+            if p["prompt_id"] in sel and p["status"] == "ok":
+                split, p1 = sel[p["prompt_id"]]
+                yield {**p, "split": split, "pass_at_1": p1}
 
 
 def reward_label(p: dict) -> str:
@@ -85,61 +96,117 @@ def _verl_row(i: int, p: dict, roll: bool, cfg: ExportConfig) -> dict:
     return row
 
 
-def run(cfg: ExportConfig, task: TaskContext) -> None:
+def verl_schema(roll: bool):
+    """The verl / ROLL Parquet schema, fixed up front: the files are written a row group at a time, and a
+    batch whose prompts carry no image must not make ``images`` a list of nulls."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
+    s = pa.string()
+    rm = [("style", s), ("ground_truth", s)] + ([("accuracy_ratio", pa.float64()), ("format_ratio", pa.float64()),
+                                                  ("verifier", s), ("verifier_parm", s)] if roll else [])
+    fields = [("data_source", s), ("prompt", pa.list_(pa.struct([("role", s), ("content", s)]))),
+              ("images", pa.list_(pa.struct([("bytes", pa.binary())]))), ("ability", s),
+              ("reward_model", pa.struct(rm)),
+              ("extra_info", pa.struct([("index", pa.int64()), ("prompt_id", s), ("answer_type", s), ("split", s),
+                                        ("reward_params", s)])),
+              ("problem", s), ("answer", s)] + ([("tag", s)] if roll else [])
+    return pa.schema(fields)
+
+
+class SplitWriter:
+    """One format's files of one split, fed a prompt at a time: verl / ROLL rows buffered to a row group of
+    ``PROMPT_BATCH``, AReaL shards of ``areal_shard_rows`` lines, the OpenRLHF JSONL; images written
+    once as files (AReaL, OpenRLHF) as their prompts pass."""
+
+    def __init__(self, fmt: str, split: str, root, cfg: ExportConfig):
+        self.fmt, self.split, self.root, self.cfg = fmt, split, root, cfg
+        self.n, self.rows, self.tags, self._pq, self._f = 0, [], set(), None, None
+        if fmt in ("verl", "roll"):
+            (root / fmt).mkdir(parents=True, exist_ok=True)
+        else:
+            (root / fmt / "images").mkdir(parents=True, exist_ok=True)
+        if fmt == "openrlhf":
+            self._f = open(root / "openrlhf" / f"{split}.jsonl", "w")
+
+    def _paths(self, p: dict) -> list[str]:
+        out = []
+        for j, b in enumerate(p["images"]):
+            f = self.root / self.fmt / "images" / f"{p['prompt_id']}_{j}.{_ext(b)}"
+            if not f.exists():
+                f.write_bytes(b)
+            out.append(str(f.relative_to(self.root / self.fmt)))
+        return out
+
+    def add(self, p: dict) -> None:
+        i, self.n = self.n, self.n + 1
+        self.tags.add(p["category"])
+        if self.fmt in ("verl", "roll"):
+            self.rows.append(_verl_row(i, p, self.fmt == "roll", self.cfg))
+            if len(self.rows) == PROMPT_BATCH:
+                self._flush()
+        elif self.fmt == "areal":
+            if i % self.cfg.areal_shard_rows == 0:
+                if self._f is not None:
+                    self._f.close()
+                d = self.root / "areal" / self.split
+                d.mkdir(parents=True, exist_ok=True)
+                self._f = open(d / f"part-{i // self.cfg.areal_shard_rows:05d}.jsonl", "w")
+            # the recipe's AReaL dataset gives `normal` prompts the answer-only template, others the thinking one
+            prompt_type = "normal" if self.split == "stage1-answer-only" else "thinking"
+            self._f.write(json.dumps({"id": p["prompt_id"], "images": self._paths(p), "problem": p["question"],
+                                      "answer": p["ground_truth"], "problem_type": p["category"],
+                                      "answer_type": p["answer_type"], "source": p["source"],
+                                      "prompt_type": prompt_type, "reward_params": p["extra"] or "{}"}) + "\n")
+        else:
+            self._f.write(json.dumps({"id": p["prompt_id"], "prompt": p["question"], "label": p["ground_truth"],
+                                      "reward_label": reward_label(p), "images": self._paths(p),
+                                      "datasource": p["source"]}) + "\n")
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = verl_schema(self.fmt == "roll")
+        if self._pq is None:
+            self._pq = pq.ParquetWriter(self.root / self.fmt / f"{self.split}.parquet", schema)
+        self._pq.write_table(pa.Table.from_pylist(self.rows, schema=schema))
+        self.rows = []
+
+    def close(self) -> None:
+        if self.rows:
+            self._flush()
+        for h in (self._pq, self._f):
+            if h is not None:
+                h.close()
+
+
+def run(cfg: ExportConfig, task: TaskContext) -> None:
     if task.rank != 0:
         return
-    rows = kept_rows(task)
     root = task.step_dir
-    splits = sorted({r["split"] for r in rows})
+    writers: dict[tuple[str, str], SplitWriter] = {}
+    n = 0
+    try:
+        for p in kept_rows(task):
+            n += 1
+            for fmt in cfg.formats:
+                key = (fmt, p["split"])
+                if key not in writers:
+                    writers[key] = SplitWriter(fmt, p["split"], root, cfg)
+                writers[key].add(p)
+    finally:
+        for w in writers.values():
+            w.close()
+    from rl_select.handoff import score_timeout, write_handoff
+
+    timeout = score_timeout(task.run_dir, task.input_steps("selection"))
     for fmt in cfg.formats:
+        splits = sorted(split for f, split in writers if f == fmt)
         for split in splits:
-            part = [r for r in rows if r["split"] == split]
-            if fmt in ("verl", "roll"):
-                path = root / fmt / f"{split}.parquet"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(pa.Table.from_pylist([_verl_row(i, p, fmt == "roll", cfg) for i, p in enumerate(part)]),
-                               path)
-            else:
-                img_dir = root / fmt / "images"
-                img_dir.mkdir(parents=True, exist_ok=True)
-
-                def paths(p):
-                    out = []
-                    for j, b in enumerate(p["images"]):
-                        f = img_dir / f"{p['prompt_id']}_{j}.{_ext(b)}"
-                        if not f.exists():
-                            f.write_bytes(b)
-                        out.append(str(f.relative_to(root / fmt)))
-                    return out
-
-                if fmt == "areal":
-                    d = root / "areal" / split
-                    d.mkdir(parents=True, exist_ok=True)
-                    # the recipe's AReaL dataset gives `normal` prompts the answer-only template, others the thinking one
-                    prompt_type = "normal" if split == "stage1-answer-only" else "thinking"
-                    for s in range(0, max(len(part), 1), cfg.areal_shard_rows):
-                        with open(d / f"part-{s // cfg.areal_shard_rows:05d}.jsonl", "w") as f:
-                            for p in part[s:s + cfg.areal_shard_rows]:
-                                f.write(json.dumps({"id": p["prompt_id"], "images": paths(p), "problem": p["question"],
-                                                    "answer": p["ground_truth"], "problem_type": p["category"],
-                                                    "answer_type": p["answer_type"], "source": p["source"],
-                                                    "prompt_type": prompt_type,
-                                                    "reward_params": p["extra"] or "{}"}) + "\n")
-                else:
-                    with open(root / "openrlhf" / f"{split}.jsonl", "w") as f:
-                        for p in part:
-                            f.write(json.dumps({"id": p["prompt_id"], "prompt": p["question"], "label": p["ground_truth"],
-                                                "reward_label": reward_label(p), "images": paths(p),
-                                                "datasource": p["source"]}) + "\n")
-            task.stats.inc(f"{fmt}/{split}", len(part))
+            task.stats.inc(f"{fmt}/{split}", writers[(fmt, split)].n)
         if splits:
-            from rl_select.handoff import score_timeout, write_handoff
-
-            write_handoff(fmt, root, splits, rows, score_timeout(task.run_dir, task.input_steps("selection")))
-    task.stats.inc("exported", len(rows))
+            write_handoff(fmt, root, splits, {s: sorted(writers[(fmt, s)].tags) for s in splits}, timeout)
+    task.stats.inc("exported", n)
 
 
 STEP = Step("export", ExportConfig, run, inputs={"selection": None, "rl_prompts": None}, max_tasks=1,

@@ -88,13 +88,13 @@ rewards:
     tag_included: [{', '.join(tags)}]"""
 
 
-def write_handoff(fmt: str, root: Path, splits: list[str], rows: list[dict], timeout: float) -> Path:
+def write_handoff(fmt: str, root: Path, splits: list[str], tags: dict[str, list[str]], timeout: float) -> Path:
+    """``HANDOFF.md`` of one format: a block per split; ``tags``: each split's categories (ROLL's tags)."""
     blocks = []
     for split in splits:
-        tags = sorted({r["category"] for r in rows if r["split"] == split})
         cmd = {"verl": lambda: _verl(root, split, timeout), "openrlhf": lambda: _openrlhf(root, split, timeout),
                "areal": lambda: _areal(root, split, timeout),
-               "roll": lambda: _roll(root, split, tags, timeout)}[fmt]()
+               "roll": lambda: _roll(root, split, tags[split], timeout)}[fmt]()
         lang = "yaml" if fmt == "roll" else "bash"
         blocks.append(f"## {split}\n\n```{lang}\n{cmd}\n```\n")
     text = (f"# {fmt}: train on this export with ovpipe's rewards\n\n"

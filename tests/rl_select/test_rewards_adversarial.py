@@ -18,7 +18,9 @@ BOXES = json.dumps([{"bbox_2d": [0, 0, 4, 4], "label": "cat"}])
 def test_ten_megabyte_responses(t, gt):
     t0 = time.time()
     reward, correct, status, _ = score_one((t, BIG, gt, "{}"))
-    assert time.time() - t0 < 2 and reward == 0.0 and not correct and status in ("ok", "bad_response")
+    # a guard against a super-linear parse of 10 MB (hours), not a timing: it took under 1 s alone, but a
+    # loaded 2-core machine ran one past a 2 s bound
+    assert time.time() - t0 < 30 and reward == 0.0 and not correct and status in ("ok", "bad_response")
 
 
 @pytest.mark.parametrize("t, resp, gt, status", [

@@ -356,3 +356,50 @@ def test_rollout_task_memory_follows_its_chunk_not_its_slice(tmp_path):
     print(f"VmHWM added by rollout rank 0, MiB: a 256-prompt slice {deltas[0]:.1f}; a 2,048-prompt slice "
           f"{deltas[1]:.1f}")
     assert deltas[1] - deltas[0] < 24, deltas
+
+
+def test_export_streamed_in_small_row_groups_holds_the_same_rows(rl_run, tmp_path, monkeypatch):
+    """``export`` writes a batch of prompts at a time: with batches of 2 its verl / ROLL files have many row
+    groups but the same schema and rows, and its JSONL files the same bytes, as in one batch."""
+    import shutil
+
+    import rl_select.export as export
+
+    run, _ = rl_run
+    shutil.copytree(run, tmp_path / "r")
+    shutil.rmtree(tmp_path / "r" / "export")
+    monkeypatch.setattr(export, "PROMPT_BATCH", 2)
+    assert main(["export", "--run-dir", str(tmp_path / "r"), "--quiet", "--set", "areal_shard_rows=3"]) == 0
+    a, b = run / "export", tmp_path / "r" / "export"
+    for f in sorted(a.rglob("*")):
+        g = b / f.relative_to(a)
+        if f.suffix == ".parquet":
+            assert pq.read_schema(f) == pq.read_schema(g) and pq.read_table(f).equals(pq.read_table(g)), f
+            if pq.ParquetFile(f).metadata.num_rows > 2:
+                assert pq.ParquetFile(g).metadata.num_row_groups > 1
+        elif f.is_file() and f.suffix in (".jsonl", ".png", ".jpg"):
+            assert f.read_bytes() == g.read_bytes(), f
+        elif f.name == "HANDOFF.md":
+            assert f.read_text().replace(str(a), "") == g.read_text().replace(str(b), ""), f
+
+
+def test_export_memory_follows_its_batch_not_the_kept_set(tmp_path):
+    """512 and 4,096 kept prompts with their 64 KB images inline: the export's peak resident memory does not
+    grow with the kept set — it streams the prompts a batch at a time into the verl file."""
+    from manifests.io import write_part
+
+    deltas = []
+    for name, n in (("small", 512), ("large", 4096)):
+        run = tmp_path / name
+        _rollout_corpus(run, n, n // 256)
+        ids = [f"{i:08d}" for i in range(n)]
+        write_part({"prompt_id": ids, "source": ["s"] * n, "category": ["c"] * n, "n": [8] * n, "correct": [4] * n,
+                    "pass_at_1": [0.5] * n, "pass_at_n": [1.0] * n, "gap": [0.5] * n, "mean_reward": [0.5] * n,
+                    "pass_at_k": [None] * n, "kept": [True] * n, "reason": ["kept"] * n,
+                    "split": ["stage1-answer-only"] * n}, run / "select" / "selection" / "part-00000.parquet",
+                   "selection")
+        assert main(["export", "--run-dir", str(run), "--quiet", "--set", "formats=[verl]"]) == 0
+        assert pq.read_metadata(run / "export" / "verl" / "stage1-answer-only.parquet").num_rows == n
+        deltas.append(_rank0_peak_mib("export", run, 1))
+    print(f"VmHWM added by export, MiB: 512 kept prompts {deltas[0]:.1f}; 4,096 {deltas[1]:.1f}")
+    assert deltas[1] - deltas[0] < 24, deltas
