@@ -149,8 +149,7 @@ def _corpus(run, seed=0):
 @pytest.fixture(scope="module")
 def corpus_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("select")
-    _corpus(run)
-    return run
+    return run, _corpus(run)
 
 
 INPUT_COUNTERS = ("input/samples", "input/not_ok", "input/not_one_image", "input/not_balanced",
@@ -160,13 +159,14 @@ INPUT_COUNTERS = ("input/samples", "input/not_ok", "input/not_one_image", "input
 @pytest.mark.parametrize("only_balanced,limit", [(False, 0), (True, 0), (False, 23), (True, 9), (True, 1000)])
 @pytest.mark.parametrize("bucket_rows", [3, 1 << 16])
 def test_selection_equals_the_in_memory_one(corpus_run, monkeypatch, only_balanced, limit, bucket_rows):
+    run, _ = corpus_run
     monkeypatch.setattr(rc, "SELECT_BUCKET_ROWS", bucket_rows)     # 3: every share spans several buckets
     cfg = RecaptionConfig(backend="file", file="x.jsonl", samples_steps=STEPS, only_balanced=only_balanced,
                           limit=limit)
     for world in (1, 2, 3):
         n = 0
         for rank in range(world):
-            new, old = (TaskContext.for_step(STEP, cfg, corpus_run, rank, world) for _ in range(2))
+            new, old = (TaskContext.for_step(STEP, cfg, run, rank, world) for _ in range(2))
             ids, rows = rc.slice_rows(new, cfg)
             want_ids, want_rows = slice_rows_in_memory(old, cfg)
             assert ids.type == pa.string() and ids.equals(want_ids), (world, rank)
@@ -174,3 +174,36 @@ def test_selection_equals_the_in_memory_one(corpus_run, monkeypatch, only_balanc
             assert new.stats.to_dict()["counters"] == old.stats.to_dict()["counters"], (world, rank)
             n += len(ids)
         assert n > 0
+
+
+def test_step_parts_and_stats_equal_the_in_memory_selections(corpus_run, tmp_path, monkeypatch):
+    """End to end through the step (file backend, in-process ranks): every captions part and every rank's
+    counters are the ones the in-memory selection gives, for 1, 2 and 3 tasks."""
+    import shutil
+
+    corpus, pool = corpus_run
+    data = tmp_path / "caps.jsonl"
+    with open(data, "w") as f:
+        f.writelines(json.dumps({"sample_id": s, "lang": "en", "caption": f"a caption of {s} here", "model": "m"})
+                     + "\n" for s in pool)
+
+    def step(name, tasks):
+        run = tmp_path / name
+        for s in (*STEPS, "balance"):
+            shutil.copytree(corpus / s, run / s)
+        assert main(["recaption", "--set", "backend=file", "--set", f"file={data}", "--set", "chunk_size=4",
+                     "--set", f"samples_steps={STEPS}", "--set", "only_balanced=true", "--set", "limit=17",
+                     "--set", "prompts={en: Describe.}", "--set", "scripts={en: latin}", "--set", "min_length={en: 3}",
+                     "--run-dir", str(run), "--tasks", str(tasks), "--quiet"]) == 0
+        out = run / "recaption"
+        parts = {p.name: p.read_bytes() for p in sorted((out / "captions").glob("part-*.parquet"))}
+        counters = [json.loads((out / "stats" / f"{r:05d}.json").read_text())["counters"] for r in range(tasks)]
+        return parts, counters, json.loads((out / "stats.json").read_text())["counters"]
+
+    for tasks in (1, 2, 3):
+        got = step(f"duckdb-{tasks}", tasks)
+        with monkeypatch.context() as m:
+            m.setattr(rc, "slice_rows", slice_rows_in_memory)
+            want = step(f"in-memory-{tasks}", tasks)
+        assert len(got[0]) == tasks and got == want, tasks
+        assert got[2]["samples"] == 17 and got[2]["input/duplicate_sample_ids"] > 0
