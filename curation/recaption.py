@@ -209,40 +209,37 @@ def quality(text: str, lang: str, finish_reason: str, error: str | None, cfg: Re
 
 # ------------------------------------------------------------------------------------- the step
 
-def _numbered_input_sql(task: TaskContext, cfg: RecaptionConfig, con) -> tuple[str, str, dict]:
-    """SQL of every input row's ``sample_id``, ``status``, ``n_images`` and ``row``: its
-    position in ``samples_steps``' rows concatenated, each step in canonical order exactly as
-    ``task.iter_input`` gives it (``manifests.io.iter_parts``). A step whose parts lie in canonical order
-    (judged from the footers, as the reader judges it: every ``ingest`` output) needs no sort: a row's
-    position is the rows of the parts before its own plus its row in the part. Any other step is numbered by
-    the reader's own fallback sort: the sort keys, ties by part then row. Also the SQL of the input's
-    ``status`` and ``n_images`` alone (no numbering: the counters need no order), and the parameters of both."""
-    import pyarrow as pa
+def _numbered_input_sql(task: TaskContext, cfg: RecaptionConfig) -> tuple[str, str, dict]:
+    """SQL of every input row's ``sample_id``, ``status``, ``n_images`` and ``row``: its position in
+    ``samples_steps``' rows concatenated, each step in canonical order exactly as ``task.iter_input`` gives
+    it (``manifests.io.iter_parts``). A step whose parts lie in canonical order (judged from the footers, as
+    the reader judges it: every ``ingest`` output) needs no sort: a row's position is the rows of the parts
+    before its own plus its row in the part (DuckDB's ``file_index`` and ``file_row_number``). Any other
+    step is numbered by the reader's own fallback sort: the sort keys, ties by part then row. Also the SQL
+    of the input's ``status`` and ``n_images`` alone (the counters need no order), and the parameters."""
     import pyarrow.parquet as pq
 
     from manifests.io import parts_in_canonical_order
     from manifests.schemas import SORT_KEYS
 
-    selects, light, params, parts, offset = [], [], {}, [], 0
+    numbered, light, params, offset = [], [], {}, 0
     for k, step in enumerate(cfg.samples_steps):
         files = task.input_files("samples", step)
-        params[f"files_{k}"] = [str(f) for f in files]
-        scan = (f"read_parquet($files_{k}, filename = true, file_row_number = true) s "
-                f"JOIN recaption_parts p ON p.path = s.filename AND p.step_no = {k}")
-        if parts_in_canonical_order(files, "samples"):
-            row = "p.start + s.file_row_number"
-        else:
-            keys = ", ".join(f's."{c}"' for c in SORT_KEYS["samples"])
-            row = f"{offset} - 1 + row_number() OVER (ORDER BY {keys}, p.file_no, s.file_row_number)"
-        selects.append(f"SELECT s.sample_id, s.status, s.n_images, {row} AS row FROM {scan}")
-        light.append(f"SELECT status, n_images FROM read_parquet($files_{k})")
-        for i, f in enumerate(files):
-            parts.append((str(f), k, i, offset))
+        starts = []
+        for f in files:
+            starts.append(offset)
             offset += pq.ParquetFile(f).metadata.num_rows
-    path, step_no, file_no, start = zip(*parts)
-    con.register("recaption_parts", pa.table({"path": pa.array(path, pa.string()), "step_no": pa.array(step_no, pa.int32()),
-                                              "file_no": pa.array(file_no, pa.int32()), "start": pa.array(start, pa.int64())}))
-    return " UNION ALL ".join(f"({s})" for s in selects), " UNION ALL ".join(f"({s})" for s in light), params
+        params[f"files_{k}"] = [str(f) for f in files]
+        if parts_in_canonical_order(files, "samples"):
+            params[f"starts_{k}"] = starts
+            row = f"list_extract(CAST($starts_{k} AS BIGINT[]), CAST(file_index AS BIGINT) + 1) + file_row_number"
+        else:
+            keys = ", ".join(f'"{c}"' for c in SORT_KEYS["samples"])
+            row = f"{starts[0]} - 1 + row_number() OVER (ORDER BY {keys}, file_index, file_row_number)"
+        numbered.append(f"SELECT sample_id, status, n_images, {row} AS row "
+                        f"FROM read_parquet($files_{k}, file_row_number = true)")
+        light.append(f"SELECT status, n_images FROM read_parquet($files_{k})")
+    return " UNION ALL ".join(f"({q})" for q in numbered), " UNION ALL ".join(f"({q})" for q in light), params
 
 
 def slice_rows(task: TaskContext, cfg: RecaptionConfig):
@@ -262,7 +259,7 @@ def slice_rows(task: TaskContext, cfg: RecaptionConfig):
     import pyarrow.compute as pc
 
     with task.duckdb() as con:
-        numbered, light, params = _numbered_input_sql(task, cfg, con)
+        numbered, light, params = _numbered_input_sql(task, cfg)
         where = "status = 'ok' AND n_images = 1"
         if cfg.only_balanced:
             params["balanced"] = [str(f) for f in task.input_files("balanced", step=cfg.balance_step)]
@@ -271,7 +268,7 @@ def slice_rows(task: TaskContext, cfg: RecaptionConfig):
                 f"FROM ({numbered}) WHERE {where} GROUP BY sample_id", params=params)
         n_kept, n_selected = con.sql("SELECT count(*), coalesce(sum(n), 0) FROM kept").fetchall()[0]
         if task.rank == 0:
-            files = {k: v for k, v in params.items() if k != "balanced"}
+            files = {k: v for k, v in params.items() if k.startswith("files_")}
             n_rows, n_not_ok, n_not_one, n_ok_one = con.sql(
                 f"SELECT count(*), count_if(status <> 'ok'), count_if(status = 'ok' AND n_images <> 1), "
                 f"count_if(status = 'ok' AND n_images = 1) FROM ({light})", params=files).fetchall()[0]
