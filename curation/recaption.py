@@ -67,6 +67,7 @@ REFUSALS = [r"^\s*(i'?m sorry|i am sorry|sorry,|i cannot|i can'?t|i am unable|i'
 STATUSES = ("ok", "error", "empty", "refused", "repetition", "truncated", "wrong_language", "too_short")
 _WORD = re.compile(r"\w+", re.UNICODE)
 SAMPLE_BATCH_ROWS = 4096      # input rows decoded at once (sample_id + image address: a few hundred KB)
+SELECT_BUCKET_ROWS = 1 << 16  # input rows per bucket the selection counts: a rank sorts its slice + two buckets
 
 
 @dataclass
@@ -208,57 +209,95 @@ def quality(text: str, lang: str, finish_reason: str, error: str | None, cfg: Re
 
 # ------------------------------------------------------------------------------------- the step
 
+def _numbered_input_sql(task: TaskContext, cfg: RecaptionConfig) -> tuple[str, str, dict]:
+    """SQL of every input row's ``sample_id``, ``status``, ``n_images`` and ``row``: its position in
+    ``samples_steps``' rows concatenated, each step in canonical order exactly as ``task.iter_input`` gives
+    it (``manifests.io.iter_parts``). A step whose parts lie in canonical order (judged from the footers, as
+    the reader judges it: every ``ingest`` output) needs no sort: a row's position is the rows of the parts
+    before its own plus its row in the part (DuckDB's ``file_index`` and ``file_row_number``). Any other
+    step is numbered by the reader's own fallback sort: the sort keys, ties by part then row. Also the SQL
+    of the input's ``status`` and ``n_images`` alone (the counters need no order), and the parameters."""
+    import pyarrow.parquet as pq
+
+    from manifests.io import parts_in_canonical_order
+    from manifests.schemas import SORT_KEYS
+
+    numbered, light, params, offset = [], [], {}, 0
+    for k, step in enumerate(cfg.samples_steps):
+        files = task.input_files("samples", step)
+        starts = []
+        for f in files:
+            starts.append(offset)
+            offset += pq.ParquetFile(f).metadata.num_rows
+        params[f"files_{k}"] = [str(f) for f in files]
+        if parts_in_canonical_order(files, "samples"):
+            params[f"starts_{k}"] = starts
+            row = f"list_extract(CAST($starts_{k} AS BIGINT[]), CAST(file_index AS BIGINT) + 1) + file_row_number"
+        else:
+            keys = ", ".join(f'"{c}"' for c in SORT_KEYS["samples"])
+            row = f"{starts[0]} - 1 + row_number() OVER (ORDER BY {keys}, file_index, file_row_number)"
+        numbered.append(f"SELECT sample_id, status, n_images, {row} AS row "
+                        f"FROM read_parquet($files_{k}, file_row_number = true)")
+        light.append(f"SELECT status, n_images FROM read_parquet($files_{k})")
+    return " UNION ALL ".join(f"({q})" for q in numbered), " UNION ALL ".join(f"({q})" for q in light), params
+
+
 def slice_rows(task: TaskContext, cfg: RecaptionConfig):
     """This rank's samples to caption as ``(ids, rows)``: their ``sample_id`` (an Arrow array, sorted) and
     their row numbers in ``samples_steps``' rows concatenated (each step in canonical order; ascending).
-    ok, one image, (``only_balanced``) copies > 0, each ``sample_id`` once, the first ``limit`` — selected
-    on the light columns (``sample_id``, ``status``, ``n_images``) of the whole input before slicing, so
-    ranks get equal shares; ``slice_samples`` then streams only this slice's image addresses."""
+    ok, one image, (``only_balanced``) copies > 0, each ``sample_id`` once (its first row), the first
+    ``limit`` — chosen over the whole input before slicing, so ranks get equal shares; ``slice_samples``
+    then streams only this slice's image addresses.
+
+    Memory follows the slice, not the corpus: the selection runs in DuckDB (``task.duckdb()``, under its
+    memory limit, spilling under the step folder) on the light columns. Each ``sample_id`` keeps its first
+    row (a grouped ``min``); the kept rows are counted per bucket of ``SELECT_BUCKET_ROWS`` input rows, and
+    the rank fetches only the buckets holding its share ``[lo, hi)`` of them — its slice and at most two
+    buckets more."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    sids, keeps, n_rows, n_not_ok, n_not_one = [], [], 0, 0, 0
-    for step in cfg.samples_steps:           # the light columns only, a row group at a time
-        for b in task.iter_input("samples", ["sample_id", "status", "n_images"], step=step):
-            ok, one = pc.equal(b.column("status"), "ok"), pc.equal(b.column("n_images"), 1)
-            keep = pc.fill_null(pc.and_(ok, one), False)
-            n_not_ok += int(pc.sum(pc.not_equal(b.column("status"), "ok")).as_py() or 0)
-            n_not_one += int(pc.sum(pc.and_(ok, pc.not_equal(b.column("n_images"), 1))).as_py() or 0)
-            sids.append(b.column("sample_id").filter(keep))
-            keeps.append(np.flatnonzero(keep.to_numpy(zero_copy_only=False)) + n_rows)
-            n_rows += b.num_rows
-    if task.rank == 0:
-        task.stats.inc("input/samples", n_rows)
-        task.stats.inc("input/not_ok", n_not_ok)
-        task.stats.inc("input/not_one_image", n_not_one)
-    sid = pa.chunked_array(sids, pa.string()).combine_chunks()
-    rows = np.concatenate(keeps) if keeps else np.zeros(0, np.int64)
-    del sids, keeps
-    if cfg.only_balanced:
-        b = task.read_input("balanced", step=cfg.balance_step, columns=["sample_id", "copies"])
-        b = b.filter(pc.greater(b.column("copies"), 0))
-        n = len(sid)
-        mask = pc.is_in(sid, value_set=b.column("sample_id").combine_chunks())
-        sid, rows = sid.filter(mask), rows[mask.to_numpy(zero_copy_only=False)]
+    with task.duckdb() as con:
+        numbered, light, params = _numbered_input_sql(task, cfg)
+        where = "status = 'ok' AND n_images = 1"
+        if cfg.only_balanced:
+            params["balanced"] = [str(f) for f in task.input_files("balanced", step=cfg.balance_step)]
+            where += " AND sample_id IN (SELECT sample_id FROM read_parquet($balanced) WHERE copies > 0)"
+        con.sql(f"CREATE TEMP TABLE kept AS SELECT sample_id, min(row) AS row, count(*) AS n "
+                f"FROM ({numbered}) WHERE {where} GROUP BY sample_id", params=params)
+        n_kept, n_selected = con.sql("SELECT count(*), coalesce(sum(n), 0) FROM kept").fetchall()[0]
         if task.rank == 0:
-            task.stats.inc("input/not_balanced", n - len(sid))
-    if len(sid) > 1:           # the same sample ingested twice (same image bytes, same text): caption it once
-        order = pc.sort_indices(sid).to_numpy()          # stable: the first occurrence leads its run
-        s = pc.take(sid, pa.array(order))
-        dup = np.zeros(len(s), bool)
-        dup[1:] = pc.equal(s.slice(1), s.slice(0, len(s) - 1)).to_numpy(zero_copy_only=False)
-        if dup.any():
-            first = np.ones(len(s), bool)
-            first[order[dup]] = False
-            sid, rows = sid.filter(pa.array(first)), rows[first]
-            if task.rank == 0:
-                task.stats.inc("input/duplicate_sample_ids", int(dup.sum()))
-    if cfg.limit:
-        sid, rows = sid.slice(0, cfg.limit), rows[:cfg.limit]
-    lo, hi = slice_bounds(len(sid), task.rank, task.world_size)
-    mine = sid.slice(lo, hi - lo)
-    return mine.take(pc.sort_indices(mine)), rows[lo:hi].copy()
+            files = {k: v for k, v in params.items() if k.startswith("files_")}
+            n_rows, n_not_ok, n_not_one, n_ok_one = con.sql(
+                f"SELECT count(*), count_if(status <> 'ok'), count_if(status = 'ok' AND n_images <> 1), "
+                f"count_if(status = 'ok' AND n_images = 1) FROM ({light})", params=files).fetchall()[0]
+            task.stats.inc("input/samples", n_rows)
+            task.stats.inc("input/not_ok", n_not_ok)
+            task.stats.inc("input/not_one_image", n_not_one)
+            if cfg.only_balanced:
+                task.stats.inc("input/not_balanced", n_ok_one - n_selected)
+            if n_selected > n_kept:          # the same sample ingested twice (same image bytes, same text)
+                task.stats.inc("input/duplicate_sample_ids", n_selected - n_kept)
+        n = min(n_kept, cfg.limit) if cfg.limit else n_kept
+        lo, hi = slice_bounds(n, task.rank, task.world_size)
+        if lo >= hi:
+            return pa.array([], pa.string()), np.zeros(0, np.int64)
+        buckets = con.sql(f"SELECT row // {SELECT_BUCKET_ROWS} AS b, count(*) FROM kept GROUP BY b ORDER BY b").fetchall()
+        before, first, last = 0, None, None          # kept rows before bucket `first`; the buckets holding [lo, hi)
+        for b, c in buckets:
+            if first is None and before + c > lo:
+                first, skip = b, lo - before
+            before += c
+            if before >= hi:
+                last = b
+                break
+        t = con.sql(f"SELECT sample_id, row FROM kept WHERE row >= {first * SELECT_BUCKET_ROWS} "
+                    f"AND row < {(last + 1) * SELECT_BUCKET_ROWS} ORDER BY row").to_arrow_table()
+    t = t.slice(skip, hi - lo)
+    mine = t.column("sample_id").combine_chunks().cast(pa.string())
+    rows = t.column("row").to_numpy().astype(np.int64)
+    return mine.take(pc.sort_indices(mine)), rows
 
 
 def slice_samples(task: TaskContext, cfg: RecaptionConfig, rows) -> Iterator[dict]:
