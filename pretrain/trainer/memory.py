@@ -8,9 +8,10 @@ and card, not fixed per stage:
 
    - *states*, exact from the recipe's shapes: bf16 weights (2 B/param), megatron's fp32 gradient
      buffer (4 B/trained param, ``grad_reduce_in_fp32``), and Adam's fp32 master weights and two
-     moments (12 B/trained param) sharded over DP·CP by the distributed optimizer. A frozen part holds
-     its weights only. TP divides the LLM's matrices; PP keeps the largest stage (the first holds the
-     tower, the projector and the embedding);
+     moments (12 B/trained param) sharded over DP·CP by the distributed optimizer (an fp32 run: 4 B
+     weights, no master copy, activations twice the bytes). A frozen part holds its weights only.
+     TP divides the LLM's matrices; PP keeps the largest stage (the first holds the tower, the
+     projector and the embedding);
    - *activations*, the bf16 elements each layer keeps for its backward per token (``llm_elements``,
      ``vit_elements``: counted from the layer's tensors, e.g. ``selective`` keeps the two norms'
      inputs, the attention's q/k/v and output, the MLP's input), times the calibration factors below;
@@ -67,9 +68,9 @@ LLM_MODES = ("none", "mlp", "selective", "full")
 VIT_MODES = ("none", "selective", "full")
 
 
-def llm_elements(llm, mode: str, tp: int = 1, sequence_parallel: bool = False) -> tuple[float, float]:
-    """(elements kept per token by one LLM layer, of which the hidden-size ones that SP splits over TP)
-    for its backward: ``full`` keeps the layer's input; ``selective`` the input norm's input, the QKV
+def llm_elements(llm, mode: str, tp: int = 1, sequence_parallel: bool = False) -> float:
+    """Elements kept per token by one LLM layer on one TP rank (SP splits the hidden-size ones too) for its
+    backward: ``full`` keeps the layer's input; ``selective`` the input norm's input, the QKV
     matmul's input, the q/k norms' inputs, the core attention's q/k/v, the output projection's input,
     the pre-MLP norm's input and the MLP's input; ``mlp`` adds what flash attention keeps beside them
     (its own q/k/v and output); ``none`` adds the SwiGLU's two branches and its output."""
@@ -79,7 +80,7 @@ def llm_elements(llm, mode: str, tp: int = 1, sequence_parallel: bool = False) -
     wide = {"full": 0, "selective": (q + kv) + (q + 2 * kv) + q,
             "mlp": (q + kv) + (q + 2 * kv) + q + (2 * q + 2 * kv),
             "none": (q + kv) + (q + 2 * kv) + q + (2 * q + 2 * kv) + 3 * f}[mode]
-    return hidden / (tp if sequence_parallel else 1) + wide / tp, hidden
+    return hidden / (tp if sequence_parallel else 1) + wide / tp
 
 
 def vit_elements(vit, mode: str) -> int:
@@ -111,6 +112,7 @@ class Layout:
     distributed_optimizer: bool = True
     micro_batch: int = 1
     grad_accum: int = 1
+    bf16: bool = True
 
 
 def state_bytes(recipe, trainable: str, lay: Layout) -> float:
@@ -127,7 +129,9 @@ def state_bytes(recipe, trainable: str, lay: Layout) -> float:
                   (layers[-1] * p["llm_layer"] + (p["output"] or p["embedding"])) / lay.tp]
     trained = [s if trainable == "all" else (p["projector"] if i == 0 else 0) for i, s in enumerate(stages)]
     shard = lay.dp * lay.cp if lay.distributed_optimizer else 1
-    return max(2 * s + (4 + 12 / shard) * t for s, t in zip(stages, trained))
+    # bf16: bf16 weights, fp32 gradients, fp32 master weights + Adam's moments; fp32: no master copy
+    weight, adam = (2, 12) if lay.bf16 else (4, 8)
+    return max(weight * s + (4 + adam / shard) * t for s, t in zip(stages, trained))
 
 
 def estimate(recipe, trainable: str, llm_mode: str, vit_mode: str, loss_kernel: str, tokens: int,
@@ -144,12 +148,12 @@ def estimate(recipe, trainable: str, llm_mode: str, vit_mode: str, loss_kernel: 
     t = tokens / lay.cp
     in_flight = min(lay.pp, lay.grad_accum)
     layers = pipeline_sizes(llm.num_layers, lay.pp)[0] if lay.pp > 1 else llm.num_layers
-    per_tok, _ = llm_elements(llm, llm_mode, lay.tp, lay.sequence_parallel)
-    act_llm = c["llm"] * 2 * per_tok * layers * t * in_flight
+    width = 2 if lay.bf16 else 4                 # bytes per kept element
+    act_llm = c["llm"] * width * llm_elements(llm, llm_mode, lay.tp, lay.sequence_parallel) * layers * t * in_flight
     # a frozen tower that nothing trained precedes runs forward only and keeps nothing
     act_vit = 0.0 if trainable != "all" else \
-        c["vit"] * 2 * vit_elements(vit, vit_mode) * vit.num_layers * vit_tokens * in_flight
-    loss = 0.0 if loss_kernel == "liger" else c["loss"] * 2 * t * llm.vocab_size / lay.tp
+        c["vit"] * width * vit_elements(vit, vit_mode) * vit.num_layers * vit_tokens * in_flight
+    loss = 0.0 if loss_kernel == "liger" else c["loss"] * width * t * llm.vocab_size / lay.tp
     parts = {"states": state_bytes(recipe, trainable, lay), "llm_activations": act_llm,
              "vit_activations": act_vit, "loss": loss}
     out = {k: v / GIB for k, v in parts.items()}
@@ -209,7 +213,7 @@ def resolve_auto(cfg, recipe, trainable: str, sizes: dict, tokens: int, attn_sq:
     alone, or the least-memory mode, exceed the card."""
     lay = Layout(tp=sizes["tp"], pp=sizes["pp"], cp=sizes["cp"], dp=sizes["dp"],
                  sequence_parallel=cfg.sequence_parallel, distributed_optimizer=bool(cfg.distributed_optimizer),
-                 micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum)
+                 micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, bf16=bool(cfg.bf16))
     states = state_bytes(recipe, trainable, lay) / GIB
     if states + CALIBRATION["overhead_gib"] > memory_gib:
         raise ValueError(

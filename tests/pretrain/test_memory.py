@@ -42,6 +42,10 @@ def test_states_count_weights_gradients_and_sharded_adam_per_trained_parameter()
     assert m.state_bytes(B4, "all", m.Layout(dp=8)) == pytest.approx((2 + 4 + 12 / 8) * n)
     assert m.state_bytes(B4, "all", m.Layout(dp=8, distributed_optimizer=False)) == pytest.approx(18 * n)
     assert m.state_bytes(B4, "projector", m.Layout()) == pytest.approx(2 * n + 16 * p["projector"])
+    assert m.state_bytes(B4, "all", m.Layout(bf16=False)) == pytest.approx(16 * n)    # fp32: no master copy
+    fp32 = m.estimate(B4, "all", "selective", "selective", "megatron", 8192, m.Layout(bf16=False))
+    bf16 = m.estimate(B4, "all", "selective", "selective", "megatron", 8192, m.Layout())
+    assert fp32["llm_activations"] == pytest.approx(2 * bf16["llm_activations"])
     # PP = 2: the first stage (tower, projector, embedding, 18 layers) is the larger; a tied output is a copy
     first = p["vit"] + p["projector"] + 18 * p["llm_layer"] + p["embedding"]
     assert m.state_bytes(B4, "all", m.Layout(pp=2)) == pytest.approx(18 * first)
