@@ -251,3 +251,52 @@ def suggest(recipe, trainable: str, loss_kernel: str, tokens: int, lay: Layout, 
                 fixes.append(f"{name}={getattr(new, name)}")
                 break
     return ("it fits at " + " or ".join(fixes)) if fixes else "no layout up to 8× fits; use a GPU with more memory"
+
+
+CARDS = {"h100": 79.2, "h200": 139.8}     # torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+def main(argv=None) -> int:
+    """Plan a layout without a GPU: every recompute pair's estimated peak per rank and the pick, e.g.
+    ``python -m pretrain.trainer.memory --recipe llava-ov-1.5-4b --stage 1.5 --gpu h100 --dp 8``."""
+    import argparse
+
+    from pretrain.recipes import RECIPES, STAGES, Parallelism, validate
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--recipe", default="llava-ov-1.5-4b", choices=sorted(RECIPES))
+    ap.add_argument("--stage", default="1.5", choices=sorted(STAGES))
+    ap.add_argument("--gpu", default="h100", help=f"a card ({', '.join(CARDS)}) or its memory in GiB")
+    ap.add_argument("--seq-len", type=int, default=8192, help="tokens per pack")
+    ap.add_argument("--sample-len", type=int, default=190, help="mean sample length in a pack (attention FLOPs)")
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--grad-accum", type=int, default=1)
+    for name in ("tp", "pp", "cp", "dp"):
+        ap.add_argument(f"--{name}", type=int, default=1)
+    ap.add_argument("--sequence-parallel", action="store_true")
+    ap.add_argument("--loss-kernel", default="megatron", choices=["megatron", "liger", "torch"])
+    ap.add_argument("--fp32", action="store_true")
+    a = ap.parse_args(argv)
+    memory = CARDS.get(a.gpu.lower()) or float(a.gpu)
+    recipe, trainable = RECIPES[a.recipe], STAGES[a.stage].trainable
+    validate(recipe, Parallelism(tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
+                                 seq_len=a.seq_len, world_size=a.tp * a.pp * a.cp * a.dp))
+    lay = Layout(tp=a.tp, pp=a.pp, cp=a.cp, dp=a.dp, sequence_parallel=a.sequence_parallel,
+                 micro_batch=a.micro_batch, grad_accum=a.grad_accum, bf16=not a.fp32)
+    tokens = a.micro_batch * a.seq_len
+    c = choose(recipe, trainable, a.loss_kernel, tokens, tokens * a.sample_len, lay, memory)
+    print(f"{a.recipe} stage {a.stage}, {tokens:,} tokens per micro-batch, tp={a.tp} pp={a.pp} cp={a.cp} "
+          f"dp={a.dp}, {memory:.1f} GiB per GPU (headroom {HEADROOM:.0%}: {HEADROOM * memory:.1f} GiB); "
+          f"weights, gradients and optimizer state {state_bytes(recipe, trainable, lay) / GIB:.1f} GiB")
+    print(f"{'LLM':<10} {'tower':<10} {'peak GiB':>9} {'recomputed':>11}  fits")
+    for lm, vm, pk, x in sorted(c.table, key=lambda r: r[3]):
+        mark = "<- auto" if (lm, vm) == (c.recompute, c.vision_recompute) and c.fits else ""
+        print(f"{lm:<10} {vm:<10} {pk:>9.1f} {x:>10.1%}  {'yes' if pk <= HEADROOM * memory else 'no ':<4}{mark}")
+    if not c.fits:
+        print(f"nothing fits: {suggest(recipe, trainable, a.loss_kernel, tokens, lay, memory)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

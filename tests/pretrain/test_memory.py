@@ -191,3 +191,13 @@ def test_a_gpu_run_resolves_auto_and_records_it(megatron_single, conversation_ru
     auto = ran["recompute_auto"]
     assert len(auto["candidates"]) == len(m.candidates()) and auto["memory_gib"] > 10
     assert torch.cuda.max_memory_allocated() / m.GIB < auto["peak_estimate_gib"] + m.CALIBRATION["overhead_gib"]
+
+
+def test_the_planner_prints_every_pair_and_the_pick_without_a_gpu(capsys):
+    assert m.main(["--recipe", "llava-ov-1.5-4b", "--gpu", "h100", "--dp", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "79.2 GiB per GPU" in out and out.count("<- auto") == 1 and len(out.splitlines()) == 2 + len(m.candidates())
+    assert m.main(["--recipe", "llava-ov-1.5-4b", "--gpu", "h100"]) == 1
+    assert "it fits at dp=2" in capsys.readouterr().out
+    assert m.main(["--recipe", "llava-ov-1.5-4b", "--gpu", "139.8"]) == 0
+    assert "selective  selective" in [ln for ln in capsys.readouterr().out.splitlines() if "<- auto" in ln][0]
