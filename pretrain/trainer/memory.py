@@ -110,8 +110,7 @@ class Layout:
     dp: int = 1
     sequence_parallel: bool = False
     distributed_optimizer: bool = True
-    micro_batch: int = 1
-    grad_accum: int = 1
+    grad_accum: int = 1                # micro-batches 1F1B keeps in flight (with pp); a micro-batch's size is tokens
     bf16: bool = True
 
 
@@ -213,7 +212,7 @@ def resolve_auto(cfg, recipe, trainable: str, sizes: dict, tokens: int, attn_sq:
     alone, or the least-memory mode, exceed the card."""
     lay = Layout(tp=sizes["tp"], pp=sizes["pp"], cp=sizes["cp"], dp=sizes["dp"],
                  sequence_parallel=cfg.sequence_parallel, distributed_optimizer=bool(cfg.distributed_optimizer),
-                 micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, bf16=bool(cfg.bf16))
+                 grad_accum=cfg.grad_accum, bf16=bool(cfg.bf16))
     states = state_bytes(recipe, trainable, lay) / GIB
     if states + CALIBRATION["overhead_gib"] > memory_gib:
         raise ValueError(
@@ -282,7 +281,7 @@ def main(argv=None) -> int:
     validate(recipe, Parallelism(tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
                                  seq_len=a.seq_len, world_size=a.tp * a.pp * a.cp * a.dp))
     lay = Layout(tp=a.tp, pp=a.pp, cp=a.cp, dp=a.dp, sequence_parallel=a.sequence_parallel,
-                 micro_batch=a.micro_batch, grad_accum=a.grad_accum, bf16=not a.fp32)
+                 grad_accum=a.grad_accum, bf16=not a.fp32)
     tokens = a.micro_batch * a.seq_len
     c = choose(recipe, trainable, a.loss_kernel, tokens, tokens * a.sample_len, lay, memory)
     print(f"{a.recipe} stage {a.stage}, {tokens:,} tokens per micro-batch, tp={a.tp} pp={a.pp} cp={a.cp} "
