@@ -27,6 +27,7 @@ is the same for any task count, spill size or batch size (``tests/curation/test_
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Iterator
 
@@ -156,32 +157,48 @@ def merge_runs(files: list[Path], kind: str, buckets, lo_b: int, hi_b: int, stat
     run keeps its rows' order, ties by (file, row), and the groups follow the files' order, so the stable
     sort of the next level gives the one-level order. ``stats`` counts ``merge_subranges`` and
     ``merge_rows_read`` of the last level and ``merge_level_runs``, the runs written by the levels below."""
+    from manifests.io import PartWriter
+
+    def write_group(group: list[Path], path: Path, g: int, depth: int) -> Path:
+        with PartWriter(path, kind, SPILL_GROUP_ROWS) as out:
+            for b in _merge_range(group, kind, buckets, lo_b, hi_b, None, batch_rows):
+                out.write(b)
+        if stats is not None:
+            stats.inc("merge_level_runs")
+        return out.path
+
+    files = [Path(f) for f in files]
+    if lo_b >= hi_b:
+        yield from _merge_range(files, kind, buckets, lo_b, hi_b, stats, batch_rows)
+        return
+    with _merge_levels(files, write_group, work_dir, tag) as (level, _):
+        yield from _merge_range(level, kind, buckets, lo_b, hi_b, stats, batch_rows)
+
+
+@contextlib.contextmanager
+def _merge_levels(files: list[Path], write_group, work_dir: Path | None, tag: str):
+    """``(runs, depth)``: ``files`` as they are when at most ``MERGE_FAN_IN``, else merged a level at a
+    time — ``write_group(group, path, g, depth)`` merges the consecutive ``MERGE_FAN_IN`` runs from index
+    ``g`` into the run at ``path`` — until at most ``MERGE_FAN_IN`` remain (``depth``: the levels written).
+    The levels live in a ``.merge-*`` folder under ``work_dir`` (by default beside ``files[0]``); a level's
+    runs are removed once the next is written, and the folder when the block ends."""
     import shutil
     import tempfile
 
-    from manifests.io import PartWriter
-
-    files = [Path(f) for f in files]
-    if len(files) <= MERGE_FAN_IN or lo_b >= hi_b:
-        yield from _merge_range(files, kind, buckets, lo_b, hi_b, stats, batch_rows)
+    if len(files) <= MERGE_FAN_IN:
+        yield files, 0
         return
     work = Path(tempfile.mkdtemp(prefix=merge_prefix(tag), dir=work_dir or files[0].parent))
     try:
         level, depth = files, 0
         while len(level) > MERGE_FAN_IN:
-            runs = []
-            for g in range(0, len(level), MERGE_FAN_IN):
-                with PartWriter(work / f"level{depth}-{g // MERGE_FAN_IN:05d}.parquet", kind, SPILL_GROUP_ROWS) as out:
-                    for b in _merge_range(level[g:g + MERGE_FAN_IN], kind, buckets, lo_b, hi_b, None, batch_rows):
-                        out.write(b)
-                runs.append(out.path)
-                if stats is not None:
-                    stats.inc("merge_level_runs")
+            runs = [write_group(level[g:g + MERGE_FAN_IN], work / f"level{depth}-{g // MERGE_FAN_IN:05d}.parquet",
+                                g, depth) for g in range(0, len(level), MERGE_FAN_IN)]
             if depth:
                 for f in level:
                     f.unlink()
             level, depth = runs, depth + 1
-        yield from _merge_range(level, kind, buckets, lo_b, hi_b, stats, batch_rows)
+        yield level, depth
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -297,30 +314,14 @@ def merge_sorted(files: list[Path], key: str, columns: list[str], batch_rows: in
     each row carrying its original ``_file`` and ``_row``, and those runs merged in turn, a level at a
     time. The order is the same: ties are broken by the carried (file, row). A file whose rows are not in
     ``key`` order is an error naming it (the merge would be wrong, not slow)."""
-    import shutil
-    import tempfile
-
-    files = [Path(f) for f in files]
     read = columns if key in columns else [key, *columns]
-    if len(files) <= MERGE_FAN_IN:
-        yield from _kway(files, key, read, columns, batch_rows, carried=False)
-        return
-    work = Path(tempfile.mkdtemp(prefix=merge_prefix(tag), dir=work_dir or files[0].parent))
-    try:
-        level, carried, depth = files, False, 0
-        while len(level) > MERGE_FAN_IN:
-            runs = []
-            for g in range(0, len(level), MERGE_FAN_IN):
-                runs.append(_write_run(work / f"level{depth}-{g // MERGE_FAN_IN:05d}.parquet",
-                                       _kway(level[g:g + MERGE_FAN_IN], key, read, read, batch_rows, carried,
-                                             first=g), batch_rows))
-            if carried:
-                for f in level:
-                    f.unlink()
-            level, carried, depth = runs, True, depth + 1
-        yield from _kway(level, key, read, columns, batch_rows, carried=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+
+    def write_group(group: list[Path], path: Path, g: int, depth: int) -> Path:
+        # a level's runs carry their rows' original (_file, _row); the first level makes them
+        return _write_run(path, _kway(group, key, read, read, batch_rows, carried=depth > 0, first=g), batch_rows)
+
+    with _merge_levels([Path(f) for f in files], write_group, work_dir, tag) as (level, depth):
+        yield from _kway(level, key, read, columns, batch_rows, carried=depth > 0)
 
 
 def _write_run(path: Path, tables, group_rows: int) -> Path:
