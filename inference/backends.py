@@ -312,15 +312,8 @@ def read_jsonl(path: str, want: Callable[[dict], bool], stats=None, bad_key: str
                other_key: str = "file/other") -> Iterable[dict]:
     """The JSON objects of a JSONL file for which ``want`` holds, streamed (memory stays flat).
     Blank lines are skipped; a line that is not a JSON object counts ``bad_key``, a row ``want``
-    rejects counts ``other_key`` (rows of other ranks or other prompts). Lines are read by
-    ``manifests.sources.iter_json_records``, as ingest reads JSONL."""
-    from manifests.sources import iter_json_records
-
-    for _, r, _, _ in iter_json_records(path, lines=True):
-        if not isinstance(r, dict):
-            if stats is not None:
-                stats.inc(bad_key)
-            continue
+    rejects counts ``other_key`` (rows of other ranks or other prompts)."""
+    for _, r in iter_jsonl_offsets(path, stats, bad_key):
         if not want(r):
             if stats is not None:
                 stats.inc(other_key)
@@ -329,25 +322,17 @@ def read_jsonl(path: str, want: Callable[[dict], bool], stats=None, bad_key: str
 
 
 def iter_jsonl_offsets(path: str, stats=None, bad_key: str = "file/bad_json") -> Iterator[tuple[int, dict]]:
-    """``(byte offset of the line, object)`` of each JSON object of a JSONL file, one at a time; blank
-    lines are skipped and a line that is not a JSON object counts ``bad_key`` (as ``read_jsonl``)."""
-    import json
+    """``(byte offset of the line, object)`` of each JSON object of a JSONL file, one at a time; lines are
+    read by ``manifests.sources.iter_jsonl_lines``, as ingest reads JSONL, and a line that is not a JSON
+    object counts ``bad_key``."""
+    from manifests.sources import iter_jsonl_lines
 
-    with open(path, "rb") as f:
-        pos = 0
-        for line in f:
-            at, pos = pos, pos + len(line)
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except ValueError:
-                r = None
-            if not isinstance(r, dict):
-                if stats is not None:
-                    stats.inc(bad_key)
-                continue
-            yield at, r
+    for at, r, _, _ in iter_jsonl_lines(path):
+        if not isinstance(r, dict):
+            if stats is not None:
+                stats.inc(bad_key)
+            continue
+        yield at, r
 
 
 def index_jsonl(path: str, key: Callable[[dict], Hashable | None], stats=None, bad_key: str = "file/bad_json",

@@ -4,7 +4,8 @@ backends' ``file`` rows (``inference/backends.py``).
 
 * ``iter_json_records``: the records of a ``.jsonl`` file (one per non-blank line) or a ``.json`` file
   (one array, parsed whole), each with its raw text and, for a record that does not parse, the error —
-  a bad record is the caller's row with a status, never a crash.
+  a bad record is the caller's row with a status, never a crash; ``iter_jsonl_lines`` gives a JSONL
+  file's lines with their byte offsets.
 * ``image_cell``: an image cell as Hugging Face ``datasets`` stores one — binary, the ``Image`` struct
   ``{bytes, path}`` (bytes when not null, else the path) or a path string — as its bytes, its path, or
   ``None`` (missing); any other value is a ``BadRow``. ``image_path`` resolves a path against the
@@ -31,21 +32,29 @@ class BadRow(ValueError):
     """A record that cannot be read as a conversation (malformed JSON, wrong types)."""
 
 
+def iter_jsonl_lines(path: str) -> Iterator[tuple[int, object, bytes, str | None]]:
+    """``(byte offset, record or None, raw bytes, parse error or None)`` of each non-blank line of a JSONL
+    file, one at a time: what ``iter_json_records`` reads a ``.jsonl`` file with, and, with the offset, an
+    index a reader can seek back to (``inference.backends.index_jsonl``)."""
+    with open(path, "rb") as f:
+        pos = 0
+        for line in f:
+            at, pos = pos, pos + len(line)
+            if not line.strip():
+                continue
+            try:
+                yield at, json.loads(line), line.rstrip(b"\r\n"), None
+            except ValueError as e:
+                yield at, None, line.rstrip(b"\r\n"), f"not valid JSON: {e}"
+
+
 def iter_json_records(path: str, lines: bool | None = None) -> Iterator[tuple[int, object, bytes | None, str | None]]:
     """``(record index, record, raw bytes or None, parse error or None)`` of a JSON file: one record per
     non-blank line (``lines``; by default when ``path`` ends in ``.jsonl``), else one JSON array of
     records (a file that does not parse, or is not an array, is one record with the error)."""
     if lines if lines is not None else path.endswith(".jsonl"):
-        with open(path, "rb") as f:
-            i = 0
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    yield i, json.loads(line), line.rstrip(b"\r\n"), None
-                except ValueError as e:
-                    yield i, None, line.rstrip(b"\r\n"), f"not valid JSON: {e}"
-                i += 1
+        for i, (_, rec, raw, err) in enumerate(iter_jsonl_lines(path)):
+            yield i, rec, raw, err
         return
     with open(path, "rb") as f:
         raw = f.read()
