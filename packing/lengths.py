@@ -135,37 +135,25 @@ def iter_slice_batches(task: TaskContext, steps: list[str], columns: list[str] |
                       spill_dir=task.step_dir)
 
 
-def read_samples(task: TaskContext, steps: list[str], columns: list[str] | None = None, whole: bool = False):
-    """The ``samples`` manifests of ``steps`` concatenated in that order (each in canonical order):
-    this rank's contiguous slice (streamed, ``iter_slice_batches``), or all of it (``whole``)."""
+def read_samples(task: TaskContext, steps: list[str], columns: list[str] | None = None):
+    """This rank's contiguous slice of the ``samples`` manifests of ``steps`` concatenated in that order
+    (each in canonical order), as one table (``iter_slice_batches``)."""
     import pyarrow as pa
 
     from manifests.schemas import schema_for
 
-    if not whole:
-        schema = schema_for("samples")
-        out = pa.schema([schema.field(c) for c in (columns or schema.names)])
-        return pa.Table.from_batches(list(iter_slice_batches(task, steps, columns)), schema=out)
-    tables = []
-    for step in steps:
-        try:
-            tables.append(task.read_input("samples", step=step, columns=columns))
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"{e} (lengths.samples_steps names {step!r})") from None
-    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    if whole:
-        return table
-    lo, hi = slice_bounds(table.num_rows, task.rank, task.world_size)
-    return table.slice(lo, hi - lo)
+    schema = schema_for("samples")
+    out = pa.schema([schema.field(c) for c in (columns or schema.names)])
+    return pa.Table.from_batches(list(iter_slice_batches(task, steps, columns)), schema=out)
 
 
-def training_samples(task: TaskContext, cfg: LengthsConfig, columns: list[str] | None = None, whole: bool = False):
+def training_samples(task: TaskContext, cfg: LengthsConfig, columns: list[str] | None = None):
     """``read_samples`` of ``cfg.samples_steps`` with ``cfg.caption_source`` applied (recaptioned caption
     pairs, ``packing.caption_source``) and a ``source_sample_id`` column — what ``lengths`` measures and
     ``pack``'s shard writer encodes, so the two read the same conversations."""
     from packing import caption_source
 
-    return caption_source.apply(task, read_samples(task, cfg.samples_steps, columns, whole), cfg, count=not whole)
+    return caption_source.apply(task, read_samples(task, cfg.samples_steps, columns), cfg)
 
 
 def compute_lengths(samples, cfg: LengthsConfig, tok, stats=None, progress=None) -> dict:
