@@ -14,7 +14,6 @@ may hold none at all (text-only data), which the model handles (``pretrain.vlm``
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,12 +296,13 @@ def plan_data(run_dir: str | Path, step: str, micro_batch: int, grad_accum: int,
 def pack_shape(run_dir: str | Path, step: str) -> tuple[int, float]:
     """(tokens of the step's longest pack, Σ sample length² of its densest) — what sizes a micro-batch's
     activations and attention FLOPs for ``recompute: auto``. The length is the pack step's ``seq_len``
-    (its ``config.json``), else the longest pack's; Σ length² comes from the first ``packs`` part, a
-    sample bounded whatever the corpus, since every rank reads it."""
+    (its config, read as the framework reads an upstream's), else the longest pack's; Σ length² comes from
+    the first ``packs`` part, a sample bounded whatever the corpus, since every rank reads it."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from manifests.io import manifest_files
+    from ovpipe.inputs import upstream_config
 
     files = manifest_files(run_dir, "packs", step)      # none: FileNotFoundError naming the folder
     t = pq.read_table(files[0], columns=["lengths", "total_tokens"])
@@ -310,6 +310,8 @@ def pack_shape(run_dir: str | Path, step: str) -> tuple[int, float]:
     squares = pc.list_parent_indices(t.column("lengths"))
     per_pack = np.bincount(squares.to_numpy(), weights=pc.multiply(lengths, lengths).to_numpy().astype(float),
                            minlength=t.num_rows)
-    config = Path(run_dir) / step / "config.json"
-    seq_len = json.loads(config.read_text()).get("seq_len") if config.exists() else None
+    try:
+        seq_len = getattr(upstream_config(run_dir, step)[1], "seq_len", None)
+    except (OSError, ValueError, KeyError):     # a packs folder no ovpipe step wrote
+        seq_len = None
     return int(seq_len or pc.max(t.column("total_tokens")).as_py()), float(per_pack.max(initial=0.0))

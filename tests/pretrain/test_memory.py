@@ -154,8 +154,9 @@ def test_pack_shape_reads_seq_len_and_the_densest_pack(tmp_path):
                   "offsets": [[0, 3], [0]], "total_tokens": [7, 6], "shard": ["s", "s"]})
     pq.write_table(t, tmp_path / "pack" / "packs" / "part-00000.parquet")
     assert pack_shape(tmp_path, "pack") == (7, 36.0)
-    (tmp_path / "pack" / "config.json").write_text(json.dumps({"seq_len": 16}))
-    assert pack_shape(tmp_path, "pack") == (16, 36.0)
+    (tmp_path / "pack" / "config.json").write_text(json.dumps({"seq_len": 4096}))   # as `ovpipe pack` leaves them
+    (tmp_path / "pack" / "executor.json").write_text(json.dumps({"step": "pack"}))
+    assert pack_shape(tmp_path, "pack") == (4096, 36.0)
     with pytest.raises(FileNotFoundError, match="pack-instruct"):
         pack_shape(tmp_path, "pack-instruct")
 
