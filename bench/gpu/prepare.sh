@@ -2,7 +2,8 @@
 # What a device call carries (carry [".whl", ".gpu"]), built on the CPU: the wheels the device image lacks
 # (it has torch, triton, transformers, pyarrow, xxhash, pyyaml; no network) and an 8K-token run folder with
 # the stage 1.5 packs (web captions) and the stage 1 packs (LLaVA-558K-style), ~44 MB. Both paths are
-# local (.git/info/exclude). Usage: bash bench/gpu/prepare.sh   (from the repository root, after make install)
+# local (.git/info/exclude). Usage: [BASE_REF=<commit>] bash bench/gpu/prepare.sh   (from the repository root, after
+# make install)
 set -euo pipefail
 OV=.venv/bin/ovpipe
 rm -rf .whl; mkdir -p .whl     # afresh: two builds of one wheel side by side make the device's install refuse both
@@ -23,6 +24,9 @@ $OV lengths --name lengths-align --config configs/demo/lengths.yaml --set tokeni
 $OV pack --name pack-align --config configs/demo/pack.yaml --set lengths_step=lengths-align --set seq_len=8192 \
   --run-dir $R --quiet
 rm -rf $R/lengths $R/lengths-align "$DATA"   # the packs hold the tokens and images; the trainer reads packs
+# BASE_REF=<commit>: that commit's tree in .base (carry it too) for a before/after in one call (lib.sh's base_* runs)
+if [ -n "${BASE_REF:-}" ]; then rm -rf .base; mkdir .base; git archive "$BASE_REF" | tar -x -C .base; fi
+grep -qx '/.base/' .git/info/exclude || echo '/.base/' >> .git/info/exclude
 grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 du -sh .whl "$R"

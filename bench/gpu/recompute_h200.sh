@@ -1,25 +1,27 @@
 #!/bin/bash
-# One H200 call (carry [".whl", ".gpu"] from bench/gpu/prepare.sh, timeout_s 600): the recompute settings
-# that should fit without rerunning the LLM's MLPs, at grad-accum 1 and 4, then embed-images' whole call at a
-# task's size (100K rows), then stage 1. Why this order (bench/results/gpu_h200.md, 2026-11-26): `selective`
-# reruns the LLM's and the tower's MLPs (HFU/MFU 1.20). The LLM kept whole (`none`) with the tower fully
-# recomputed and liger's loss reruns ~7% of the FLOPs; its peak was never measured: ~121 GiB by the deltas
-# of the measured peaks, 133.5 GiB by pretrain.trainer.memory's fit (whose `none` is an extrapolation), so
-# this run also checks that fit (each JSON holds peak_estimate_gib beside peak_mem_gib). The grad-accum-4
-# run takes the trainer's default, recompute auto (selective there by the estimate). Each run has its own
-# timeout; what no longer fits in LIMIT seconds is skipped, so the results tarball always comes back.
-LIMIT=${LIMIT:-570}
+# One H200 call (carry [".whl", ".gpu", ".base"] from `BASE_REF=<the commit before> bash bench/gpu/prepare.sh`,
+# timeout_s 600). Issue 23, in the order that matters if the call is cut:
+#  1. base_selective / selective: the GPU default (recompute selective/selective, fused kernels) before and after
+#     megatron's optimizer fallbacks ran on torch's _foreach kernels (pretrain.fused.foreach_optimizer), same card;
+#     the second one profiled;
+#  2. none_vfull_liger: the LLM kept whole, the tower fully recomputed, liger's loss (~7% of the FLOPs rerun
+#     against selective's ~20%); its peak was never measured (~121 GiB by the measured deltas, 133.5 by
+#     pretrain.trainer.memory's fit, an extrapolation), so it also checks that fit;
+#  3. auto_ga4 (and none_vfull_liger_ga4 if 2 fits): four packs per optimizer step, as any real global batch at DP = 1;
+# then issue 27: embed-images' whole call at a task's size (100K rows, ViT-L-14). Each run has its own timeout;
+# what no longer fits in LIMIT seconds is skipped, and the results tarball is rewritten after each run.
+LIMIT=${LIMIT:-540}
 source bench/gpu/lib.sh
-mfu none_vfull_liger 110 --recompute none --vision-recompute full --kernels fused --loss-kernel liger
-mfu auto_ga4 120 --kernels fused --grad-accum 4
-mfu none_vfull_liger_ga4 120 --recompute none --vision-recompute full --kernels fused --loss-kernel liger --grad-accum 4
-mfu none_vfull_megatron 100 --recompute none --vision-recompute full --kernels fused --loss-kernel megatron
-if [ $(left) -gt 100 ]; then
+mfu base_selective 75 --kernels fused
+mfu selective 75 --kernels fused --profile 1
+mfu none_vfull_liger 75 --recompute none --vision-recompute full --kernels fused --loss-kernel liger
+mfu auto_ga4 80 --kernels fused --grad-accum 4 --steps 6
+if [ $(left) -gt 125 ]; then
   CA="--models ViT-L-14-quickgelu --images 102400 --distinct 2048 --batch-size 256 --embed processes+draft@256 --skip assign"
   echo "=== curation embed, 100K rows (at $(( $(date +%s) - T0 ))s)" >> $LOG
   timeout $(( $(left) - 8 )) python3 -m bench.bench_curation --gpu $CA --command "python -m bench.bench_curation --gpu $CA" --json $R/bench_curation_gpu_embed100k.json 2>&1 | grep -v "Warning\|warn(" >> $LOG
   echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; save
 fi
-mfu mlp_vfull 90 --recompute mlp --vision-recompute full --kernels fused
-mfu stage1 80 --stage 1 --kernels fused
+grep -q '"mfu_median"' $R/none_vfull_liger.json 2>/dev/null && \
+  mfu none_vfull_liger_ga4 80 --recompute none --vision-recompute full --kernels fused --loss-kernel liger --grad-accum 4 --steps 6
 finish

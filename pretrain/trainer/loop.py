@@ -38,7 +38,7 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        from pretrain import checkpoint
+        from pretrain import checkpoint, fused
         from pretrain.data import plan_data
         from pretrain.recipes import RECIPES, STAGES, Parallelism, validate
         from pretrain.trainer.build import (build_model, build_optimizer, device, fused_adam, param_count,
@@ -85,6 +85,7 @@ class Trainer:
         self.ckpt.load_optimizer(self.model, self.opt)
         if cuda:
             fused_adam(self.opt)
+            fused.foreach_optimizer()
         self.n_params = param_count(self.model)
         self.peak_flops = cfg.peak_tflops * 1e12 * world
         # ---- data: the same order as an uninterrupted run, from the first pack not consumed
