@@ -357,7 +357,7 @@ def table() -> str:
             continue
         lines.append(f"| {model} `encode_image`, bf16, model only | {res['model_only']:,.0f} | 100% |")
         for name, r in res.items():
-            if name == "model_only":
+            if name == "model_only" or name.startswith("startup"):    # the start-up probes: printed apart
                 continue
             cell = f"{r['img_s']:,.0f} | {r['of_model']:.0%}" if "img_s" in r else f"failed: {r['error']} | —"
             lines.append(f"| {model} through `embed_rows`, {name}: whole call | {cell} |")

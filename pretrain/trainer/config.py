@@ -51,7 +51,8 @@ class TrainConfig:
                                              # (with auto: chosen with it)
     loader_workers: int | None = None        # DataLoader worker processes; None: 4 on GPU, 0 on CPU
     kernels: str | None = None               # eager | fused (pretrain.fused); None: fused on GPU, eager on CPU
-    loss_kernel: str | None = None           # megatron | liger | torch; None: megatron (pretrain.fused)
+    loss_kernel: str | None = None           # megatron | liger | torch; None: megatron, or with recompute auto
+                                             # the one that lets the least recompute fit (trainer.memory)
     peak_tflops: float | None = None         # per device, what MFU divides by; None: 989 on GPU, 0.2 on CPU
     save_every: int = 0                      # checkpoint every N steps (0: at the end and on a signal)
     save_every_minutes: float = 0.0
@@ -118,5 +119,7 @@ class TrainConfig:
             vision_recompute=vision_recompute_of(recompute) if follows else self.vision_recompute,
             loader_workers=(4 if cuda else 0) if self.loader_workers is None else self.loader_workers,
             kernels=("fused" if cuda else "eager") if self.kernels is None else self.kernels,
-            loss_kernel=resolve_loss_kernel(self.loss_kernel),
+            # unset under recompute auto: weighed with the recompute against the card (trainer.memory)
+            loss_kernel=None if recompute == "auto" and self.loss_kernel is None else
+            resolve_loss_kernel(self.loss_kernel),
             peak_tflops=self.peak_tflops or (GPU_PEAK_TFLOPS if cuda else CPU_PEAK_TFLOPS))

@@ -125,8 +125,9 @@ class Trainer:
              "kernels": c.kernels, "loss_kernel": c.loss_kernel, "seed": c.seed,
              "recompute_auto": None if self.auto is None else {
                  "peak_estimate_gib": round(self.auto.peak_gib, 2), "memory_gib": round(self.auto.memory_gib, 2),
-                 "candidates": [{"recompute": lm, "vision_recompute": vm, "peak_estimate_gib": round(pk, 2),
-                                 "recomputed_flops_share": round(x, 4)} for lm, vm, pk, x in self.auto.table]}},
+                 "candidates": [{"recompute": lm, "vision_recompute": vm, "loss_kernel": lk,
+                                 "peak_estimate_gib": round(pk, 2), "recomputed_flops_share": round(x, 4)}
+                                for lm, vm, lk, pk, x in self.auto.table]}},
             indent=2))
 
     # ------------------------------------------------------------------ the step

@@ -54,7 +54,9 @@ def test_kernel_defaults_per_device(tmp_path):
     cpu = cfg.resolve(cuda=False)
     assert (cpu.kernels, cpu.loss_kernel) == ("eager", "megatron")
     gpu = cfg.resolve(cuda=True)
-    assert (gpu.kernels, gpu.loss_kernel) == ("fused", "megatron")        # liger measured slower: a choice
+    assert (gpu.kernels, gpu.loss_kernel) == ("fused", None)     # recompute auto weighs it with the recompute
+    named = TrainConfig(run_dir=tmp_path, stage="1.5", steps=1, recompute="selective").resolve(cuda=True)
+    assert named.loss_kernel == "megatron"                          # liger measured slower at equal recompute
     liger = TrainConfig(run_dir=tmp_path, stage="1.5", steps=1, loss_kernel="liger")
     assert liger.resolve(cuda=True).loss_kernel == "liger"
 
