@@ -107,11 +107,39 @@ def split_preprocess(preprocess) -> SplitPreprocess:
     if isinstance(size, (list, tuple)):
         size = size[0] if len(size) == 1 else None          # (h, w): a squash resize, not shortest-side
     return SplitPreprocess(
-        to_uint8=T.Compose(head + [T.PILToTensor()]),
+        to_uint8=uint8_head(head),
         mean=tuple(norm.mean) if norm is not None else None, std=tuple(norm.std) if norm is not None else None,
         resize=size if resize is not None and resize.max_size is None else None,
         crop=tuple(crop.size) if crop is not None else None,
         interpolation=resize.interpolation if resize is not None else None)
+
+
+def _rgb_only(step) -> bool:
+    """open_clip's mode steps (``MaybeConvertMode("RGB")``, older releases' ``_convert_to_rgb``)."""
+    return (type(step).__name__ == "MaybeConvertMode" and getattr(step, "mode", None) == "RGB") or \
+        getattr(step, "__name__", None) == "_convert_to_rgb"
+
+
+def _to_rgb(im):
+    """``convert("RGB")`` where it changes something; PIL's copies an RGB image whole."""
+    return im if im.mode == "RGB" else im.convert("RGB")
+
+
+def uint8_head(head: list):
+    """The transform's head + ``PILToTensor``, for PIL images. open_clip's eval head (``Resize`` →
+    ``CenterCrop`` → ``MaybeConvertMode``) runs as ``Resize`` → RGB where not already → ``PILToTensor`` →
+    ``CenterCrop`` on the tensor: the same pixels (a mode change is per pixel, so it commutes with the
+    crop; the crop offsets are torchvision's for both), without PIL's copy of the crop and of an RGB
+    image's ``convert``; the crop is a view the unit's ``torch.stack`` copies once. Any other head
+    runs as it is."""
+    from torchvision import transforms as T
+
+    crops = [i for i, s in enumerate(head) if isinstance(s, T.CenterCrop)]
+    simple = all(isinstance(s, (T.Resize, T.CenterCrop)) or _rgb_only(s) for s in head)
+    if not simple or len(crops) != 1 or any(isinstance(s, T.Resize) for s in head[crops[0]:]):
+        return T.Compose(head + [T.PILToTensor()])
+    rest = [_to_rgb if _rgb_only(s) else s for i, s in enumerate(head) if i != crops[0]]
+    return T.Compose(rest + [T.PILToTensor(), head[crops[0]]])
 
 
 def _error(e: Exception) -> str:
@@ -121,15 +149,16 @@ def _error(e: Exception) -> str:
 def decode_cpu(row: dict, to_uint8, draft: int | None = None):
     """(uint8 CHW tensor, None) or (None, error): PIL decode, upright, RGB, then the transform's head.
     ``draft``: a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that keeps both sides ≥ it."""
-    from PIL import Image, ImageOps
+    from PIL import Image
 
     from curation.ingest import read_image_bytes
+    from manifests.conversation import upright_rgb
 
     try:
         with Image.open(io.BytesIO(read_image_bytes(row))) as im:   # upright, as ingest sized it
             if draft:
                 im.draft("RGB", (draft, draft))
-            return to_uint8(ImageOps.exif_transpose(im).convert("RGB")), None
+            return to_uint8(upright_rgb(im)), None
     except Exception as e:  # corrupt data that passed ingest's header check
         return None, _error(e)
 

@@ -60,14 +60,15 @@ def recall_at_k(pred: np.ndarray, truth: list[list[int]]) -> float:
 
 def _images(rows, preprocess):
     import torch
-    from PIL import Image, ImageOps
+    from PIL import Image
 
     from curation.ingest import read_image_bytes
+    from manifests.conversation import upright_rgb
 
     xs = []
     for r in rows:
         with Image.open(io.BytesIO(read_image_bytes(r))) as im:
-            xs.append(preprocess(ImageOps.exif_transpose(im).convert("RGB")))
+            xs.append(preprocess(upright_rgb(im)))
     return torch.stack(xs)
 
 

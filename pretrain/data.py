@@ -63,10 +63,12 @@ def pixels(image_bytes: bytes, grid_h: int, grid_w: int, patch: int = 14) -> tor
     ``packing`` counted tokens for is the upright image's), resize to that grid, normalise."""
     import io
 
-    from PIL import Image, ImageOps
+    from PIL import Image
+
+    from manifests.conversation import upright_rgb
 
     with Image.open(io.BytesIO(image_bytes)) as im:
-        im = ImageOps.exif_transpose(im).convert("RGB").resize((grid_w * patch, grid_h * patch), Image.BICUBIC)
+        im = upright_rgb(im).resize((grid_w * patch, grid_h * patch), Image.BICUBIC)
         x = torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1)
     mean = torch.tensor(CLIP_MEAN)[:, None, None]
     std = torch.tensor(CLIP_STD)[:, None, None]

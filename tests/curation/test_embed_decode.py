@@ -31,11 +31,15 @@ def test_split_preprocess_is_bit_identical_to_the_whole_transform(size):
     preprocess = open_clip.image_transform(size, is_train=False)
     pre = split_preprocess(preprocess)
     assert pre.mean is not None and pre.resize == size and pre.crop == (size, size)
+    assert type(pre.to_uint8.transforms[-1]).__name__ == "CenterCrop"     # the crop runs on the tensor
     rng = np.random.default_rng(0)
     for w, h in [(90, 50), (640, 480), (333, 777)]:
         im = _photo(rng, w, h)
         x = pre.to_uint8(im)
         assert x.dtype == torch.uint8 and x.shape == (3, size, size)
+        for mode in ("L", "RGBA", "P", "CMYK"):          # a mode change commutes with the moved crop
+            other = im.convert(mode)
+            assert torch.equal(pre.finish(pre.to_uint8(other)[None])[0], preprocess(other)), mode
         assert torch.equal(pre.finish(x[None])[0], preprocess(im))
 
 

@@ -1,0 +1,45 @@
+"""The decode workers' per-image work on the CPU (libjpeg draft decode, open_clip's eval head to uint8, the unit's
+torch.stack), before and after the copies PIL made for nothing were removed: before = `ImageOps.exif_transpose(im)
+.convert("RGB")` then `Compose(head + [PILToTensor()])`; after = `curation.decode.decode_cpu` (`upright_rgb`, and
+`uint8_head`: RGB only where needed, the crop as a view of the tensor). Interleaved in one run, over the GPU bench's
+JPEGs (0.68 MP on average); the outputs are checked equal. Run: .venv/bin/python bench/results/decode_upright_cpu.py"""
+import io, sys, time
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).parents[2]))
+import open_clip.transform as ot
+import torch
+from PIL import Image, ImageOps
+from torchvision import transforms as T
+from bench.bench_curation_gpu import make_jpegs
+from curation.decode import decode_cpu, split_preprocess
+
+rows, info = make_jpegs(Path("/tmp/upright-jpegs"), 64, 256)
+print(info)
+preprocess = ot.image_transform(224, is_train=False)
+head_before = T.Compose(preprocess.transforms[:-2] + [T.PILToTensor()])     # the transform less ToTensor, Normalize
+head_after = split_preprocess(preprocess).to_uint8
+print("before:", head_before, "\nafter:", head_after)
+
+
+def before(row):
+    from curation.ingest import read_image_bytes
+    with Image.open(io.BytesIO(read_image_bytes(row))) as im:
+        im.draft("RGB", (224, 224))
+        return head_before(ImageOps.exif_transpose(im).convert("RGB"))
+
+
+def after(row):
+    return decode_cpu(row, head_after, 224)[0]
+
+
+assert all(torch.equal(before(r), after(r)) for r in rows[:64])
+ms = {"before": [], "after": []}
+for _ in range(8):
+    for name, fn in (("before", before), ("after", after)):
+        t = time.perf_counter()
+        torch.stack([fn(r) for r in rows])
+        ms[name].append((time.perf_counter() - t) / len(rows) * 1e3)
+for name, v in ms.items():
+    print(f"{name}: {min(v):.3f} ms/image best of 8, median {sorted(v)[4]:.3f}")
+print(f"after / before: best {min(ms['after']) / min(ms['before']):.3f}, median "
+      f"{sorted(ms['after'])[4] / sorted(ms['before'])[4]:.3f}")
