@@ -6,9 +6,9 @@ T0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1
-R=$OUT/r; mkdir -p $R; LOG=$OUT/log.txt
+R=/tmp/devres/r; rm -rf $R; mkdir -p $R; LOG=$OUT/log.txt   # only the tarball and the log come back (8 files at most)
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; nproc; git log -1 --format=%H 2>/dev/null; } >> $LOG 2>&1
-save() { cp $LOG $R/log.txt; tar -C $OUT -czf $OUT/results.tgz r; }
+save() { cp $LOG $R/log.txt; tar -C /tmp/devres -czf $OUT/results.tgz r; }
 mfu() {  # name timeout args...
   local name=$1 t=$2; shift 2
   if [ $(left) -lt $((t + 15)) ]; then echo "=== $name skipped: $(left)s left" >> $LOG; return; fi
