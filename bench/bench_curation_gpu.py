@@ -118,14 +118,15 @@ def make_jpegs(folder: Path, distinct: int, rows: int) -> tuple[list[dict], dict
 # ------------------------------------------------------------------------------------- embed
 
 def embed_variant(spec: str) -> dict:
-    """``threads`` | ``processes`` | ``nvjpeg[:share]``, each ``+draft`` optionally, then ``@unit``
-    optionally (a decode unit other than ``--decode-unit``): ``embed_rows`` keywords."""
+    """``threads`` | ``processes`` | ``nvjpeg[:share]``, each ``+draft`` (libjpeg's reduced-scale decode)
+    and ``+fast`` (torch's uint8 resize) optionally, then ``@unit`` optionally (a decode unit other than
+    ``--decode-unit``): ``embed_rows`` keywords."""
     spec, _, unit = spec.partition("@")
     base, *flags = spec.split("+")
-    if any(f != "draft" for f in flags):
+    if any(f not in ("draft", "fast") for f in flags):
         raise ValueError(f"unknown embed variant flag in {spec!r}")
     kw = {"decode": "threads" if base == "threads" else "processes", "jpeg_draft": "draft" in flags,
-          "jpeg_decode": "cpu"}
+          "fast_resize": "fast" in flags, "jpeg_decode": "cpu"}
     if unit:
         kw["decode_unit"] = int(unit)
     if base.startswith("nvjpeg"):
@@ -242,10 +243,10 @@ def startup_probe(rows: list[dict], preprocess, device: str, workers: int, unit:
     ready) and the start of ``workers`` DataLoader worker processes (fork, then one item from each)."""
     import torch
 
-    from curation.decode import make_decoder, prepare_batch, resolve_draft, split_preprocess
+    from curation.decode import make_decoder, prepare_batch, resolve_draft, resolve_fast_resize, split_preprocess
 
     pre = split_preprocess(preprocess)
-    decoder = make_decoder(pre, device, "cpu", 1.0, resolve_draft(None, device))
+    decoder = make_decoder(pre, device, "cpu", 1.0, resolve_draft(None, device), resolve_fast_resize(None, device))
     t0 = time.perf_counter()
     prepare_batch(rows[:unit], decoder)
     decode_s = time.perf_counter() - t0

@@ -59,6 +59,12 @@ def resolve_decode(mode: str, device: str) -> str:
     return mode
 
 
+def resolve_fast_resize(fast_resize: bool | None, device: str) -> bool:
+    """None: torch's uint8 resize on a GPU (where the decode workers bound the step), PIL's on a CPU
+    (bit-identical to open_clip's transform)."""
+    return device.startswith("cuda") if fast_resize is None else fast_resize
+
+
 def resolve_draft(jpeg_draft: bool | None, device: str) -> bool:
     """None: libjpeg's draft decode on a GPU (the fastest measured path there), the full decode on a CPU."""
     return device.startswith("cuda") if jpeg_draft is None else jpeg_draft
@@ -140,6 +146,52 @@ def uint8_head(head: list):
         return T.Compose(head + [T.PILToTensor()])
     rest = [_to_rgb if _rgb_only(s) else s for i, s in enumerate(head) if i != crops[0]]
     return T.Compose(rest + [T.PILToTensor(), head[crops[0]]])
+
+
+_MODES = {"bicubic": "bicubic", "bilinear": "bilinear"}
+
+
+@dataclass(frozen=True)
+class TensorHead:
+    """open_clip's eval head (shortest-side ``Resize``, ``CenterCrop``) on the decoded pixels as a uint8
+    tensor: torch's antialiased interpolation of uint8 images (``F.interpolate(..., antialias=True)``,
+    a port of Pillow-SIMD's separable resampling) in place of PIL's. Within one uint8 level of PIL's
+    pixels, at about a quarter of its time on one core (1.8 → 0.45 ms for a 0.2 MP draft-decoded JPEG,
+    ``bench/results/decode_upright_cpu.txt``), the output size by torchvision's rule. ``fast_resize``
+    (the GPU default, beside ``jpeg_draft``): a GPU's decode workers are its bottleneck."""
+    size: int
+    crop: tuple
+    mode: str
+
+    def __call__(self, im):
+        import torch
+        import torch.nn.functional as F
+        from torchvision.transforms import functional as TF
+
+        x = torch.from_numpy(np.array(im.convert("RGB") if im.mode != "RGB" else im)).permute(2, 0, 1)
+        h, w = x.shape[1:]
+        short, long = (h, w) if h <= w else (w, h)
+        new_long = int(self.size * long / short)                       # torchvision's Resize([size])
+        out = (self.size, new_long) if h <= w else (new_long, self.size)
+        if out != (h, w):
+            x = F.interpolate(x[None], size=out, mode=self.mode, antialias=True)[0]
+        return TF.center_crop(x, list(self.crop))
+
+
+def tensor_head(pre) -> "TensorHead | None":
+    """The ``TensorHead`` of a split open_clip eval transform, or None where it has another shape or this
+    torch cannot interpolate uint8 with antialiasing."""
+    import torch
+    import torch.nn.functional as F
+
+    mode = _MODES.get(getattr(pre.interpolation, "value", None))
+    if pre.resize is None or pre.crop is None or mode is None:
+        return None
+    try:
+        F.interpolate(torch.zeros(1, 3, 8, 8, dtype=torch.uint8), size=(5, 5), mode=mode, antialias=True)
+    except (RuntimeError, NotImplementedError):
+        return None
+    return TensorHead(pre.resize, tuple(pre.crop), mode)
 
 
 def _error(e: Exception) -> str:
@@ -428,7 +480,7 @@ def check_nvjpeg(pre: SplitPreprocess, device: str) -> None:
 
 
 def make_decoder(pre: SplitPreprocess, device: str, jpeg_decode: str = "cpu", nvjpeg_share: float = 1.0,
-                 jpeg_draft: bool = False) -> RowDecoder:
+                 jpeg_draft: bool = False, fast_resize: bool = False) -> RowDecoder:
     """``jpeg_decode = auto``: the CPU workers (with ``jpeg_draft``, the GPU default, they kept ViT-H-14 and
     ViT-L-14 fed on 16 cores, and nvJPEG for half the JPEGs measured 11-18% slower: ``bench/results/
     gpu_h200.md``); ``nvjpeg`` on request, where the transform can be redone on the GPU."""
@@ -439,7 +491,8 @@ def make_decoder(pre: SplitPreprocess, device: str, jpeg_decode: str = "cpu", nv
     if jpeg_decode == "nvjpeg":
         check_nvjpeg(pre, device)
     draft = min(pre.crop) if jpeg_draft and pre.crop else (pre.resize if jpeg_draft else None)
-    return RowDecoder(pre.to_uint8, draft, nvjpeg_share if jpeg_decode == "nvjpeg" else 0.0)
+    head = (tensor_head(pre) if fast_resize else None) or pre.to_uint8
+    return RowDecoder(head, draft, nvjpeg_share if jpeg_decode == "nvjpeg" else 0.0)
 
 
 def model_input(batch: dict, pre: SplitPreprocess, device: str):

@@ -1,20 +1,26 @@
 #!/bin/bash
-# One H100 (80 GB) call (carry [".whl", ".gpu"] from bench/gpu/prepare.sh, kind nvidia-h100-x1, timeout_s 600).
-# Issue 23's H100 figure: the 4B at stage 1 (the projector trained: no Adam state for the rest; stage 1.5 at DP = 1
-# needs ~73 GiB of weights, gradients and Adam state before activations), with recompute auto (its pick and
-# estimate land in the JSON beside the measured peak) and at four packs per optimizer step; stage 1.5 must be
-# refused by auto before any work, naming the layouts that fit. Then issue 27: embed-images' whole call at a task's
-# size after the decode workers stopped copying (upright_rgb, uint8_head), ViT-L-14 then ViT-H-14, 102,400 rows.
+# One H100 (80 GB) call (carry [".whl", ".gpu"] from bench/gpu/prepare.sh, kind nvidia-h100-x1, timeout_s 600),
+# in the order that matters if it is cut:
+#  - issue 23's H100 figure: the 4B at stage 1 (the projector trained: no Adam state for the rest; stage 1.5 at
+#    DP = 1 needs ~73 GiB of weights, gradients and Adam state before activations) with recompute auto (its pick
+#    and estimate land in the JSON beside the measured peak);
+#  - issue 27: embed-images' whole call at a task's size (102,400 rows): ViT-L-14 with PIL's resize and with
+#    fast_resize (torch's uint8 resize, the new GPU default), then ViT-H-14 with the default;
+#  - stage 1.5 refused by auto before any work (naming the layouts that fit), stage 1 at four packs per step.
 LIMIT=${LIMIT:-540}
 source bench/gpu/lib.sh
 mfu stage1_auto 90 --stage 1 --kernels fused
-mfu stage1_auto_ga4 90 --stage 1 --kernels fused --grad-accum 4 --steps 6
-mfu stage15_refused 60 --stage 1.5
-for M in ViT-L-14-quickgelu ViT-H-14-quickgelu; do
-  [ $(left) -gt 140 ] || { echo "=== embed $M skipped: $(left)s left" >> $LOG; continue; }
-  CA="--models $M --images 102400 --distinct 2048 --batch-size 256 --embed processes+draft@256 --skip assign"
-  echo "=== curation embed $M, 100K rows (at $(( $(date +%s) - T0 ))s)" >> $LOG
-  timeout $(( $(left) - 8 )) python3 -m bench.bench_curation --gpu $CA --command "python -m bench.bench_curation --gpu $CA" --json $R/embed100k_$M.json 2>&1 | grep -v "Warning\|warn(" >> $LOG
+embed() {  # model rows variants...
+  local m=$1 n=$2; shift 2
+  [ $(left) -gt 100 ] || { echo "=== embed $m skipped: $(left)s left" >> $LOG; return; }
+  CA="--models $m --images $n --distinct 2048 --batch-size 256 --embed $* --skip assign"
+  echo "=== curation embed $m, $n rows: $* (at $(( $(date +%s) - T0 ))s)" >> $LOG
+  timeout $(( $(left) - 8 )) python3 -m bench.bench_curation --gpu $CA --command "python -m bench.bench_curation --gpu $CA" \
+    --json $R/embed_$m.json 2>&1 | grep -v "Warning\|warn(" >> $LOG
   echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; save
-done
+}
+embed ViT-L-14-quickgelu 102400 processes+draft@256 processes+draft+fast@256
+embed ViT-H-14-quickgelu 102400 processes+draft+fast@256
+mfu stage15_refused 45 --stage 1.5
+mfu stage1_auto_ga4 90 --stage 1 --kernels fused --grad-accum 4 --steps 6
 finish

@@ -210,6 +210,56 @@ def test_jpeg_draft_stays_within_bf16_of_the_full_decode(tmp_path):
     assert np.array_equal(full[3], draft[3])          # smaller than the crop: no DCT scaling
 
 
+@pytest.mark.parametrize("size", [64, 224])
+def test_the_tensor_head_is_within_two_levels_of_pils(size):
+    """``fast_resize``: torch's uint8 antialiased resize + the crop give open_clip's head's shape and its
+    pixels within two uint8 levels (a quarter of a level on average), for landscape, portrait, square, already-sized and smaller images."""
+    import open_clip
+
+    from curation.decode import TensorHead, split_preprocess, tensor_head
+
+    pre = split_preprocess(open_clip.image_transform(size, is_train=False))
+    head = tensor_head(pre)
+    assert isinstance(head, TensorHead) and head.mode == "bicubic"
+    rng = np.random.default_rng(5)
+    for w, h in [(640, 480), (333, 777), (300, 300), (size, size + 37), (90, 50), (size + 1, size)]:
+        im = _photo(rng, w, h)
+        want, got = pre.to_uint8(im), head(im)
+        assert got.dtype == torch.uint8 and got.shape == want.shape == (3, size, size), (w, h)
+        diff = (got.int() - want.int()).abs()
+        assert diff.max() <= 2 and diff.float().mean() < 0.25, (w, h, diff.max(), diff.float().mean())
+        assert torch.equal(head(im.convert("L")), head(im.convert("L").convert("RGB")))     # any mode: RGB first
+
+
+def test_fast_resize_stays_within_bf16_of_pils_and_is_the_gpu_default(tmp_path):
+    import open_clip
+
+    from curation.clip import register_configs
+    from curation.decode import TensorHead, make_decoder, resolve_fast_resize, split_preprocess
+    from curation.embed import embed_rows
+
+    assert resolve_fast_resize(None, "cuda") and not resolve_fast_resize(None, "cpu")
+    register_configs()
+    torch.manual_seed(0)
+    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
+    net.eval()
+    pre = split_preprocess(preprocess)
+    assert isinstance(make_decoder(pre, "cpu", fast_resize=True).to_uint8, TensorHead)
+    assert make_decoder(pre, "cpu").to_uint8 is pre.to_uint8
+    rng = np.random.default_rng(6)
+    rows = []
+    for i, (w, h) in enumerate([(640, 480), (1024, 768), (300, 500), (90, 60)]):
+        p = tmp_path / f"{i}.jpg"
+        _photo(rng, w, h).save(p, "JPEG", quality=90)
+        rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
+    rows.append({"sample_id": "broken", "images": [{"container": "file", "file": str(tmp_path / "missing.jpg")}]})
+    full, err = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="threads")
+    fast, err_fast = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="processes",
+                                jpeg_draft=True, fast_resize=True)
+    assert (full * fast).sum(1).min() > 0.99 and len(fast) == 4
+    assert err_fast[:4] == [None] * 4 and err_fast[4] is not None and err[4] is not None
+
+
 def test_nvjpeg_share_splits_rows_by_sample_id():
     from curation.decode import RowDecoder
 
