@@ -22,6 +22,28 @@ def _photo(rng, w, h):
     return Image.fromarray(small).resize((w, h), Image.BICUBIC)
 
 
+def _tiny_clip_model(device: str = "cpu"):
+    """(net, preprocess) of the registered tiny open_clip model, seeded, in eval mode."""
+    import open_clip
+
+    from curation.clip import register_configs
+
+    register_configs()
+    torch.manual_seed(0)
+    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None, device=device)
+    return net.eval(), preprocess
+
+
+def _jpeg_rows(tmp_path, rng, sizes) -> list[dict]:
+    """One JPEG file per (w, h) and its ``samples``-style row."""
+    rows = []
+    for i, (w, h) in enumerate(sizes):
+        p = tmp_path / f"{i}.jpg"
+        _photo(rng, w, h).save(p, "JPEG", quality=90)
+        rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
+    return rows
+
+
 @pytest.mark.parametrize("size", [64, 224])
 def test_split_preprocess_is_bit_identical_to_the_whole_transform(size):
     import open_clip
@@ -58,13 +80,7 @@ def test_batches_are_cut_at_global_row_multiples(ingested_run):
 
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
-    import open_clip
-
-    from curation.clip import register_configs
-
-    register_configs()
-    torch.manual_seed(0)
-    net, _, _ = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
+    net, _ = _tiny_clip_model()
     ckpt = tmp_path_factory.mktemp("clip") / "tiny.pt"
     torch.save({"state_dict": net.state_dict()}, ckpt)
     return str(ckpt)
@@ -102,14 +118,9 @@ def test_threads_and_worker_processes_give_the_same_step_output_at_any_task_coun
 
 
 def test_embed_rows_keeps_a_corrupt_image_as_an_error_row(tmp_path):
-    import open_clip
-
-    from curation.clip import register_configs
     from curation.embed import embed_rows
 
-    register_configs()
-    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
-    net.eval()
+    net, preprocess = _tiny_clip_model()
     rng = np.random.default_rng(1)
     rows = []
     for i in range(7):
@@ -189,21 +200,10 @@ def test_decode_unit_must_be_positive():
 
 
 def test_jpeg_draft_stays_within_bf16_of_the_full_decode(tmp_path):
-    import open_clip
-
-    from curation.clip import register_configs
     from curation.embed import embed_rows
 
-    register_configs()
-    torch.manual_seed(0)
-    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
-    net.eval()
-    rng = np.random.default_rng(4)
-    rows = []
-    for i, (w, h) in enumerate([(640, 480), (1024, 768), (300, 500), (90, 60)]):
-        p = tmp_path / f"{i}.jpg"
-        _photo(rng, w, h).save(p, "JPEG", quality=90)
-        rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
+    net, preprocess = _tiny_clip_model()
+    rows = _jpeg_rows(tmp_path, np.random.default_rng(4), [(640, 480), (1024, 768), (300, 500), (90, 60)])
     full, _ = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="threads")
     draft, _ = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="threads", jpeg_draft=True)
     assert (full * draft).sum(1).min() > 0.99
@@ -213,7 +213,8 @@ def test_jpeg_draft_stays_within_bf16_of_the_full_decode(tmp_path):
 @pytest.mark.parametrize("size", [64, 224])
 def test_the_tensor_head_is_within_two_levels_of_pils(size):
     """``fast_resize``: torch's uint8 antialiased resize + the crop give open_clip's head's shape and its
-    pixels within two uint8 levels (a quarter of a level on average), for landscape, portrait, square, already-sized and smaller images."""
+    pixels within two uint8 levels (a quarter of a level on average), for landscape, portrait, square,
+    already-sized and smaller images."""
     import open_clip
 
     from curation.decode import TensorHead, split_preprocess, tensor_head
@@ -232,26 +233,15 @@ def test_the_tensor_head_is_within_two_levels_of_pils(size):
 
 
 def test_fast_resize_stays_within_bf16_of_pils_and_is_the_gpu_default(tmp_path):
-    import open_clip
-
-    from curation.clip import register_configs
     from curation.decode import TensorHead, make_decoder, resolve_fast_resize, split_preprocess
     from curation.embed import embed_rows
 
     assert resolve_fast_resize(None, "cuda") and not resolve_fast_resize(None, "cpu")
-    register_configs()
-    torch.manual_seed(0)
-    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
-    net.eval()
+    net, preprocess = _tiny_clip_model()
     pre = split_preprocess(preprocess)
     assert isinstance(make_decoder(pre, "cpu", fast_resize=True).to_uint8, TensorHead)
     assert make_decoder(pre, "cpu").to_uint8 is pre.to_uint8
-    rng = np.random.default_rng(6)
-    rows = []
-    for i, (w, h) in enumerate([(640, 480), (1024, 768), (300, 500), (90, 60)]):
-        p = tmp_path / f"{i}.jpg"
-        _photo(rng, w, h).save(p, "JPEG", quality=90)
-        rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
+    rows = _jpeg_rows(tmp_path, np.random.default_rng(6), [(640, 480), (1024, 768), (300, 500), (90, 60)])
     rows.append({"sample_id": "broken", "images": [{"container": "file", "file": str(tmp_path / "missing.jpg")}]})
     full, err = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="threads")
     fast, err_fast = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="processes",
@@ -273,15 +263,9 @@ def test_nvjpeg_share_splits_rows_by_sample_id():
 
 @pytest.mark.gpu
 def test_nvjpeg_decode_matches_the_cpu_decode_within_bf16(tmp_path):
-    import open_clip
-
-    from curation.clip import register_configs
     from curation.embed import embed_rows
 
-    register_configs()
-    torch.manual_seed(0)
-    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None, device="cuda")
-    net.eval()
+    net, preprocess = _tiny_clip_model("cuda")
     rng = np.random.default_rng(2)
     rows = []
     for i, (w, h) in enumerate([(640, 480), (800, 600), (1024, 768), (500, 700), (300, 300), (1200, 800)] * 3):
@@ -308,15 +292,9 @@ def test_nvjpeg_decode_matches_the_cpu_decode_within_bf16(tmp_path):
 def test_a_batch_split_between_nvjpeg_and_cpu_workers_keeps_row_order(tmp_path):
     """The nvJPEG path's assembly, run with torchvision's CPU JPEG decoder in nvJPEG's place: every row
     of a half-and-half run equals the same row of the all-CPU or the all-'GPU' run, whichever decoded it."""
-    import open_clip
-
-    from curation.clip import register_configs
     from curation.decode import RowDecoder, decoded_batches, embed_batches, list_batches, split_preprocess
 
-    register_configs()
-    torch.manual_seed(0)
-    net, _, preprocess = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
-    net.eval()
+    net, preprocess = _tiny_clip_model()
     pre = split_preprocess(preprocess)
     rng = np.random.default_rng(5)
     rows = []
