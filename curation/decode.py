@@ -126,11 +126,6 @@ def _rgb_only(step) -> bool:
         getattr(step, "__name__", None) == "_convert_to_rgb"
 
 
-def _to_rgb(im):
-    """``convert("RGB")`` where it changes something; PIL's copies an RGB image whole."""
-    return im if im.mode == "RGB" else im.convert("RGB")
-
-
 def uint8_head(head: list):
     """The transform's head + ``PILToTensor``, for PIL images. open_clip's eval head (``Resize`` →
     ``CenterCrop`` → ``MaybeConvertMode``) runs as ``Resize`` → RGB where not already → ``PILToTensor`` →
@@ -140,25 +135,25 @@ def uint8_head(head: list):
     runs as it is."""
     from torchvision import transforms as T
 
+    from manifests.conversation import as_rgb
+
     crops = [i for i, s in enumerate(head) if isinstance(s, T.CenterCrop)]
     simple = all(isinstance(s, (T.Resize, T.CenterCrop)) or _rgb_only(s) for s in head)
     if not simple or len(crops) != 1 or any(isinstance(s, T.Resize) for s in head[crops[0]:]):
         return T.Compose(head + [T.PILToTensor()])
-    rest = [_to_rgb if _rgb_only(s) else s for i, s in enumerate(head) if i != crops[0]]
+    rest = [as_rgb if _rgb_only(s) else s for i, s in enumerate(head) if i != crops[0]]
     return T.Compose(rest + [T.PILToTensor(), head[crops[0]]])
-
-
-_MODES = {"bicubic": "bicubic", "bilinear": "bilinear"}
 
 
 @dataclass(frozen=True)
 class TensorHead:
     """open_clip's eval head (shortest-side ``Resize``, ``CenterCrop``) on the decoded pixels as a uint8
     tensor: torch's antialiased interpolation of uint8 images (``F.interpolate(..., antialias=True)``,
-    a port of Pillow-SIMD's separable resampling) in place of PIL's. Within one uint8 level of PIL's
-    pixels, at about a quarter of its time on one core (1.8 → 0.45 ms for a 0.2 MP draft-decoded JPEG,
-    ``bench/results/decode_upright_cpu.txt``), the output size by torchvision's rule. ``fast_resize``
-    (the GPU default, beside ``jpeg_draft``): a GPU's decode workers are its bottleneck."""
+    a port of Pillow-SIMD's separable resampling) in place of PIL's. Within two uint8 levels of PIL's
+    pixels (0.003-0.05 on average), the output size by torchvision's rule; the resize takes about a
+    quarter of PIL's time on one core, the whole decode + head 0.64× (``bench/results/
+    decode_worker_cpu.txt``). ``fast_resize`` (the GPU default, beside ``jpeg_draft``): a GPU's decode
+    workers are its bottleneck."""
     size: int
     crop: tuple
     mode: str
@@ -168,7 +163,9 @@ class TensorHead:
         import torch.nn.functional as F
         from torchvision.transforms import functional as TF
 
-        x = torch.from_numpy(np.array(im.convert("RGB") if im.mode != "RGB" else im)).permute(2, 0, 1)
+        from manifests.conversation import as_rgb
+
+        x = torch.from_numpy(np.array(as_rgb(im))).permute(2, 0, 1)
         h, w = x.shape[1:]
         short, long = (h, w) if h <= w else (w, h)
         new_long = int(self.size * long / short)                       # torchvision's Resize([size])
@@ -184,8 +181,8 @@ def tensor_head(pre) -> "TensorHead | None":
     import torch
     import torch.nn.functional as F
 
-    mode = _MODES.get(getattr(pre.interpolation, "value", None))
-    if pre.resize is None or pre.crop is None or mode is None:
+    mode = getattr(pre.interpolation, "value", None)
+    if pre.resize is None or pre.crop is None or mode not in ("bicubic", "bilinear"):
         return None
     try:
         F.interpolate(torch.zeros(1, 3, 8, 8, dtype=torch.uint8), size=(5, 5), mode=mode, antialias=True)

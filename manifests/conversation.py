@@ -160,6 +160,11 @@ def upright_rgb(im):
     from PIL import ImageOps
 
     ImageOps.exif_transpose(im, in_place=True)
+    return as_rgb(im)
+
+
+def as_rgb(im):
+    """``im.convert("RGB")`` where it changes something: PIL's copies an RGB image whole."""
     return im if im.mode == "RGB" else im.convert("RGB")
 
 

@@ -11,9 +11,9 @@ conversations; 1.5 — all parameters on the concept-balanced caption packs, lr 
 parameters on the mixed instruction packs (multi-turn, multi-image, text-only), lr 1e-5; cosine
 decay to 1e-6, warmup 0.2%, Adam ε 1e-5, bf16. Recompute ``auto``: the trainer estimates each mode's
 peak for the recipe, layout, pack length and card and runs the least recompute that fits
-(``pretrain.trainer.memory``); for the 4B stage 1.5 on one H200 that is ``selective`` (each layer's
-core attention and MLP rebuilt in backward), the fastest measured there (``none`` runs out of memory,
-``full`` is 10% slower; bench/results/gpu_h200.md).
+(``pretrain.trainer.memory``); for the 4B stage 1.5 on one H200 that is the LLM kept whole with each
+tower MLP rebuilt in backward and liger's loss, the fastest measured there (41.0% MFU at four packs per
+step, against 36.3% for ``selective``; nothing recomputed runs out of memory; bench/results/gpu_h200.md).
 
 Each stage names its data by pack step (the ``ovpipe pack --name STEP`` folder of the run):
 

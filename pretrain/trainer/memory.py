@@ -175,12 +175,15 @@ def candidates() -> list[tuple[str, str]]:
     return [(lm, vm) for lm in LLM_MODES for vm in VIT_MODES]
 
 
-def loss_kernels_for(tp: int) -> tuple[str, ...]:
-    """The loss kernels ``recompute: auto`` weighs when none is set, the preferred first: megatron's
-    (vocab-parallel; measured as fast or faster at equal recompute), and liger's fused linear
-    cross-entropy (4.7 GiB less on the 4B's 8K packs) where it can run: TP = 1, liger installed."""
+def loss_kernels_for(tp: int, named: str | None = None) -> tuple[str, ...]:
+    """The loss kernels ``recompute: auto`` weighs: the ``named`` one alone, or when none is named, the
+    preferred first, megatron's (vocab-parallel; measured as fast or faster at equal recompute), and
+    liger's fused linear cross-entropy (4.7 GiB less on the 4B's 8K packs) where it can run: TP = 1,
+    liger installed."""
     from pretrain.fused import liger_available
 
+    if named is not None:
+        return (named,)
     return ("megatron", "liger") if tp == 1 and liger_available() else ("megatron",)
 
 
@@ -202,7 +205,7 @@ class Choice:
 
 def choose(recipe, trainable: str, loss_kernels, tokens: int, attn_sq: float, lay: Layout,
            memory_gib: float, vision: str | None = None) -> Choice:
-    """The fastest (LLM, tower) recompute whose estimated peak fits ``HEADROOM`` of ``memory_gib``.
+    """The fastest (LLM, tower, loss kernel) setting whose estimated peak fits ``HEADROOM`` of ``memory_gib``.
     ``loss_kernels``: the run's loss kernel, or the kernels to choose from, the preferred first (a
     later one is taken only where its smaller peak lets fewer FLOPs be recomputed); ``vision``: the
     tower's mode when it is set, not chosen."""
@@ -243,7 +246,7 @@ def resolve_auto(cfg, recipe, trainable: str, sizes: dict, tokens: int, attn_sq:
             f"{states:.1f} GiB per rank at tp={lay.tp} pp={lay.pp} dp={lay.dp} (distributed_optimizer="
             f"{lay.distributed_optimizer}), more than this GPU's {memory_gib:.1f} GiB: "
             f"{suggest(recipe, trainable, cfg.loss_kernel or 'megatron', tokens, lay, memory_gib)}")
-    kernels = loss_kernels_for(lay.tp) if cfg.loss_kernel is None else (cfg.loss_kernel,)
+    kernels = loss_kernels_for(lay.tp, cfg.loss_kernel)
     c = choose(recipe, trainable, kernels, tokens, attn_sq, lay, memory_gib, cfg.vision_recompute)
     if not c.fits:
         where = (f"even recompute {c.recompute} (tower {c.vision_recompute}, loss {c.loss_kernel}) is estimated at "
@@ -310,7 +313,7 @@ def main(argv=None) -> int:
     lay = Layout(tp=a.tp, pp=a.pp, cp=a.cp, dp=a.dp, sequence_parallel=a.sequence_parallel,
                  grad_accum=a.grad_accum, bf16=not a.fp32)
     tokens = a.micro_batch * a.seq_len
-    kernels = (a.loss_kernel,) if a.loss_kernel else loss_kernels_for(a.tp)
+    kernels = loss_kernels_for(a.tp, a.loss_kernel)
     c = choose(recipe, trainable, kernels, tokens, tokens * a.sample_len, lay, memory)
     print(f"{a.recipe} stage {a.stage}, {tokens:,} tokens per micro-batch, tp={a.tp} pp={a.pp} cp={a.cp} "
           f"dp={a.dp}, {memory:.1f} GiB per GPU (headroom {HEADROOM:.0%}: {HEADROOM * memory:.1f} GiB); "
