@@ -1,7 +1,9 @@
 # Sourced by the device scripts beside it (run from the repository root on the device machine, $OUT set,
 # LIMIT = the call's seconds): the wheels installed, the card and versions logged, and `mfu NAME TIMEOUT
-# ARGS...` (one 4B bench_mfu run on a fresh copy of .gpu/run8k, skipped when it no longer fits in LIMIT) and
-# `finish`. A run named base_* runs the code in .base (prepare.sh's BASE_REF) on the same card. Every run's JSON and the log land in $OUT/results.tgz after each run, so a cut call loses nothing.
+# ARGS...` (one 4B bench_mfu run on a fresh copy of .gpu/run8k, skipped when it no longer fits in LIMIT), `tiny`
+# (the tiny recipe's fp32 and bf16 losses), `gputests` and `finish`. A run named base_* runs the code in .base
+# (prepare.sh's BASE_REF) on the same card. Every run's JSON and the log land in $OUT/results.tgz after each run,
+# so a cut call loses nothing.
 T0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -17,6 +19,26 @@ mfu() {  # name timeout args...
   local src=$PWD; case $name in base_*) src=$PWD/.base;; esac
   (cd $src && PYTHONPATH=/tmp/site:$src timeout $t python3 -m bench.bench_mfu --run-dir /tmp/run-$name --recipe llava-ov-1.5-4b --steps 8 --warmup 2 --out $R/$name.json "$@") 2>&1 | grep -v "Warning\|warn(\|^\[rank0\]:   " >> $LOG
   echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; rm -rf /tmp/run-$name; save
+}
+tiny() {  # the tiny recipe's losses over 3 steps, fp32 then bf16 (issue 23: bf16 within its tolerance of fp32)
+  if [ $(left) -lt 110 ]; then echo "=== tiny skipped: $(left)s left" >> $LOG; return; fi
+  echo "=== tiny fp32 / bf16, 3 steps (at $(( $(date +%s) - T0 ))s)" >> $LOG
+  local p flag
+  for p in fp32 bf16; do
+    rm -rf /tmp/t$p; cp -r .gpu/run8k /tmp/t$p; flag=; [ $p = fp32 ] && flag=--fp32
+    timeout 50 python3 -m pretrain.train --run-dir /tmp/t$p --recipe tiny --stage 1.5 --steps 3 --micro-batch 1 \
+      --lr 1e-3 $flag --metrics-out $R/tiny_$p.json 2>&1 | grep "consumed\|Error" >> $LOG
+  done
+  python3 -c "import json; m = {p: [s['loss'] for s in json.load(open('$R/tiny_' + p + '.json'))['metrics']] for p in ('fp32', 'bf16')}; print('tiny losses', m, 'max |bf16 - fp32|', max(abs(a - b) for a, b in zip(m['fp32'], m['bf16'])))" >> $LOG 2>&1
+  save
+}
+gputests() {  # the tests marked gpu (they skip on a CPU)
+  if [ $(left) -lt 60 ]; then echo "=== gpu tests skipped: $(left)s left" >> $LOG; return; fi
+  echo "=== gpu tests (at $(( $(date +%s) - T0 ))s)" >> $LOG
+  timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/pretrain/test_fused.py \
+    tests/pretrain/test_packed_attention_gpu.py tests/curation/test_assign_gpu.py tests/curation/test_embed_decode.py \
+    2>&1 | tail -15 >> $LOG
+  save
 }
 finish() {
   echo "=== done at $(( $(date +%s) - T0 ))s" >> $LOG; save
