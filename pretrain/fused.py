@@ -89,63 +89,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float | None) -> torch.
     return _compiled(rms_norm_eager)(x, weight, eps) if fused_on(x) else rms_norm_eager(x, weight, eps)
 
 
-# ------------------------------------------------------------- megatron's optimizer fallbacks
-
-def foreach_optimizer() -> bool:
-    """Replace megatron's no-Apex/TE fallbacks for the gradient norm, the clipping and the buffers'
-    per-token scaling with torch's ``_foreach`` kernels (process-wide; the trainer calls it on CUDA).
-
-    Why: without Apex or TE, megatron computes the norm with one ``torch.norm`` per tensor and then
-    builds a host tensor from the ~400 CUDA scalars (a device sync per tensor) before a final
-    ``.item()``; it clips with ``dst.copy_(src * scale)`` per tensor (twice the traffic, two launches
-    each); and ``finalize_model_grads`` divides the 16 GB fp32 gradient buffer of the 4B recipe by
-    a 0-dim CUDA tensor, which runs torch's non-vectorised broadcast kernel (23 ms on an H200,
-    ``bench/results/gpu_h200.md``). Here the norm is ``_foreach_norm`` of all tensors, reduced on
-    the device (no sync), which lets megatron take its tensor path (``multi_tensor_scale_tensor``:
-    the clip coefficient stays on the device, clamped at 1, so an unclipped step multiplies by
-    exactly 1.0), and both scalings are one ``_foreach_mul_``. The results are the fallbacks' up to
-    the rounding of the final norm-of-norms. Returns False (nothing changed) where megatron found
-    Apex's or TE's kernels."""
-    from megatron.core import utils as mc_utils
-    from megatron.core.distributed import param_and_grad_buffer
-    from megatron.core.optimizer import clip_grads
-
-    if clip_grads.l2_norm_impl is not mc_utils.local_multi_tensor_l2_norm:
-        return False
-    clip_grads.l2_norm_impl = foreach_l2_norm
-    clip_grads.multi_tensor_scale_tensor_impl = foreach_scale_tensor
-    param_and_grad_buffer._ParamAndGradBuffer.scale_gradients = foreach_scale_buffer
-    return True
-
-
-def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
-    """``amp_C.multi_tensor_l2norm``'s contract: ([1] fp32 norm of all tensors, None)."""
-    norms = torch._foreach_norm(tensor_lists[0])
-    return torch.linalg.vector_norm(torch.stack(norms).float()).reshape(1), None
-
-
-def foreach_scale_tensor(chunk_size, noop_flag, tensor_lists, scale: torch.Tensor):
-    """``multi_tensor_scale_tensor``'s contract: ``dst = src * scale`` with a one-element tensor."""
-    src, dst = tensor_lists
-    scale = scale.reshape(())
-    if all(a is b for a, b in zip(src, dst)):
-        torch._foreach_mul_(dst, scale)
-    else:
-        torch._foreach_copy_(dst, torch._foreach_mul(src, scale))
-
-
-_SPLIT = 1 << 28        # elements per view: well inside 32-bit indexing for any kernel that wants it
-
-
-def foreach_scale_buffer(self, scaling_factor) -> None:
-    """``_ParamAndGradBuffer.scale_gradients``: the flat gradient buffer (and its extra main grads)
-    times ``scaling_factor`` (a float or a one-element tensor)."""
-    tensors = list(self.grad_data.view(-1).split(_SPLIT)) + list(self.extra_main_grads)
-    if torch.is_tensor(scaling_factor):
-        scaling_factor = scaling_factor.reshape(())
-    torch._foreach_mul_(tensors, scaling_factor)
-
-
 # ------------------------------------------------------------------------------------- the loss
 
 def liger_available() -> bool:

@@ -3,7 +3,8 @@
 | module | part |
 | --- | --- |
 | ``config`` | ``TrainConfig``: every knob of a stage, validated before any work |
-| ``build`` | process groups, the VLM, DDP + megatron optimizer, the lr schedule |
+| ``build`` | process groups, the VLM of this rank |
+| ``optimizer`` | DDP + megatron's optimizer (torch's fused and ``_foreach`` kernels on CUDA), the lr schedule |
 | ``checkpointing`` | where a stage starts (its own checkpoint, the previous stage's, init), saves |
 | ``loader`` | this rank's prepared micro-batches from the loader's saved position |
 | ``flops`` | model and hardware FLOPs of a micro-batch (MFU, HFU) |

@@ -1,31 +1,18 @@
-"""The trainer's build part: the process groups, the VLM of this rank, and megatron-core's DDP +
-optimizer around it, with the stage's learning-rate schedule.
+"""The trainer's build part: the process groups and the VLM of this rank (its DDP wrapper and optimizer:
+``pretrain.trainer.optimizer``).
 
 - ``setup_distributed``: the process group (nccl on GPU, gloo on CPU) and megatron's TP/PP/CP/DP groups.
 - ``build_model``: the VLM for this rank's PP stage and TP shard, its recompute mode, on the device, in
   the training dtype.
-- ``build_optimizer``: the model in ``DistributedDataParallel`` (grads reduced over DP×CP with
-  ``overlap_grad_reduce``) and ``get_megatron_optimizer`` (Adam, β 0.9/0.95, clip 1.0; the distributed
-  optimizer on GPU), with torch's fused AdamW switched in on CUDA (``fused_adam``).
-- ``lr_at``: linear warmup, then cosine to ``min_lr`` (the schedule of every stage).
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 import torch
 
 from pretrain.trainer.config import MODES
-
-
-def lr_at(step: int, total: int, peak: float, min_lr: float = 1e-6, warmup_frac: float = 0.002) -> float:
-    warm = max(1, int(round(total * warmup_frac)))
-    if step < warm:
-        return peak * (step + 1) / warm
-    t = (step - warm) / max(1, total - warm)
-    return min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
 def setup_distributed(tp: int = 1, pp: int = 1, cp: int = 1) -> dict:
@@ -135,49 +122,3 @@ def build_model(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, 
     if cuda:
         model.cuda()
     return model.to(dtype)
-
-
-def build_optimizer(model, stage, lr: float, bf16: bool, dtype: torch.dtype, distributed_optimizer: bool):
-    """``(ddp, opt)``: the model in megatron's ``DistributedDataParallel`` and ``get_megatron_optimizer``
-    over it, wired into the model config for megatron's schedules (``finalize_model_grads``, ``no_sync``).
-
-    ``overlap_grad_reduce`` on CPU (gloo) too: the async all-reduce / reduce-scatter and megatron's
-    bucket-readiness bookkeeping are device-independent, so CI runs the production code path;
-    text-only micro-batches keep every bucket complete through ``VLM.embed``'s zero-valued dummy image."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed import finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-    cfg = model.config
-    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, use_distributed_optimizer=distributed_optimizer, overlap_grad_reduce=True), model)
-    opt = get_megatron_optimizer(OptimizerConfig(
-        optimizer="adam", lr=lr, min_lr=stage.min_lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95,
-        adam_eps=stage.adam_eps, clip_grad=1.0, bf16=bf16, params_dtype=dtype,
-        use_distributed_optimizer=distributed_optimizer), [ddp])
-    cfg.finalize_model_grads_func = finalize_model_grads
-    cfg.no_sync_func = ddp.no_sync
-    return ddp, opt
-
-
-def fused_adam(opt) -> int:
-    """Switch the torch ``AdamW`` under megatron's optimizer (its fallback without TE or Apex, which
-    runs the ``foreach`` implementation) to torch's fused CUDA kernel: the param groups' ``fused``
-    flag, which ``AdamW.step`` reads on every step; step counters already loaded on the CPU (a
-    resumed run) move to the parameters' device, where the fused kernel wants them. Returns the
-    number of param groups switched (none when TE/Apex's FusedAdam is in use)."""
-    n = 0
-    for o in getattr(opt, "chained_optimizers", [opt]):
-        inner = getattr(o, "optimizer", None)
-        if not isinstance(inner, torch.optim.AdamW) or type(inner).__module__.split(".")[0] != "torch":
-            continue
-        for g in inner.param_groups:
-            if not all(p.is_cuda and p.is_floating_point() for p in g["params"]):
-                continue
-            g["fused"], g["foreach"] = True, False
-            for p in g["params"]:
-                st = inner.state.get(p, {})
-                if "step" in st and torch.is_tensor(st["step"]) and st["step"].device != p.device:
-                    st["step"] = st["step"].to(p.device, torch.float32)
-            n += 1
-    return n

@@ -38,11 +38,11 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        from pretrain import checkpoint, fused
+        from pretrain import checkpoint
         from pretrain.data import plan_data
         from pretrain.recipes import RECIPES, STAGES, Parallelism, validate
-        from pretrain.trainer.build import (build_model, build_optimizer, device, fused_adam, param_count,
-                                            setup_distributed)
+        from pretrain.trainer.build import build_model, device, param_count, setup_distributed
+        from pretrain.trainer.optimizer import build_optimizer, on_cuda
         from pretrain.trainer.checkpointing import StageCheckpoints
         from pretrain.trainer.loader import stage_batches
         from pretrain.trainer.metrics import MetricsLogger
@@ -84,8 +84,7 @@ class Trainer:
                                              cfg.distributed_optimizer)
         self.ckpt.load_optimizer(self.model, self.opt)
         if cuda:
-            fused_adam(self.opt)
-            fused.foreach_optimizer()
+            on_cuda(self.opt)
         self.n_params = param_count(self.model)
         self.peak_flops = cfg.peak_tflops * 1e12 * world
         # ---- data: the same order as an uninterrupted run, from the first pack not consumed
@@ -147,7 +146,7 @@ class Trainer:
         """Optimizer step ``step`` (0-based) over the next ``grad_accum`` micro-batches; returns its record."""
         import torch.distributed as dist
 
-        from pretrain.trainer.build import lr_at
+        from pretrain.trainer.optimizer import lr_at
         from pretrain.trainer.flops import model_flops
         from pretrain.trainer.loader import to_device
         from pretrain.trainer.metrics import step_record
