@@ -170,9 +170,12 @@ def estimate(recipe, trainable: str, llm_mode: str, vit_mode: str, loss_kernel: 
     return out
 
 
-def candidates() -> list[tuple[str, str]]:
-    """Every (LLM, tower) pair: the tower's share of the memory and of the FLOPs differs by pack."""
-    return [(lm, vm) for lm in LLM_MODES for vm in VIT_MODES]
+def candidates(trainable: str = "all", vision: str | None = None) -> list[tuple[str, str]]:
+    """Every (LLM, tower) pair: the tower's share of the memory and of the FLOPs differs by pack. With
+    the tower's mode set (``vision``), only it; a frozen tower (stage 1: nothing trained before it) runs
+    its forward only, keeps nothing for a backward and so recomputes nothing whatever its mode: ``none``."""
+    towers = (vision,) if vision is not None else VIT_MODES if trainable == "all" else ("none",)
+    return [(lm, vm) for lm in LLM_MODES for vm in towers]
 
 
 def loss_kernels_for(tp: int, named: str | None = None) -> tuple[str, ...]:
@@ -215,9 +218,7 @@ def choose(recipe, trainable: str, loss_kernels, tokens: int, attn_sq: float, la
     stats = {"tokens": tokens, "attn_sq": attn_sq, "vit_tokens": 4 * tokens, "vit_sq": 4 * tokens * 1024,
              "merged": tokens}
     rows = []
-    for lm, vm in candidates():
-        if vision is not None and vm != vision:
-            continue
+    for lm, vm in candidates(trainable, vision):
         mf, hf = model_flops(recipe, trainable, stats, lm, vm)
         for lk in kernels:
             rows.append((lm, vm, lk, estimate(recipe, trainable, lm, vm, lk, tokens, lay)["total"], hf / mf - 1))

@@ -130,6 +130,15 @@ def test_the_tiny_recipe_keeps_everything_and_stage_1_keeps_no_tower_activations
     assert frozen["vit_activations"] == 0 and frozen["states"] < 10
 
 
+def test_stage_1_weighs_the_llms_modes_alone_and_keeps_the_4b_whole_on_one_h100():
+    """The frozen tower recomputes nothing in any mode, so stage 1 has one row per (LLM mode, loss
+    kernel), and with only the projector's Adam state the whole LLM fits an 80 GB card."""
+    c = m.choose(B4, "projector", ("megatron", "liger"), 8192, CAPTION_SQ, m.Layout(), H100)
+    assert len(c.table) == len(m.LLM_MODES) * 2 and {vm for _, vm, _, _, _ in c.table} == {"none"}
+    assert (c.recompute, c.vision_recompute, c.loss_kernel, c.fits) == ("none", "none", "megatron", True)
+    assert m.candidates("projector", vision="full") == [(lm, "full") for lm in m.LLM_MODES]   # a named mode stays
+
+
 def test_headroom_short_warns_and_runs_full():
     lines = []
     # over the headroom but inside the card less the estimate's error: runs, with the advice
