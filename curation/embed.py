@@ -30,7 +30,8 @@ class EmbedImagesConfig:
     model: str = "ViT-H-14-quickgelu"
     pretrained: str = "metaclip_fullcc"       # an open_clip tag or a checkpoint path
     batch_size: int = 256
-    decode_workers: int = 8                    # threads or processes that decode (``decode``)
+    decode_workers: int | None = None          # threads or processes that decode (``decode``); None: processes
+                                               # on every CPU the task may use but one, threads: 8
     decode: str = "auto"                       # auto: processes on a GPU, threads on a CPU
     prefetch: int = 2                          # decode units ahead, per worker process (batches, per pool, for threads)
     decode_unit: int = 256                     # processes: rows a worker decodes at a time (a batch is cut into
@@ -49,8 +50,11 @@ class EmbedImagesConfig:
     samples_step: str = "ingest"               # the ingest step folder whose images are embedded
 
     def __post_init__(self):
-        if self.batch_size < 1 or self.decode_workers < 1:
-            raise ValueError("batch_size and decode_workers must be >= 1")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.decode_workers is not None and self.decode_workers < 1:
+            raise ValueError(f"decode_workers must be >= 1 (or unset: the CPUs this task may use), "
+                             f"got {self.decode_workers}")
         if self.prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {self.prefetch}")
         if self.decode_unit < 1:
@@ -154,7 +158,8 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
 
     from curation.clip import load_clip
     from curation.decode import (TensorHead, decoded_batches, embed_batches, make_decoder, manifest_batches,
-                                 resolve_decode, resolve_draft, resolve_fast_resize, split_preprocess)
+                                 resolve_decode, resolve_draft, resolve_fast_resize, resolve_workers,
+                                 split_preprocess)
     from manifests.schemas import schema_for
     from ovpipe.step import slice_bounds
 
@@ -166,12 +171,13 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     decoder = make_decoder(pre, device, cfg.jpeg_decode, cfg.nvjpeg_share, draft,
                            resolve_fast_resize(cfg.fast_resize, device))
     mode = resolve_decode(cfg.decode, device)
-    task.stats.info["decode"] = (f"{mode}, jpeg {'nvjpeg' if decoder.nvjpeg_share else 'cpu'}"
+    workers = resolve_workers(cfg.decode_workers, mode)
+    task.stats.info["decode"] = (f"{mode} x{workers}, jpeg {'nvjpeg' if decoder.nvjpeg_share else 'cpu'}"
                                  + (" (draft)" if draft else "")
                                  + (", torch resize" if isinstance(decoder.to_uint8, TensorHead) else ""))
     files = [str(f) for f in task.input_files("samples")]     # plain paths: the decode workers read them too
     source = partial(manifest_batches, files, SAMPLE_COLUMNS, lo, hi, cfg.batch_size, str(task.step_dir))
-    batches = decoded_batches(source, decoder, mode, cfg.decode_workers, cfg.prefetch,
+    batches = decoded_batches(source, decoder, mode, workers, cfg.prefetch,
                               pin_memory=device.startswith("cuda"), unit=cfg.decode_unit)
     name = f"emb-{task.rank:05d}.npy"
     rel = f"{task.step}/data/{name}"

@@ -199,6 +199,25 @@ def test_decode_unit_must_be_positive():
     assert EmbedImagesConfig().decode_unit == 256
 
 
+def test_decode_workers_default_to_the_cpus_the_task_may_use_but_one(monkeypatch):
+    """Unset, the GPU path's worker processes take every CPU of the task's affinity mask (what a Slurm task
+    was given) but the one that feeds the GPU; threads (the CPU path) stay at 8; a set count is kept."""
+    import os
+
+    from curation.decode import CPU_THREADS, resolve_workers
+    from curation.embed import EmbedImagesConfig
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert resolve_workers(None, "processes") == 15
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert resolve_workers(None, "processes") == 1
+    assert resolve_workers(None, "threads") == CPU_THREADS == 8
+    assert resolve_workers(5, "processes") == 5
+    assert EmbedImagesConfig().decode_workers is None
+    with pytest.raises(ValueError, match="decode_workers"):
+        EmbedImagesConfig(decode_workers=0)
+
+
 def test_jpeg_draft_stays_within_bf16_of_the_full_decode(tmp_path):
     from curation.embed import embed_rows
 
