@@ -118,9 +118,10 @@ def make_jpegs(folder: Path, distinct: int, rows: int) -> tuple[list[dict], dict
 # ------------------------------------------------------------------------------------- embed
 
 def embed_variant(spec: str) -> dict:
-    """``threads`` | ``processes`` | ``nvjpeg[:share]``, each ``+draft`` (libjpeg's reduced-scale decode)
-    and ``+fast`` (torch's uint8 resize) optionally, then ``@unit`` optionally (a decode unit other than
-    ``--decode-unit``): ``embed_rows`` keywords."""
+    """``threads`` | ``processes`` | ``nvjpeg[:share]`` | ``step``, each ``+draft`` (libjpeg's reduced-scale
+    decode) and ``+fast`` (torch's uint8 resize) optionally, then ``@unit`` optionally (a decode unit other
+    than ``--decode-unit``): ``embed_rows`` keywords (``step``: the same, for the ``embed-images`` step's
+    config, with ``"step": True``)."""
     spec, _, unit = spec.partition("@")
     base, *flags = spec.split("+")
     if any(f not in ("draft", "fast") for f in flags):
@@ -131,13 +132,66 @@ def embed_variant(spec: str) -> dict:
         kw["decode_unit"] = int(unit)
     if base.startswith("nvjpeg"):
         kw.update(jpeg_decode="nvjpeg", nvjpeg_share=float(base.partition(":")[2] or 1))
+    elif base == "step":
+        kw["step"] = True
     elif base not in ("threads", "processes"):
         raise ValueError(f"unknown embed variant {spec!r}")
     return kw
 
 
+def ingested_run(rows: list[dict], work: Path) -> Path:
+    """A run folder whose ``ingest`` step holds ``rows`` as a ``samples`` manifest: a LLaVA-558K-style JSON
+    naming each row's JPEG, through the real ``ingest`` step (made once per bench; timed apart)."""
+    from ovpipe.cli import main as ovpipe
+
+    import hashlib
+
+    records = [{"id": r["sample_id"], "image": r["images"][0]["file"],
+                "conversations": [{"from": "human", "value": "<image>\nDescribe the image."},
+                                  {"from": "gpt", "value": f"Photo {r['sample_id']}."}]} for r in rows]
+    # (a caption per row: a sample's id hashes its image and its text, and rows sharing a JPEG must not
+    # become duplicates)
+    text = json.dumps(records)
+    run = work / f"step-run-{hashlib.sha1(text.encode()).hexdigest()[:12]}"    # these rows' (a rerun: a no-op)
+    src = work / "llava-json"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "rows.json").write_text(text)
+    t0 = time.perf_counter()
+    n = str(min(8, os.cpu_count() or 1))
+    os.environ.setdefault("TQDM_DISABLE", "1")          # the tasks' row counters: not for a device log
+    if ovpipe(["ingest", "--run-dir", str(run), "--set", f"inputs=[\"{src}/rows.json\"]", "--set", "format=llava-json",
+               "--set", "source=bench", "--set", "category=caption", "--set", "verify=header", "--tasks", n,
+               "--workers", n, "--quiet"]) != 0:
+        raise RuntimeError(f"ingest of the bench rows into {run} failed")
+    print(f"  ingested {len(rows):,} rows for the step runs in {time.perf_counter() - t0:.1f} s", flush=True)
+    return run
+
+
+def embed_step(run: Path, model: str, net, preprocess, device: str, batch: int, workers: int, kw: dict):
+    """``ovpipe embed-images`` over ``run``'s ingest step, in this process (one task), with the model the
+    bench holds in place of ``load_clip``'s (a timing needs no weights, and loading a checkpoint is a
+    per-task cost outside the rate): (embeddings in the manifest's order, per-row errors)."""
+    import shutil
+    from unittest import mock
+
+    from manifests import read_manifest
+    from ovpipe.cli import main as ovpipe
+
+    shutil.rmtree(run / "embed-images", ignore_errors=True)     # completed tasks are never redone
+    sets = {"model": model, "device": device, "batch_size": batch, "decode_workers": workers,
+            **{k: v for k, v in kw.items() if k != "step"}}
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v) if isinstance(v, bool) else v}")]
+    with mock.patch("curation.clip.load_clip", lambda *a, **k: (net, preprocess, None, device)):
+        if ovpipe(["embed-images", "--run-dir", str(run), "--tasks", "1", *args, "--quiet"]) != 0:
+            raise RuntimeError("the embed-images step failed")
+    out = read_manifest(run, "image_embeddings", "embed-images")
+    shard = np.load(run / "embed-images" / "data" / "emb-00000.npy")
+    return shard.astype(np.float32), [None if st == "ok" else (e or st) for st, e in
+                                      zip(out["status"].to_pylist(), out["error"].to_pylist())]
+
+
 def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: int, before, json_path,
-                reps_e: int = 1, variants=("processes", "nvjpeg"), unit: int = 256) -> None:
+                reps_e: int = 1, variants=("processes", "nvjpeg"), unit: int = 256, work: Path | None = None) -> None:
     import open_clip
     import torch
 
@@ -175,6 +229,12 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
                      lambda on_batch: before.embed_rows(rows, net, preprocess, device, batch, workers), 1))
     for spec in variants:
         kw = {"decode_unit": unit, **embed_variant(spec)}
+        if kw.get("step"):          # the whole step: manifest in, .npy shard and manifest part out
+            run = ingested_run(rows, work or Path("/tmp/bench-curation-gpu"))
+            runs.append((f"step: {spec}, {workers} workers, units of {kw['decode_unit']}",
+                         lambda on_batch, kw=kw, run=run: embed_step(run, model, net, preprocess, device, batch,
+                                                                     workers, kw), 1))
+            continue
         procs = kw["decode"] == "processes"
         fill = max(1, -(-workers * 2 * kw["decode_unit"] // batch)) if procs else 1   # (prefetch 2: the default)
         runs.append((f"after: {spec}, {workers} workers" + (f", units of {kw['decode_unit']}" if procs else ""),
@@ -208,7 +268,9 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
                 rate, fill_s = max(steady)
                 res[name].update(steady_img_s=rate, steady_of_model=rate / res["model_only"], fill_batches=fill,
                                  fill_s=fill_s)
-            if ref is None:
+            if name.startswith("step"):      # the manifest's canonical order, not the rows': not compared
+                res[name]["embedded"] = len(emb)
+            elif ref is None:
                 ref = emb
             else:
                 res[name]["min_cos_vs_first"] = float((ref * emb).sum(1).min())
@@ -361,7 +423,8 @@ def table() -> str:
             if name == "model_only" or name.startswith("startup"):    # the start-up probes: printed apart
                 continue
             cell = f"{r['img_s']:,.0f} | {r['of_model']:.0%}" if "img_s" in r else f"failed: {r['error']} | —"
-            lines.append(f"| {model} through `embed_rows`, {name}: whole call | {cell} |")
+            via = "the `embed-images` step" if name.startswith("step") else "`embed_rows`"
+            lines.append(f"| {model} through {via}, {name}: whole call | {cell} |")
             if "steady_img_s" in r:
                 lines.append(f"| {model} through `embed_rows`, {name}: steady state (after the first "
                              f"{r['fill_batches']} batches, on the host at {r['fill_s']:.2f} s) | "
@@ -399,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-unit", type=int, default=256, help="rows a decode worker prepares at a time")
     ap.add_argument("--embed", nargs="+", default=["processes", "nvjpeg", "processes+draft", "nvjpeg:0.5",
                                                     "nvjpeg:0.5+draft"],
-                    help="embed_rows paths to time: threads | processes | nvjpeg[:share], each +draft optionally, "
+                    help="embed_rows paths to time: threads | processes | nvjpeg[:share], or step (the embed-images "
+                         "step over an ingested manifest of the same rows), each +draft and +fast optionally, "
                          "then @unit optionally (a decode unit other than --decode-unit)")
     ap.add_argument("--layouts", nargs="+", default=["strided"], choices=["strided", "contiguous"],
                     help="assign group layouts to time")
@@ -436,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in a.models:
             try:
                 bench_embed(m, rows, a.device, a.batch_size, a.decode_workers, before, a.json, a.reps, a.embed,
-                            a.decode_unit)
+                            a.decode_unit, a.work)
             except Exception as e:
                 RESULTS.setdefault("embed", {})[m + " (failed)"] = {"error": f"{type(e).__name__}: {e}"}
                 print(f"{m}: FAILED {e}", flush=True)

@@ -4,8 +4,9 @@
 #  - issue 23's H100 figure: the 4B at stage 1 (the projector trained: no Adam state for the rest; stage 1.5 at
 #    DP = 1 needs ~73 GiB of weights, gradients and Adam state before activations) with recompute auto (its pick
 #    and estimate land in the JSON beside the measured peak);
-#  - issue 27: embed-images' whole call at a task's size (102,400 rows): ViT-L-14 with PIL's resize and with
-#    fast_resize (torch's uint8 resize, the new GPU default), then ViT-H-14 with the default;
+#  - issue 27: embed-images' whole call at a task's size (102,400 rows): ViT-L-14 through embed_rows with PIL's
+#    resize and with fast_resize (torch's uint8 resize, the new GPU default), then through the embed-images step
+#    itself with the defaults; ViT-H-14 through the step;
 #  - the tiny recipe's bf16 losses against fp32 since the optimizer's foreach fallbacks;
 #  - stage 1 at four packs per step, stage 1.5 refused by auto before any work (naming the layouts that fit),
 #    the tests marked gpu.
@@ -22,8 +23,8 @@ embed() {  # model rows variants...
     --json $R/embed_$m.json 2>&1 | grep -v "Warning\|warn(" >> $LOG
   echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; save
 }
-embed ViT-L-14-quickgelu 102400 processes+draft@256 processes+draft+fast@256
-embed ViT-H-14-quickgelu 102400 processes+draft+fast@256
+embed ViT-L-14-quickgelu 102400 processes+draft@256 processes+draft+fast@256 step+draft+fast@256
+embed ViT-H-14-quickgelu 102400 step+draft+fast@256
 tiny
 mfu stage1_auto_ga4 90 --stage 1 --kernels fused --grad-accum 4 --steps 6
 mfu stage15_refused 45 --stage 1.5
