@@ -9,7 +9,9 @@
 Stages (defaults as published): 1 — projector only, lr 1e-4, on LLaVA-558K-style caption
 conversations; 1.5 — all parameters on the concept-balanced caption packs, lr 1e-5; 2 — all
 parameters on the mixed instruction packs (multi-turn, multi-image, text-only), lr 1e-5; cosine
-decay to 1e-6, warmup 0.2%, Adam ε 1e-5, bf16. Recompute ``auto``: the trainer estimates each mode's
+decay to 1e-6, warmup 0.2%, Adam β 0.9/0.95 and weight decay 0.01 in stages 1 and 1.5, β 0.9/0.99 and
+no weight decay in stage 2, ε 1e-5, clip 1.0, bf16 (the LLaVA-OneVision-1.5 repository's quick-start
+scripts, ``examples/llava_ov_1_5/quick_start/stage_*_llava_ov_4b.sh``). Recompute ``auto``: the trainer estimates each mode's
 peak for the recipe, layout, pack length and card and runs the least recompute that fits
 (``pretrain.trainer.memory``); for the 4B stage 1.5 on one H200 that is the LLM kept whole with each
 tower MLP rebuilt in backward and liger's loss, the fastest measured there (41.0% MFU at four packs per
@@ -54,6 +56,8 @@ class StageConfig:
     min_lr: float = 1e-6
     warmup_frac: float = 0.002
     adam_eps: float = 1e-5
+    adam_beta2: float = 0.95
+    weight_decay: float = 0.01        # megatron's: matrices only (biases and norms are not decayed)
     trainable: str = "all"            # "projector" | "all"
     data: str = "pack"                # pack step folder whose shards (and `packs` manifest) the stage reads
     bf16: bool = True
@@ -63,7 +67,7 @@ class StageConfig:
 STAGES = {
     "1": StageConfig("1", 1e-4, trainable="projector", data="pack-align"),
     "1.5": StageConfig("1.5", 1e-5, trainable="all", data="pack"),
-    "2": StageConfig("2", 1e-5, trainable="all", data="pack-instruct"),
+    "2": StageConfig("2", 1e-5, adam_beta2=0.99, weight_decay=0.0, trainable="all", data="pack-instruct"),
 }
 PREVIOUS = {"1": "0", "1.5": "1", "2": "1.5"}   # "0": HF weights converted by pretrain.hf_import
 

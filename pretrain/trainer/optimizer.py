@@ -2,8 +2,8 @@
 schedule, and the two CUDA adaptations of megatron's no-TE/no-Apex fallbacks that ``on_cuda`` applies.
 
 - ``build_optimizer``: the model in ``DistributedDataParallel`` (grads reduced over DP×CP with
-  ``overlap_grad_reduce``) and ``get_megatron_optimizer`` (Adam, β 0.9/0.95, clip 1.0; the distributed
-  optimizer on GPU).
+  ``overlap_grad_reduce``) and ``get_megatron_optimizer`` (Adam with the stage's β2 and weight decay, clip 1.0;
+  the distributed optimizer on GPU).
 - ``fused_adam``: torch's fused AdamW kernel under megatron's optimizer.
 - ``foreach_optimizer``: the gradient norm, the clipping and the buffers' per-token scaling on torch's
   ``_foreach`` kernels.
@@ -42,9 +42,14 @@ def build_optimizer(model, stage, lr: float, bf16: bool, dtype: torch.dtype, dis
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, use_distributed_optimizer=distributed_optimizer, overlap_grad_reduce=True), model)
     opt = get_megatron_optimizer(OptimizerConfig(
-        optimizer="adam", lr=lr, min_lr=stage.min_lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95,
-        adam_eps=stage.adam_eps, clip_grad=1.0, bf16=bf16, params_dtype=dtype,
+        optimizer="adam", lr=lr, min_lr=stage.min_lr, weight_decay=stage.weight_decay, adam_beta1=0.9,
+        adam_beta2=stage.adam_beta2, adam_eps=stage.adam_eps, clip_grad=1.0, bf16=bf16, params_dtype=dtype,
         use_distributed_optimizer=distributed_optimizer), [ddp])
+    # megatron leaves norms and biases undecayed through each group's wd_mult, which its
+    # OptimizerParamScheduler multiplies in; this trainer sets the lr itself (lr_at), so it applies
+    # the (constant) decay here, once
+    for g in opt.param_groups:
+        g["weight_decay"] = stage.weight_decay * g.get("wd_mult", 1.0)
     cfg.finalize_model_grads_func = finalize_model_grads
     cfg.no_sync_func = ddp.no_sync
     return ddp, opt

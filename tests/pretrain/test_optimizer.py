@@ -77,3 +77,24 @@ def test_lr_schedule_warms_up_linearly_then_decays_to_min_lr_by_cosine():
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
     assert lrs[505] == pytest.approx((1e-3 + 1e-5) / 2)          # half-way through the decay
     assert optimizer.lr_at(5000, 1000, 1e-3, min_lr=1e-5) == pytest.approx(1e-5)   # held past the end
+
+
+@pytest.mark.parametrize("stage, decay, beta2", [("1.5", 0.01, 0.95), ("2", 0.0, 0.99)])
+def test_the_stages_adam_settings_reach_the_optimizer_with_norms_and_biases_undecayed(megatron_single, stage, decay,
+                                                                                      beta2):
+    """The recipe's stage settings (the LLaVA-OneVision-1.5 quick-start scripts': weight decay 0.01 and β2
+    0.95 in stages 1 and 1.5, no decay and β2 0.99 in stage 2) in megatron's param groups: matrices
+    decayed, 1-D parameters (norms, biases) not, as Megatron-LM does."""
+    from pretrain.recipes import RECIPES, STAGES
+    from pretrain.vlm import VLM
+
+    torch.manual_seed(0)
+    model = VLM(RECIPES["tiny"], PAD, backend="sdpa")
+    model.set_trainable("all")
+    _, opt = optimizer.build_optimizer(model, STAGES[stage], 1e-3, False, torch.float32, False)
+    decayed = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert all(g["betas"] == (0.9, beta2) for g in opt.param_groups)
+    for name, p in model.named_parameters():
+        want = 0.0 if p.ndim == 1 or name.endswith(".bias") else decay
+        assert decayed[id(p)] == pytest.approx(want), name
+    assert any(v > 0 for v in decayed.values()) == (decay > 0)
