@@ -22,10 +22,13 @@ def main(argv=None) -> int:
     length.add_argument("--steps", type=int, help="optimizer steps (default 30)")
     length.add_argument("--epochs", type=float,
                         help="passes over the data step's packs: steps = "
-                        "ceil(E × packs / (micro_batch × grad_accum × dp))")
+                        "ceil(E × packs / global batch), global batch = micro_batch × grad_accum × dp")
     ap.add_argument("--data", help="pack step to read (default: the stage's: 1 pack-align, 1.5 pack, 2 pack-instruct)")
     ap.add_argument("--micro-batch", type=int, default=2)
-    ap.add_argument("--grad-accum", type=int, default=1)
+    batch = ap.add_mutually_exclusive_group()
+    batch.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step and DP rank")
+    batch.add_argument("--global-batch", type=int, help="packs per optimizer step over all DP ranks (megatron's "
+                       "--global-batch-size): grad_accum = global_batch / (micro_batch × dp)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--cp", type=int, default=1)
@@ -77,7 +80,13 @@ def _launch(ap, a) -> int:
                                                 world_size=world))
     except ValueError as e:
         ap.error(str(e))
-    parallel = ["--tp", str(a.tp), "--pp", str(a.pp), "--cp", str(a.cp), "--grad-accum", str(a.grad_accum),
+    dp = world // (a.tp * a.pp * a.cp)
+    if a.global_batch is not None and (a.global_batch < 1 or a.global_batch % (a.micro_batch * dp)):
+        ap.error(f"--global-batch {a.global_batch} is not a positive multiple of micro_batch × dp = "
+                 f"{a.micro_batch} × {dp}")
+    accum = ["--global-batch", str(a.global_batch)] if a.global_batch is not None else ["--grad-accum",
+                                                                                          str(a.grad_accum)]
+    parallel = ["--tp", str(a.tp), "--pp", str(a.pp), "--cp", str(a.cp), *accum,
                 "--distributed-optimizer", a.distributed_optimizer] + (
                    ["--sequence-parallel"] if a.sequence_parallel else [])
     steps = 30 if a.steps is None and a.epochs is None else a.steps
@@ -99,7 +108,7 @@ def _launch(ap, a) -> int:
     run_dir = Path(a.run_dir)
     cfg = StageRunConfig(recipe=a.recipe, stage=a.stage, steps=steps if a.epochs is None else None, epochs=a.epochs,
                          data=a.data or STAGES[a.stage].data, micro_batch=a.micro_batch,
-                         global_batch=a.micro_batch * a.grad_accum * (world // (a.tp * a.pp * a.cp)), lr=a.lr,
+                         global_batch=a.global_batch or a.micro_batch * a.grad_accum * dp, lr=a.lr,
                          seed=a.seed)
     try:
         with lock.step_lock(stage_dir(run_dir, a.stage), wait=a.wait_lock):

@@ -13,8 +13,8 @@ SIGTERM / SIGUSR1 (then the run stops; rerunning the same command continues it).
 
 Data: each stage reads the packed shards of one pack step (``recipes.STAGES``: ``pack-align`` for
 stage 1, ``pack`` for 1.5, ``pack-instruct`` for 2; ``--data STEP`` overrides). ``--steps N`` or
-``--epochs E`` (then ``steps = ⌈E · packs / GBS⌉``, GBS = micro_batch · grad_accum · dp packs, from the
-step's ``packs`` manifest). At start rank 0 prints the plan (samples → packs, GBS × steps, the share
+``--epochs E`` (then ``steps = ⌈E · packs / GBS⌉``, GBS = micro_batch · grad_accum · dp packs, or
+``--global-batch``, from the step's ``packs`` manifest). At start rank 0 prints the plan (samples → packs, GBS × steps, the share
 of the packs seen: ``pretrain.data.plan_data``), at the end the totals consumed.
 
 Per step, ``metrics.jsonl`` (and the ``train_metrics`` manifest) gets loss (token mean over target
@@ -65,7 +65,10 @@ def main(argv=None) -> int:
                         "ceil(E × packs / (micro_batch × grad_accum × dp))")
     ap.add_argument("--data", help="pack step to read (default: the stage's, see pretrain.recipes.STAGES)")
     ap.add_argument("--micro-batch", type=int, default=2, help="packs per micro-batch (one THD sequence)")
-    ap.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step and DP rank")
+    batch = ap.add_mutually_exclusive_group()
+    batch.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step and DP rank")
+    batch.add_argument("--global-batch", type=int, help="packs per optimizer step over all DP ranks (megatron's "
+                       "--global-batch-size): grad_accum = global_batch / (micro_batch × dp)")
     ap.add_argument("--lr", type=float)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer")
@@ -114,7 +117,8 @@ def config_from_args(a) -> TrainConfig:
     """The CLI's flags as a ``TrainConfig`` (``--steps`` defaults to 30 when neither it nor ``--epochs`` is given)."""
     steps = 30 if a.steps is None and a.epochs is None else a.steps
     return TrainConfig(run_dir=Path(a.run_dir), recipe=a.recipe, stage=a.stage, steps=steps, epochs=a.epochs,
-                       data=a.data, micro_batch=a.micro_batch, grad_accum=a.grad_accum, lr=a.lr, seed=a.seed,
+                       data=a.data, micro_batch=a.micro_batch, grad_accum=a.grad_accum,
+                       global_batch=a.global_batch, lr=a.lr, seed=a.seed,
                        tokenizer=a.tokenizer, tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
                        distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
                        bf16=False if a.fp32 else None, recompute=a.recompute, loader_workers=a.loader_workers,

@@ -36,6 +36,9 @@ class TrainConfig:
     data: str | None = None                  # pack step folder to read; None: the stage's
     micro_batch: int = 2                     # packs per micro-batch (one THD sequence)
     grad_accum: int = 1                      # micro-batches per step and DP rank
+    global_batch: int | None = None          # packs per optimizer step over all DP ranks (megatron's
+                                             # --global-batch-size): sets grad_accum = global_batch /
+                                             # (micro_batch × dp), so the update stays the same at any DP size
     lr: float | None = None                  # peak lr; None: the stage's
     seed: int = 0
     tokenizer: str | None = None             # None: RUN/tokenizer
@@ -70,13 +73,20 @@ class TrainConfig:
         if (self.steps is None) == (self.epochs is None):
             raise ValueError(f"give exactly one of steps and epochs (got steps={self.steps}, epochs={self.epochs}): "
                              "steps fixes the optimizer steps, epochs derives them from the pack count")
-        for name in ("steps", "micro_batch", "grad_accum", "tp", "pp", "cp", "stop_after", "save_every", "keep",
-                     "loader_workers", "seed"):
+        for name in ("steps", "micro_batch", "grad_accum", "global_batch", "tp", "pp", "cp", "stop_after",
+                     "save_every", "keep", "loader_workers", "seed"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ValueError(f"{name} must be an integer, got {v!r}")
-        for name in ("micro_batch", "grad_accum", "tp", "pp", "cp", "stop_after"):
+        for name in ("micro_batch", "grad_accum", "tp", "pp", "cp", "stop_after", "global_batch"):
             check_range(self, name, lo=1)
+        if self.global_batch is not None:
+            if self.grad_accum != 1:
+                raise ValueError(f"give grad_accum or global_batch, not both (got grad_accum={self.grad_accum}, "
+                                 f"global_batch={self.global_batch}): global_batch sets grad_accum per DP size")
+            if self.global_batch % self.micro_batch:
+                raise ValueError(f"global_batch must be a multiple of micro_batch, got global_batch="
+                                 f"{self.global_batch} and micro_batch={self.micro_batch}")
         for name in ("steps", "save_every", "keep", "loader_workers", "seed", "save_every_minutes"):
             check_range(self, name, lo=0)
         for name in ("epochs", "peak_tflops"):
@@ -100,6 +110,18 @@ class TrainConfig:
         for name in ("sequence_parallel",):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    def for_dp(self, dp: int) -> TrainConfig:
+        """The config that runs at ``dp`` data-parallel ranks: ``global_batch`` folded into ``grad_accum``
+        (unchanged without it); a global batch the layout cannot split evenly fails here, before any model
+        or data is built."""
+        if self.global_batch is None:
+            return self
+        per_step = self.micro_batch * dp
+        if self.global_batch % per_step:
+            raise ValueError(f"global_batch={self.global_batch} is not a multiple of micro_batch × dp = "
+                             f"{self.micro_batch} × {dp}: give a global_batch that is, or another micro_batch")
+        return dataclasses.replace(self, grad_accum=self.global_batch // per_step, global_batch=None)
 
     def resolve(self, cuda: bool) -> TrainConfig:
         """The device-dependent defaults filled in (and the stage's data and lr)."""

@@ -57,6 +57,7 @@ class Trainer:
                  cuda=cuda)
         # ---- build: process groups, seeds, the data plan, the model
         self.sizes = setup_distributed(cfg.tp, cfg.pp, cfg.cp)
+        self.cfg = cfg = cfg.for_dp(self.sizes["dp"])
         self.rank0 = rank0 = not dist.is_initialized() or dist.get_rank() == 0
         self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
         torch.manual_seed(cfg.seed)
@@ -118,7 +119,8 @@ class Trainer:
         (self.out / "stage.json").write_text(json.dumps(
             {**asdict(self.stage), "data": c.data, "lr": c.lr, "recipe": c.recipe, "steps": self.steps,
              "epochs": c.epochs, "data_packs": self.plan.packs, "data_samples": self.plan.samples,
-             "micro_batch": c.micro_batch, "grad_accum": c.grad_accum, **self.sizes,
+             "micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "global_batch": self.plan.gbs,
+             **self.sizes,
              "sequence_parallel": c.sequence_parallel, "distributed_optimizer": c.distributed_optimizer,
              "bf16": c.bf16, "recompute": c.recompute, "vision_recompute": c.vision_recompute,
              "kernels": c.kernels, "loss_kernel": c.loss_kernel, "seed": c.seed,

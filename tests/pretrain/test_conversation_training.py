@@ -163,6 +163,23 @@ def test_epochs_derive_steps_and_metrics_count_packs(megatron_single, conversati
     assert (stage["data"], stage["epochs"], stage["steps"], stage["data_packs"]) == ("pack-conv", 1.5, 5, 6)
 
 
+def test_a_global_batch_sets_the_accumulation_and_trains_as_it_would(megatron_single, conversation_run, tmp_path):
+    """global_batch (megatron's --global-batch-size) at one DP rank and one pack per micro-batch is two
+    micro-batches per step: the same losses and grad norms as grad_accum=2, recorded in stage.json."""
+    from pretrain.train import train
+    from pretrain.trainer.config import TrainConfig
+
+    common = dict(recipe="tiny", stage="2", steps=2, micro_batch=1, lr=1e-3, data="pack-conv")
+    runs = {}
+    for name, kw in (("accum", {"grad_accum": 2}), ("global", {"global_batch": 2})):
+        run, _ = _copy(conversation_run, tmp_path, name)
+        out = train(TrainConfig(run_dir=run, **common, **kw), log=lambda *_: None)
+        runs[name] = [(m["loss"], m["grad_norm"], m["packs"]) for m in out["metrics"]]
+        stage = json.loads((run / "pretrain" / "stage-2" / "stage.json").read_text())
+        assert (stage["grad_accum"], stage["global_batch"]) == (2, 2)
+    assert runs["global"] == runs["accum"] and [p for _, _, p in runs["accum"]] == [2, 2]
+
+
 def test_plan_and_the_pack_stream(conversation_run):
     """steps = ceil(E × packs / GBS); the pack stream runs on across epochs; skip = resume."""
     from pretrain.data import iter_batches, plan_data

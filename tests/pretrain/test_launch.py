@@ -58,3 +58,24 @@ def test_cli_epochs_and_data(tmp_path, capsys):
             entry()
         err = capsys.readouterr().err
         assert "--epochs" in err and "--steps" in err
+
+
+def test_cli_global_batch_reaches_the_trainer_and_must_split_over_dp(tmp_path, capsys):
+    """--global-batch goes to every rank as is (each folds it into its grad_accum at its DP size); one the
+    job's DP size cannot split is refused before the script is written."""
+    import pytest
+
+    assert main(["pretrain", "--recipe", "tiny", "--stage", "1.5", "--run-dir", str(tmp_path), "--executor", "slurm",
+                 "--nodes", "2", "--gpus-per-node", "8", "--micro-batch", "1", "--global-batch", "64",
+                 "--dry-run"]) == 0
+    cmd = next(l for l in (tmp_path / "pretrain" / "stage-1.5" / "launch_script.slurm").read_text().splitlines()
+               if l.startswith("srun"))
+    assert "--global-batch 64" in cmd and "--grad-accum" not in cmd
+    with pytest.raises(SystemExit):            # 16 DP ranks × 1 pack does not divide 24
+        main(["pretrain", "--recipe", "tiny", "--stage", "1.5", "--run-dir", str(tmp_path / "b"), "--executor",
+              "slurm", "--nodes", "2", "--gpus-per-node", "8", "--micro-batch", "1", "--global-batch", "24",
+              "--dry-run"])
+    assert "micro_batch × dp = 1 × 16" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--stage", "1.5", "--run-dir", str(tmp_path / "c"), "--grad-accum", "2",
+              "--global-batch", "8"])

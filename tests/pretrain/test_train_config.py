@@ -15,6 +15,9 @@ import pytest
     ({"peak_tflops": 0.0}, "peak_tflops must be > 0"),
     ({"save_every_minutes": float("nan")}, "save_every_minutes must be a finite number"),
     ({"sequence_parallel": "yes"}, "sequence_parallel must be true or false"),
+    ({"global_batch": 0}, "global_batch must be >= 1, got 0"),
+    ({"global_batch": 8, "grad_accum": 2}, "give grad_accum or global_batch, not both"),
+    ({"global_batch": 7, "micro_batch": 2}, "global_batch must be a multiple of micro_batch"),
 ])
 def test_a_wrong_value_names_the_field(bad, match, tmp_path):
     from pretrain.trainer.config import TrainConfig
@@ -33,6 +36,17 @@ def test_device_defaults_resolve(tmp_path):
     assert (gpu.bf16, gpu.recompute, gpu.loader_workers, gpu.distributed_optimizer) == (True, "auto", 4, True)
     assert cfg.resolve(cuda=False) == cpu and TrainConfig(run_dir=tmp_path, stage="1", steps=1, lr=0.0,
                                                           recompute="full").resolve(cuda=False).recompute == "full"
+
+
+def test_a_global_batch_sets_grad_accum_per_dp_size(tmp_path):
+    from pretrain.trainer.config import TrainConfig
+
+    cfg = TrainConfig(run_dir=tmp_path, stage="1.5", steps=3, micro_batch=2, global_batch=16)
+    assert [cfg.for_dp(dp).grad_accum for dp in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    with pytest.raises(ValueError, match=r"global_batch=16 is not a multiple of micro_batch × dp = 2 × 3"):
+        cfg.for_dp(3)
+    plain = TrainConfig(run_dir=tmp_path, stage="1.5", steps=3, grad_accum=3)
+    assert plain.for_dp(8) is plain
 
 
 def test_the_cli_refuses_before_any_work(tmp_path, capsys):
