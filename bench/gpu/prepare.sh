@@ -25,7 +25,24 @@ $OV pack --name pack-align --config configs/demo/pack.yaml --set lengths_step=le
   --run-dir $R --quiet
 rm -rf $R/lengths $R/lengths-align "$DATA"   # the packs hold the tokens and images; the trainer reads packs
 # BASE_REF=<commit>: that commit's tree in .base (carry it too) for a before/after in one call (lib.sh's base_* runs)
-if [ -n "${BASE_REF:-}" ]; then rm -rf .base; mkdir .base; git archive "$BASE_REF" | tar -x -C .base; fi
+# A tree from before the trainer's varlen feature detection (b9595c8^, the code issue 23 measured first) calls
+# varlen_attn(enable_gqa=...), which torch 2.11 lacks: its key/value are repeated to the query heads by hand
+# there, as that first measurement did ("main + GQA patch" in bench/results/gpu_h200.md).
+if [ -n "${BASE_REF:-}" ]; then
+  rm -rf .base; mkdir .base; git archive "$BASE_REF" | tar -x -C .base
+  .venv/bin/python - <<'PY'
+from pathlib import Path
+p = Path(".base/pretrain/attention.py")
+s = p.read_text()
+old = "        return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0), enable_gqa=gqa)"
+new = ("        if gqa:\n"
+       "            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))\n"
+       "        return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0))")
+if old in s:
+    p.write_text(s.replace(old, new))
+    print("base: varlen_attn's enable_gqa replaced by key/value repeated to the query heads")
+PY
+fi
 grep -qx '/.base/' .git/info/exclude || echo '/.base/' >> .git/info/exclude
 grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
