@@ -31,7 +31,7 @@ class EmbedImagesConfig:
     pretrained: str = "metaclip_fullcc"       # an open_clip tag or a checkpoint path
     batch_size: int = 256
     decode_workers: int | None = None          # threads or processes that decode (``decode``); None: processes
-                                               # on every CPU the task may use but one, threads: 8
+                                               # on every CPU the task may use but one (at most 32), threads: 8
     decode: str = "auto"                       # auto: processes on a GPU, threads on a CPU
     prefetch: int = 2                          # decode units ahead, per worker process (batches, per pool, for threads)
     decode_unit: int = 256                     # processes: rows a worker decodes at a time (a batch is cut into

@@ -201,14 +201,17 @@ def test_decode_unit_must_be_positive():
 
 def test_decode_workers_default_to_the_cpus_the_task_may_use_but_one(monkeypatch):
     """Unset, the GPU path's worker processes take every CPU of the task's affinity mask (what a Slurm task
-    was given) but the one that feeds the GPU; threads (the CPU path) stay at 8; a set count is kept."""
+    was given) but the one that feeds the GPU, at most 32; threads (the CPU path) stay at 8; a set count is
+    kept."""
     import os
 
-    from curation.decode import CPU_THREADS, resolve_workers
+    from curation.decode import CPU_THREADS, MAX_WORKERS, resolve_workers
     from curation.embed import EmbedImagesConfig
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert resolve_workers(None, "processes") == 15
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(224)))     # a whole node, unbound
+    assert resolve_workers(None, "processes") == MAX_WORKERS == 32
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
     assert resolve_workers(None, "processes") == 1
     assert resolve_workers(None, "threads") == CPU_THREADS == 8
