@@ -142,9 +142,9 @@ def embed_variant(spec: str) -> dict:
 def ingested_run(rows: list[dict], work: Path) -> Path:
     """A run folder whose ``ingest`` step holds ``rows`` as a ``samples`` manifest: a LLaVA-558K-style JSON
     naming each row's JPEG, through the real ``ingest`` step (made once per bench; timed apart)."""
-    from ovpipe.cli import main as ovpipe
-
     import hashlib
+
+    from ovpipe.cli import main as ovpipe
 
     records = [{"id": r["sample_id"], "image": r["images"][0]["file"],
                 "conversations": [{"from": "human", "value": "<image>\nDescribe the image."},
@@ -305,10 +305,10 @@ def startup_probe(rows: list[dict], preprocess, device: str, workers: int, unit:
     ready) and the start of ``workers`` DataLoader worker processes (fork, then one item from each)."""
     import torch
 
-    from curation.decode import make_decoder, prepare_batch, resolve_draft, resolve_fast_resize, split_preprocess
+    from curation.decode import make_decoder, prepare_batch, split_preprocess
 
     pre = split_preprocess(preprocess)
-    decoder = make_decoder(pre, device, "cpu", 1.0, resolve_draft(None, device), resolve_fast_resize(None, device))
+    decoder = make_decoder(pre, device, "cpu")           # the device's defaults, as the step decodes
     t0 = time.perf_counter()
     prepare_batch(rows[:unit], decoder)
     decode_s = time.perf_counter() - t0

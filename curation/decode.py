@@ -497,16 +497,18 @@ def check_nvjpeg(pre: SplitPreprocess, device: str) -> None:
 
 
 def make_decoder(pre: SplitPreprocess, device: str, jpeg_decode: str = "cpu", nvjpeg_share: float = 1.0,
-                 jpeg_draft: bool = False, fast_resize: bool = False) -> RowDecoder:
+                 jpeg_draft: bool | None = None, fast_resize: bool | None = None) -> RowDecoder:
     """``jpeg_decode = auto``: the CPU workers (with ``jpeg_draft``, the GPU default, they kept ViT-H-14 and
     ViT-L-14 fed on 16 cores, and nvJPEG for half the JPEGs measured 11-18% slower: ``bench/results/
-    gpu_h200.md``); ``nvjpeg`` on request, where the transform can be redone on the GPU."""
+    gpu_h200.md``); ``nvjpeg`` on request, where the transform can be redone on the GPU. ``jpeg_draft`` and
+    ``fast_resize`` left None take ``device``'s defaults (``resolve_draft``, ``resolve_fast_resize``)."""
     if jpeg_decode not in JPEG_DECODERS:
         raise ValueError(f"jpeg_decode must be one of {JPEG_DECODERS}, got {jpeg_decode!r}")
     if jpeg_decode == "auto":
         jpeg_decode = "cpu"
     if jpeg_decode == "nvjpeg":
         check_nvjpeg(pre, device)
+    jpeg_draft, fast_resize = resolve_draft(jpeg_draft, device), resolve_fast_resize(fast_resize, device)
     draft = min(pre.crop) if jpeg_draft and pre.crop else (pre.resize if jpeg_draft else None)
     head = (tensor_head(pre) if fast_resize else None) or pre.to_uint8
     return RowDecoder(head, draft, nvjpeg_share if jpeg_decode == "nvjpeg" else 0.0)

@@ -78,11 +78,10 @@ def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, 
     (None where the row was embedded). ``on_batch(b, rows)``, if given, is called as each batch's
     embeddings reach the host (a bench times the steady state from the first call)."""
     from curation.decode import (decoded_batches, embed_batches, list_batches, make_decoder, resolve_decode,
-                                 resolve_draft, resolve_fast_resize, split_preprocess)
+                                 split_preprocess)
 
     pre = split_preprocess(preprocess)
-    decoder = make_decoder(pre, device, jpeg_decode, nvjpeg_share, resolve_draft(jpeg_draft, device),
-                           resolve_fast_resize(fast_resize, device))
+    decoder = make_decoder(pre, device, jpeg_decode, nvjpeg_share, jpeg_draft, fast_resize)
     batches = decoded_batches(partial(list_batches, rows, batch_size), decoder, resolve_decode(decode, device), workers,
                               prefetch, pin_memory=device.startswith("cuda"), unit=decode_unit)
     out, errors = [], [None] * len(rows)
@@ -158,8 +157,7 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
 
     from curation.clip import load_clip
     from curation.decode import (TensorHead, decoded_batches, embed_batches, make_decoder, manifest_batches,
-                                 resolve_decode, resolve_draft, resolve_fast_resize, resolve_workers,
-                                 split_preprocess)
+                                 resolve_decode, resolve_workers, split_preprocess)
     from manifests.schemas import schema_for
     from ovpipe.step import slice_bounds
 
@@ -167,13 +165,11 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     lo, hi = slice_bounds(task.input_num_rows("samples"), task.rank, task.world_size)
     net, preprocess, _, device = load_clip(cfg.model, cfg.pretrained, cfg.device)
     pre = split_preprocess(preprocess)
-    draft = resolve_draft(cfg.jpeg_draft, device)
-    decoder = make_decoder(pre, device, cfg.jpeg_decode, cfg.nvjpeg_share, draft,
-                           resolve_fast_resize(cfg.fast_resize, device))
+    decoder = make_decoder(pre, device, cfg.jpeg_decode, cfg.nvjpeg_share, cfg.jpeg_draft, cfg.fast_resize)
     mode = resolve_decode(cfg.decode, device)
     workers = resolve_workers(cfg.decode_workers, mode)
     task.stats.info["decode"] = (f"{mode} x{workers}, jpeg {'nvjpeg' if decoder.nvjpeg_share else 'cpu'}"
-                                 + (" (draft)" if draft else "")
+                                 + (" (draft)" if decoder.draft else "")
                                  + (", torch resize" if isinstance(decoder.to_uint8, TensorHead) else ""))
     files = [str(f) for f in task.input_files("samples")]     # plain paths: the decode workers read them too
     source = partial(manifest_batches, files, SAMPLE_COLUMNS, lo, hi, cfg.batch_size, str(task.step_dir))
