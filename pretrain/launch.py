@@ -69,6 +69,7 @@ def main(argv=None) -> int:
 
 def _launch(ap, a) -> int:
     from pretrain.recipes import RECIPES, Parallelism, validate
+    from pretrain.trainer.config import accumulation
 
     if a.recipe not in RECIPES:
         ap.error(f"--recipe {a.recipe!r}: known recipes are {', '.join(sorted(RECIPES))}")
@@ -81,9 +82,11 @@ def _launch(ap, a) -> int:
     except ValueError as e:
         ap.error(str(e))
     dp = world // (a.tp * a.pp * a.cp)
-    if a.global_batch is not None and (a.global_batch < 1 or a.global_batch % (a.micro_batch * dp)):
-        ap.error(f"--global-batch {a.global_batch} is not a positive multiple of micro_batch × dp = "
-                 f"{a.micro_batch} × {dp}")
+    if a.global_batch is not None:
+        try:
+            accumulation(a.global_batch, a.micro_batch, dp)
+        except ValueError as e:
+            ap.error(str(e))
     accum = ["--global-batch", str(a.global_batch)] if a.global_batch is not None else ["--grad-accum",
                                                                                           str(a.grad_accum)]
     parallel = ["--tp", str(a.tp), "--pp", str(a.pp), "--cp", str(a.cp), *accum,

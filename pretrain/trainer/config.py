@@ -26,6 +26,19 @@ CPU_PEAK_TFLOPS = 0.2          # a nominal figure: MFU on a CPU only shows the t
 GPU_PEAK_TFLOPS = 989.0        # H100/H200 SXM dense bf16
 
 
+def accumulation(global_batch: int, micro_batch: int, dp: int) -> int:
+    """Micro-batches per step and DP rank that make ``global_batch`` packs per optimizer step; a
+    ``ValueError`` naming the numbers where the layout cannot split it evenly (the trainer's check and
+    ``ovpipe pretrain``'s, before it writes a job script)."""
+    if global_batch < 1:
+        raise ValueError(f"global_batch must be >= 1, got {global_batch}")
+    per_step = micro_batch * dp
+    if global_batch % per_step:
+        raise ValueError(f"global_batch={global_batch} is not a multiple of micro_batch × dp = "
+                         f"{micro_batch} × {dp}: give a global_batch that is, or another micro_batch")
+    return global_batch // per_step
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     run_dir: Path
@@ -117,11 +130,8 @@ class TrainConfig:
         or data is built."""
         if self.global_batch is None:
             return self
-        per_step = self.micro_batch * dp
-        if self.global_batch % per_step:
-            raise ValueError(f"global_batch={self.global_batch} is not a multiple of micro_batch × dp = "
-                             f"{self.micro_batch} × {dp}: give a global_batch that is, or another micro_batch")
-        return dataclasses.replace(self, grad_accum=self.global_batch // per_step, global_batch=None)
+        return dataclasses.replace(self, grad_accum=accumulation(self.global_batch, self.micro_batch, dp),
+                                   global_batch=None)
 
     def resolve(self, cuda: bool) -> TrainConfig:
         """The device-dependent defaults filled in (and the stage's data and lr)."""
