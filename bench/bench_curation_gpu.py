@@ -121,7 +121,9 @@ def embed_variant(spec: str) -> dict:
     """``threads`` | ``processes`` | ``nvjpeg[:share]`` | ``step``, each ``+draft`` (libjpeg's reduced-scale
     decode) and ``+fast`` (torch's uint8 resize) optionally, then ``@unit`` optionally (a decode unit other
     than ``--decode-unit``): ``embed_rows`` keywords (``step``: the same, for the ``embed-images`` step's
-    config, with ``"step": True``)."""
+    config, with ``"step": True``), then ``/workers`` optionally (decode workers other than
+    ``--decode-workers``: ``step+draft+fast@256/7`` asks whether the rate follows the worker count)."""
+    spec, _, workers = spec.partition("/")
     spec, _, unit = spec.partition("@")
     base, *flags = spec.split("+")
     if any(f not in ("draft", "fast") for f in flags):
@@ -130,6 +132,8 @@ def embed_variant(spec: str) -> dict:
           "fast_resize": "fast" in flags, "jpeg_decode": "cpu"}
     if unit:
         kw["decode_unit"] = int(unit)
+    if workers:
+        kw["decode_workers"] = int(workers)
     if base.startswith("nvjpeg"):
         kw.update(jpeg_decode="nvjpeg", nvjpeg_share=float(base.partition(":")[2] or 1))
     elif base == "step":
@@ -229,17 +233,18 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
                      lambda on_batch: before.embed_rows(rows, net, preprocess, device, batch, workers), 1))
     for spec in variants:
         kw = {"decode_unit": unit, **embed_variant(spec)}
+        w = kw.pop("decode_workers", workers)
         if kw.get("step"):          # the whole step: manifest in, .npy shard and manifest part out
             run = ingested_run(rows, work or Path("/tmp/bench-curation-gpu"))
-            runs.append((f"step: {spec}, {workers} workers, units of {kw['decode_unit']}",
-                         lambda on_batch, kw=kw, run=run: embed_step(run, model, net, preprocess, device, batch,
-                                                                     workers, kw), 1))
+            runs.append((f"step: {spec}, {w} workers, units of {kw['decode_unit']}",
+                         lambda on_batch, kw=kw, run=run, w=w: embed_step(run, model, net, preprocess, device,
+                                                                          batch, w, kw), 1))
             continue
         procs = kw["decode"] == "processes"
-        fill = max(1, -(-workers * 2 * kw["decode_unit"] // batch)) if procs else 1   # (prefetch 2: the default)
-        runs.append((f"after: {spec}, {workers} workers" + (f", units of {kw['decode_unit']}" if procs else ""),
-                     lambda on_batch, kw=kw: embed_rows(rows, net, preprocess, device, batch, workers,
-                                                        on_batch=on_batch, **kw), fill))
+        fill = max(1, -(-w * 2 * kw["decode_unit"] // batch)) if procs else 1   # (prefetch 2: the default)
+        runs.append((f"after: {spec}, {w} workers" + (f", units of {kw['decode_unit']}" if procs else ""),
+                     lambda on_batch, kw=kw, w=w: embed_rows(rows, net, preprocess, device, batch, w,
+                                                             on_batch=on_batch, **kw), fill))
     ref = None
     for name, fn, fill in runs:
         try:
@@ -254,16 +259,21 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
                     if b < fill:
                         first["t"], first["rows"] = time.perf_counter(), first["rows"] + n
                 _sync()
+                cpu0 = cpu_seconds()
                 t0 = time.perf_counter()
                 emb, errors = fn(on_batch)
                 _sync()
                 t1 = time.perf_counter()
+                cpu1 = cpu_seconds()
+                if not times or t1 - t0 < min(times):
+                    cpu = {k: (cpu1[k] - cpu0[k]) * 1e3 / len(rows) for k in cpu0}
                 times.append(t1 - t0)
                 if "t" in first and len(rows) > first["rows"] and t1 > first["t"]:
                     steady.append(((len(rows) - first["rows"]) / (t1 - first["t"]), first["t"] - t0))
             dt = min(times)
             res[name] = {"img_s": len(rows) / dt, "all_s": times, "of_model": len(rows) / dt / res["model_only"],
-                         "errors": sum(e is not None for e in errors), "first_batch_s": first.get("first_batch_s")}
+                         "errors": sum(e is not None for e in errors), "first_batch_s": first.get("first_batch_s"),
+                         "cpu_ms_per_image": cpu}
             if steady:      # (the first batch's forward overlaps the second's input: a bias of one batch in all)
                 rate, fill_s = max(steady)
                 res[name].update(steady_img_s=rate, steady_of_model=rate / res["model_only"], fill_batches=fill,
@@ -285,6 +295,30 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
     _save(json_path)
     del net
     torch.cuda.empty_cache()
+
+
+def cpu_seconds() -> dict:
+    """CPU seconds so far of this process (all its threads) and of its reaped children (the decode workers,
+    joined when their loader ends): beside a run's wall time, whether the workers compute for as long as
+    they take (CPU-bound, or slowed by their neighbours on shared cores) or wait (on this process)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"main": me.ru_utime + me.ru_stime, "workers": kids.ru_utime + kids.ru_stime}
+
+
+def cpu_topology() -> dict:
+    """The CPUs this process may use, and how many distinct physical cores they are (hyper-threads share
+    one core's execution units: 16 CPUs may be 8 cores)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = set()
+    for c in cpus:
+        top = Path(f"/sys/devices/system/cpu/cpu{c}/topology")
+        try:
+            cores.add(((top / "physical_package_id").read_text().strip(), (top / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("?", str(c)))
+    return {"cpus": len(cpus), "physical_cores": len(cores)}
 
 
 def _ping_dataset():
@@ -424,7 +458,9 @@ def table() -> str:
                 continue
             cell = f"{r['img_s']:,.0f} | {r['of_model']:.0%}" if "img_s" in r else f"failed: {r['error']} | —"
             via = "the `embed-images` step" if name.startswith("step") else "`embed_rows`"
-            lines.append(f"| {model} through {via}, {name}: whole call | {cell} |")
+            c = r.get("cpu_ms_per_image")
+            cpu = f" (CPU ms per image: main {c['main']:.2f}, workers {c['workers']:.2f})" if c else ""
+            lines.append(f"| {model} through {via}, {name}: whole call{cpu} | {cell} |")
             if "steady_img_s" in r:
                 lines.append(f"| {model} through `embed_rows`, {name}: steady state (after the first "
                              f"{r['fill_batches']} batches, on the host at {r['fill_s']:.2f} s) | "
@@ -488,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
 
     register_configs()
     RESULTS.update({"card": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
-                    "torch": torch.__version__, "cpus": os.cpu_count(), "command": a.command,
+                    "torch": torch.__version__, "cpus": os.cpu_count(), "cpu_topology": cpu_topology(),
+                    "command": a.command,
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
     RESULTS["gemm_tflops"] = gemm_probe(a.device, 8192 if a.device.startswith("cuda") else 512)
     print(RESULTS["gemm_tflops"], flush=True)

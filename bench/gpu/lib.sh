@@ -1,15 +1,17 @@
 # Sourced by the device scripts beside it (run from the repository root on the device machine, $OUT set,
-# LIMIT = the call's seconds): the wheels installed, the card and versions logged, and `mfu NAME TIMEOUT
-# ARGS...` (one 4B bench_mfu run on a fresh copy of .gpu/run8k, skipped when it no longer fits in LIMIT), `tiny`
+# LIMIT = the call's seconds): the wheels installed (.whl, and .whl-cur where carried), the card, versions and CPU
+# topology logged, and `mfu NAME TIMEOUT ARGS...` (one 4B bench_mfu run on a fresh copy of .gpu/run8k, skipped
+# when it no longer fits in LIMIT), `embed MODEL ROWS VARIANTS...` (one bench_curation --gpu process), `tiny`
 # (the tiny recipe's fp32 and bf16 losses), `gputests` and `finish`. A run named base_* runs the code in .base
 # (prepare.sh's BASE_REF) on the same card. Every run's JSON and the log land in $OUT/results.tgz after each run,
-# so a cut call loses nothing.
+# so a cut call loses nothing. Every timeout also kills (-k): a megatron run's exit (its checkpoint save) once
+# outlived a SIGTERM by three minutes.
 T0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl $(ls .whl-cur/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1
 R=/tmp/devres/r; rm -rf $R; mkdir -p $R; LOG=$OUT/log.txt   # only the tarball and the log come back (8 files at most)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; nproc; git log -1 --format=%H 2>/dev/null; } >> $LOG 2>&1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; nproc; lscpu | grep -E "^(Model name|Thread|Core|Socket|NUMA node\(s\))"; git log -1 --format=%H 2>/dev/null; } >> $LOG 2>&1
 save() { cp $LOG $R/log.txt; tar -C /tmp/devres -czf $OUT/results.tgz r; }
 mfu() {  # name timeout args...
   local name=$1 t=$2; shift 2
@@ -17,16 +19,27 @@ mfu() {  # name timeout args...
   rm -rf /tmp/run-$name; cp -r .gpu/run8k /tmp/run-$name
   echo "=== $name: $* (at $(( $(date +%s) - T0 ))s)" >> $LOG
   local src=$PWD; case $name in base_*) src=$PWD/.base;; esac
-  (cd $src && PYTHONPATH=/tmp/site:$src timeout $t python3 -m bench.bench_mfu --run-dir /tmp/run-$name --recipe llava-ov-1.5-4b --steps 8 --warmup 2 --out $R/$name.json "$@") 2>&1 | grep -v "Warning\|warn(\|^\[rank0\]:   " >> $LOG
+  (cd $src && PYTHONPATH=/tmp/site:$src timeout -k 10 $t python3 -m bench.bench_mfu --run-dir /tmp/run-$name --recipe llava-ov-1.5-4b --steps 8 --warmup 2 --out $R/$name.json "$@") 2>&1 | grep -v "Warning\|warn(\|^\[rank0\]:   " >> $LOG
   echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; rm -rf /tmp/run-$name; save
 }
+embed() {  # model rows variants... : one bench_curation --gpu process (the GEMM probe, the JPEGs, the model once)
+  local m=$1 n=$2; shift 2
+  [ $(left) -gt 100 ] || { echo "=== embed $m skipped: $(left)s left" >> $LOG; return; }
+  CA="--models $m --images $n --distinct 2048 --batch-size 256 --embed $* --skip assign"
+  echo "=== curation embed $m, $n rows: $* (at $(( $(date +%s) - T0 ))s)" >> $LOG
+  timeout -k 5 $(( $(left) - 8 )) python3 -m bench.bench_curation --gpu $CA \
+    --command "python -m bench.bench_curation --gpu $CA" --json $R/embed_${m}_$(( ++EMBEDN )).json 2>&1 \
+    | grep -v "Warning\|warn(\|^INFO:root" >> $LOG
+  echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; save
+}
+EMBEDN=0
 tiny() {  # the tiny recipe's losses over 3 steps, fp32 then bf16 (issue 23: bf16 within its tolerance of fp32)
   if [ $(left) -lt 110 ]; then echo "=== tiny skipped: $(left)s left" >> $LOG; return; fi
   echo "=== tiny fp32 / bf16, 3 steps (at $(( $(date +%s) - T0 ))s)" >> $LOG
   local p flag
   for p in fp32 bf16; do
     rm -rf /tmp/t$p; cp -r .gpu/run8k /tmp/t$p; flag=; [ $p = fp32 ] && flag=--fp32
-    timeout 50 python3 -m pretrain.train --run-dir /tmp/t$p --recipe tiny --stage 1.5 --steps 3 --micro-batch 1 \
+    timeout -k 5 50 python3 -m pretrain.train --run-dir /tmp/t$p --recipe tiny --stage 1.5 --steps 3 --micro-batch 1 \
       --lr 1e-3 $flag --metrics-out $R/tiny_$p.json 2>&1 | grep "consumed\|Error" >> $LOG
   done
   python3 -c "import json; m = {p: [s['loss'] for s in json.load(open('$R/tiny_' + p + '.json'))['metrics']] for p in ('fp32', 'bf16')}; print('tiny losses', m, 'max |bf16 - fp32|', max(abs(a - b) for a, b in zip(m['fp32'], m['bf16'])))" >> $LOG 2>&1
@@ -35,12 +48,12 @@ tiny() {  # the tiny recipe's losses over 3 steps, fp32 then bf16 (issue 23: bf1
 gputests() {  # the tests marked gpu (they skip on a CPU)
   if [ $(left) -lt 60 ]; then echo "=== gpu tests skipped: $(left)s left" >> $LOG; return; fi
   echo "=== gpu tests (at $(( $(date +%s) - T0 ))s)" >> $LOG
-  timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/pretrain/test_fused.py \
+  timeout -k 5 $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/pretrain/test_fused.py \
     tests/pretrain/test_packed_attention_gpu.py tests/curation/test_assign_gpu.py tests/curation/test_embed_decode.py \
     2>&1 | tail -15 >> $LOG
   save
 }
 finish() {
   echo "=== done at $(( $(date +%s) - T0 ))s" >> $LOG; save
-  grep -E "^===|^rc|mfu_median|peak_mem|passed|failed|img_s|startup" $LOG | tail -40
+  grep -E "^===|^rc|mfu_median|peak_mem|passed|failed|img_s|startup|CPU ms|Core|Thread" $LOG | tail -40
 }

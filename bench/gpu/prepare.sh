@@ -1,5 +1,5 @@
 #!/bin/bash
-# What a device call carries (carry [".whl", ".gpu"]), built on the CPU: the wheels the device image lacks
+# What a device call carries (carry [".whl", ".gpu"], or [".whl", ".whl-cur"]), built on the CPU: the wheels the device image lacks
 # (it has torch, triton, transformers, pyarrow, xxhash, pyyaml; no network) and an 8K-token run folder with
 # the stage 1.5 packs (web captions) and the stage 1 packs (LLaVA-558K-style), ~44 MB. Both paths are
 # local (.git/info/exclude). Usage: [BASE_REF=<commit>] bash bench/gpu/prepare.sh   (from the repository root, after
@@ -10,6 +10,11 @@ rm -rf .whl; mkdir -p .whl     # afresh: two builds of one wheel side by side ma
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 -d .whl megatron-core==0.19.2 webdataset==1.0.2 braceexpand==0.1.7 \
   liger-kernel==0.8.5 open_clip_torch==3.3.0 ftfy==6.3.1 wcwidth==0.9.4 einops==0.8.2
+# duckdb (25 MB; the ingest step reads and writes manifests with it) apart: a curation call carries .whl and
+# .whl-cur, a trainer call .whl, .gpu and .base (each under the 64 MiB a call carries)
+rm -rf .whl-cur; mkdir -p .whl-cur
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_28_x86_64 -d .whl-cur duckdb==2.0.1
 DATA=runs/demo-data-gpu; R=${RUN_GPU:-$PWD/.gpu/run8k}
 rm -rf "$DATA" "$R"; mkdir -p "$(dirname "$R")"
 $OV demo-data --out $DATA
@@ -46,4 +51,5 @@ fi
 grep -qx '/.base/' .git/info/exclude || echo '/.base/' >> .git/info/exclude
 grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
-du -sh .whl "$R"
+grep -qx '/.whl-cur/' .git/info/exclude || echo '/.whl-cur/' >> .git/info/exclude
+du -sh .whl .whl-cur "$R"
