@@ -266,7 +266,14 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
                 t1 = time.perf_counter()
                 cpu1 = cpu_seconds()
                 if not times or t1 - t0 < min(times):
-                    cpu = {k: (cpu1[k] - cpu0[k]) * 1e3 / len(rows) for k in cpu0}
+                    d = {k: cpu1[k] - cpu0[k] for k in cpu0}
+                    cpu = {k: d[k] * 1e3 / len(rows) for k in ("main", "workers")}
+                    if "machine_busy" in d:    # the machine's CPUs over the run: a decode short of CPU has no idle
+                        total = d["machine_busy"] + d["machine_idle"] + d["machine_steal"]
+                        cpu.update(machine_busy_share=d["machine_busy"] / total,
+                                   machine_steal_share=d["machine_steal"] / total)
+                    if "throttled" in d:
+                        cpu["throttled_s"] = d["throttled"]
                 times.append(t1 - t0)
                 if "t" in first and len(rows) > first["rows"] and t1 > first["t"]:
                     steady.append(((len(rows) - first["rows"]) / (t1 - first["t"]), first["t"] - t0))
@@ -299,12 +306,43 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
 
 def cpu_seconds() -> dict:
     """CPU seconds so far of this process (all its threads) and of its reaped children (the decode workers,
-    joined when their loader ends): beside a run's wall time, whether the workers compute for as long as
-    they take (CPU-bound, or slowed by their neighbours on shared cores) or wait (on this process)."""
+    joined when their loader ends), the machine's CPU time by state (``/proc/stat``: busy, idle, stolen by a
+    hypervisor) and the time the CPU cgroup was throttled by its quota. Over a run, beside its wall time:
+    whether the workers compute for as long as they take, or wait (on this process, on a quota, on a host)."""
     import resource
 
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"main": me.ru_utime + me.ru_stime, "workers": kids.ru_utime + kids.ru_stime}
+    out = {"main": me.ru_utime + me.ru_stime, "workers": kids.ru_utime + kids.ru_stime}
+    try:    # cpu  user nice system idle iowait irq softirq steal ... (in USER_HZ ticks)
+        f = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        tick = os.sysconf("SC_CLK_TCK")
+        out.update(machine_busy=(f[0] + f[1] + f[2] + f[5] + f[6]) / tick, machine_idle=(f[3] + f[4]) / tick,
+                   machine_steal=f[7] / tick)
+    except (OSError, ValueError, IndexError):
+        pass
+    for path, key, scale in (("/sys/fs/cgroup/cpu.stat", "throttled_usec", 1e-6),            # cgroup v2
+                             ("/sys/fs/cgroup/cpu/cpu.stat", "throttled_time", 1e-9)):       # v1
+        try:
+            stat = dict(line.split() for line in Path(path).read_text().splitlines())
+            out["throttled"] = int(stat[key]) * scale
+            break
+        except (OSError, KeyError, ValueError):
+            continue
+    return out
+
+
+def cpu_quota() -> float | None:
+    """The CPU cgroup's quota in CPUs (None: no quota)."""
+    try:
+        q, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        return None if q == "max" else int(q) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        q = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        return None if q < 0 else q / int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def cpu_topology() -> dict:
@@ -318,7 +356,7 @@ def cpu_topology() -> dict:
             cores.add(((top / "physical_package_id").read_text().strip(), (top / "core_id").read_text().strip()))
         except OSError:
             cores.add(("?", str(c)))
-    return {"cpus": len(cpus), "physical_cores": len(cores)}
+    return {"cpus": len(cpus), "physical_cores": len(cores), "quota_cpus": cpu_quota()}
 
 
 def _ping_dataset():
@@ -459,7 +497,8 @@ def table() -> str:
             cell = f"{r['img_s']:,.0f} | {r['of_model']:.0%}" if "img_s" in r else f"failed: {r['error']} | —"
             via = "the `embed-images` step" if name.startswith("step") else "`embed_rows`"
             c = r.get("cpu_ms_per_image")
-            cpu = f" (CPU ms per image: main {c['main']:.2f}, workers {c['workers']:.2f})" if c else ""
+            cpu = (f" (CPU ms per image: main {c['main']:.2f}, workers {c['workers']:.2f}; machine busy "
+                   f"{c.get('machine_busy_share', float('nan')):.0%})" if c else "")
             lines.append(f"| {model} through {via}, {name}: whole call{cpu} | {cell} |")
             if "steady_img_s" in r:
                 lines.append(f"| {model} through `embed_rows`, {name}: steady state (after the first "
