@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--global-batch", type=int, help="packs per optimizer step (the trainer's --global-batch: "
+                    "sets the grad-accum for this GPU; the recipe's quick-start is 32 packs of 8K tokens)")
     ap.add_argument("--recompute", choices=["full", "selective", "mlp", "none", "auto"],
                     help="default: the trainer's (auto: pretrain.trainer.memory)")
     ap.add_argument("--vision-recompute", choices=["full", "selective", "none"], help="default: follows --recompute")
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         train(TrainConfig(run_dir=Path(a.run_dir), recipe=a.recipe, stage=a.stage, steps=a.steps,
-                          micro_batch=a.micro_batch, grad_accum=a.grad_accum,
+                          micro_batch=a.micro_batch, grad_accum=a.grad_accum, global_batch=a.global_batch,
                           distributed_optimizer=a.distributed_optimizer == "on", peak_tflops=a.peak_tflops,
                           recompute=a.recompute, loader_workers=a.loader_workers, kernels=a.kernels,
                           loss_kernel=a.loss_kernel, vision_recompute=a.vision_recompute),
@@ -103,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         "recompute": ran.get("recompute"), "vision_recompute": ran.get("vision_recompute"),
         "kernels": ran.get("kernels"), "loss_kernel": ran.get("loss_kernel"),
         "distributed_optimizer": a.distributed_optimizer == "on",
-        "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": len(recs), "timed_steps": len(timed),
+        "micro_batch": a.micro_batch, "grad_accum": ran.get("grad_accum", a.grad_accum),
+        "global_batch": ran.get("global_batch", a.global_batch), "steps": len(recs), "timed_steps": len(timed),
         "tokens_per_step": med("tokens"), "tokens_per_s_median": med("tokens_per_s"),
         "mfu_median": med("mfu"), "mfu_best": max(r["mfu"] for r in timed), "hfu_median": med("hfu"),
         "step_s_median": med("step_s"), "fwd_bwd_s_median": med("fwd_bwd_s"), "optimizer_s_median": med("optimizer_s"),
@@ -135,7 +138,7 @@ def _estimate(a, ran: dict) -> float | None:
     lay = Layout(tp=ran.get("tp", 1), pp=ran.get("pp", 1), cp=ran.get("cp", 1), dp=ran.get("dp", 1),
                  sequence_parallel=ran.get("sequence_parallel", False),
                  distributed_optimizer=ran.get("distributed_optimizer", True),
-                 grad_accum=a.grad_accum, bf16=ran.get("bf16", True))
+                 grad_accum=ran.get("grad_accum", a.grad_accum), bf16=ran.get("bf16", True))
     return estimate(RECIPES[a.recipe], STAGES[a.stage].trainable, ran["recompute"], ran["vision_recompute"],
                     ran.get("loss_kernel") or "megatron", a.micro_batch * tokens, lay)["total"]
 
