@@ -171,21 +171,33 @@ def ingested_run(rows: list[dict], work: Path) -> Path:
     return run
 
 
-def embed_step(run: Path, model: str, net, preprocess, device: str, batch: int, workers: int, kw: dict):
+def embed_step(run: Path, model: str, net, preprocess, device: str, batch: int, workers: int, kw: dict,
+               on_batch=None):
     """``ovpipe embed-images`` over ``run``'s ingest step, in this process (one task), with the model the
     bench holds in place of ``load_clip``'s (a timing needs no weights, and loading a checkpoint is a
-    per-task cost outside the rate): (embeddings in the manifest's order, per-row errors)."""
+    per-task cost outside the rate): (embeddings in the manifest's order, per-row errors).
+    ``on_batch(b, rows)`` as each batch's embeddings reach the host, as ``embed_rows`` calls it."""
     import shutil
     from unittest import mock
 
+    from curation import decode
     from manifests import read_manifest
     from ovpipe.cli import main as ovpipe
+
+    real = decode.embed_batches
+
+    def counted(*a, **k):     # the step's own loop, each batch counted as it leaves the GPU
+        for b, item in enumerate(real(*a, **k)):
+            if on_batch is not None:
+                on_batch(b, len(item[1]))
+            yield item
 
     shutil.rmtree(run / "embed-images", ignore_errors=True)     # completed tasks are never redone
     sets = {"model": model, "device": device, "batch_size": batch, "decode_workers": workers,
             **{k: v for k, v in kw.items() if k != "step"}}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v) if isinstance(v, bool) else v}")]
-    with mock.patch("curation.clip.load_clip", lambda *a, **k: (net, preprocess, None, device)):
+    with mock.patch("curation.clip.load_clip", lambda *a, **k: (net, preprocess, None, device)), \
+            mock.patch.object(decode, "embed_batches", counted):
         if ovpipe(["embed-images", "--run-dir", str(run), "--tasks", "1", *args, "--quiet"]) != 0:
             raise RuntimeError("the embed-images step failed")
     out = read_manifest(run, "image_embeddings", "embed-images")
@@ -234,14 +246,14 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
     for spec in variants:
         kw = {"decode_unit": unit, **embed_variant(spec)}
         w = kw.pop("decode_workers", workers)
+        procs = kw["decode"] == "processes"
+        fill = max(1, -(-w * 2 * kw["decode_unit"] // batch)) if procs else 1   # (prefetch 2: the default)
         if kw.get("step"):          # the whole step: manifest in, .npy shard and manifest part out
             run = ingested_run(rows, work or Path("/tmp/bench-curation-gpu"))
             runs.append((f"step: {spec}, {w} workers, units of {kw['decode_unit']}",
                          lambda on_batch, kw=kw, run=run, w=w: embed_step(run, model, net, preprocess, device,
-                                                                          batch, w, kw), 1))
+                                                                          batch, w, kw, on_batch), fill))
             continue
-        procs = kw["decode"] == "processes"
-        fill = max(1, -(-w * 2 * kw["decode_unit"] // batch)) if procs else 1   # (prefetch 2: the default)
         runs.append((f"after: {spec}, {w} workers" + (f", units of {kw['decode_unit']}" if procs else ""),
                      lambda on_batch, kw=kw, w=w: embed_rows(rows, net, preprocess, device, batch, w,
                                                              on_batch=on_batch, **kw), fill))
@@ -501,7 +513,7 @@ def table() -> str:
                    f"{c.get('machine_busy_share', float('nan')):.0%})" if c else "")
             lines.append(f"| {model} through {via}, {name}: whole call{cpu} | {cell} |")
             if "steady_img_s" in r:
-                lines.append(f"| {model} through `embed_rows`, {name}: steady state (after the first "
+                lines.append(f"| {model} through {via}, {name}: steady state (after the first "
                              f"{r['fill_batches']} batches, on the host at {r['fill_s']:.2f} s) | "
                              f"{r['steady_img_s']:,.0f} | {r['steady_of_model']:.0%} |")
     a = RESULTS.get("assign")
