@@ -547,7 +547,10 @@ def model_input(batch: dict, pre: SplitPreprocess, device: str):
 def embed_batches(batches, net, pre: SplitPreprocess, device: str, stats=None):
     """(prepared batch, positions embedded, float32 [n, d] L2-normalised embeddings) per batch, in order.
     The copy of a batch's embeddings to the host waits for the next batch's forward to be queued, so the
-    GPU never idles on the host between batches."""
+    GPU never idles on the host between batches. On a GPU the host sleeps until a batch is done (a
+    blocking-sync event) rather than in the copy: CUDA's default wait spins a CPU for as long as the
+    forward runs (one process per GPU: it spins whenever there are more CPUs than contexts), and on a
+    GPU node that CPU is one the decode workers need."""
     import torch
 
     from curation.clip import autocast
@@ -556,19 +559,24 @@ def embed_batches(batches, net, pre: SplitPreprocess, device: str, stats=None):
     with torch.inference_mode():
         for batch in batches:
             x, pos = model_input(batch, pre, device)
-            e = None
+            e = done = None
             if x is not None:
                 with autocast(device):
                     e = net.encode_image(x)
                 e = torch.nn.functional.normalize(e.float(), dim=-1)
+                if e.is_cuda:
+                    done = torch.cuda.Event(blocking=True)
+                    done.record()
                 if stats is not None:
                     stats.inc("embedded", len(pos))
             if pending is not None:
                 yield _host(*pending)
-            pending = (batch, pos, e)
+            pending = (batch, pos, e, done)
         if pending is not None:
             yield _host(*pending)
 
 
-def _host(batch, pos, e):
+def _host(batch, pos, e, done=None):
+    if done is not None:
+        done.synchronize()          # sleeps (cudaEventBlockingSync); the copy below then finds the work done
     return batch, pos, (e.cpu().numpy() if e is not None else None)
