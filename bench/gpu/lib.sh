@@ -22,13 +22,14 @@ mfu() {  # name timeout args...
   (cd $src && PYTHONPATH=/tmp/site:$src timeout -k 10 $t python3 -m bench.bench_mfu --run-dir /tmp/run-$name --recipe llava-ov-1.5-4b --steps 8 --warmup 2 --out $R/$name.json "$@") 2>&1 | grep -v "Warning\|warn(\|^\[rank0\]:   " >> $LOG
   echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; rm -rf /tmp/run-$name; save
 }
-embed() {  # model rows variants... : one bench_curation --gpu process (the GEMM probe, the JPEGs, the model once)
-  local m=$1 n=$2; shift 2
-  [ $(left) -gt 100 ] || { echo "=== embed $m skipped: $(left)s left" >> $LOG; return; }
+embed() {  # model rows variants... : one bench_curation --gpu process (the GEMM probe, the JPEGs, the model once);
+  # SRC=.base embed ... runs prepare.sh's BASE_REF tree instead (a before figure on the same machine)
+  local m=$1 n=$2 src=$PWD/${SRC:-.} tag=${SRC:+base_}; shift 2
+  [ $(left) -gt 100 ] || { echo "=== ${tag}embed $m skipped: $(left)s left" >> $LOG; return; }
   CA="--models $m --images $n --distinct 2048 --batch-size 256 --embed $* --skip assign"
-  echo "=== curation embed $m, $n rows: $* (at $(( $(date +%s) - T0 ))s)" >> $LOG
-  timeout -k 5 $(( $(left) - 8 )) python3 -m bench.bench_curation --gpu $CA \
-    --command "python -m bench.bench_curation --gpu $CA" --json $R/embed_${m}_$(( ++EMBEDN )).json 2>&1 \
+  echo "=== ${tag}curation embed $m, $n rows: $* (at $(( $(date +%s) - T0 ))s)" >> $LOG
+  (cd $src && PYTHONPATH=/tmp/site:$src timeout -k 5 $(( $(left) - 8 )) python3 -m bench.bench_curation --gpu $CA \
+    --command "python -m bench.bench_curation --gpu $CA" --json $R/${tag}embed_${m}_$(( ++EMBEDN )).json) 2>&1 \
     | grep -v "Warning\|warn(\|^INFO:root" >> $LOG
   echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; save
 }
