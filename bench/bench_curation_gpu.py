@@ -360,7 +360,9 @@ def cpu_quota() -> float | None:
 def cpu_topology() -> dict:
     """The CPUs this process may use, and how many distinct physical cores they are (hyper-threads share
     one core's execution units: 16 CPUs may be 8 cores)."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    from curation.decode import usable_cpus
+
+    cpus = usable_cpus()
     cores = set()
     for c in cpus:
         top = Path(f"/sys/devices/system/cpu/cpu{c}/topology")
@@ -545,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=16384, help="rows embedded per run")
     ap.add_argument("--distinct", type=int, default=2048, help="distinct JPEGs among them")
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--decode-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--decode-workers", type=int, help="default: the embed-images step's (curation.decode."
+                    "resolve_workers: the CPUs this process may use but one, at most 32)")
     ap.add_argument("--decode-unit", type=int, default=256, help="rows a decode worker prepares at a time")
     ap.add_argument("--embed", nargs="+", default=["processes", "nvjpeg", "processes+draft", "nvjpeg:0.5",
                                                     "nvjpeg:0.5+draft"],
@@ -572,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from curation.clip import register_configs
+    from curation.decode import resolve_workers
 
     register_configs()
     RESULTS.update({"card": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
@@ -585,9 +589,10 @@ def main(argv: list[str] | None = None) -> int:
         rows, RESULTS["jpegs"] = make_jpegs(a.work / "jpegs", a.distinct, a.images)
         print(RESULTS["jpegs"], flush=True)
         before = _load_before(a.before, "embed")
+        workers = resolve_workers(a.decode_workers, "processes")
         for m in a.models:
             try:
-                bench_embed(m, rows, a.device, a.batch_size, a.decode_workers, before, a.json, a.reps, a.embed,
+                bench_embed(m, rows, a.device, a.batch_size, workers, before, a.json, a.reps, a.embed,
                             a.decode_unit, a.work)
             except Exception as e:
                 RESULTS.setdefault("embed", {})[m + " (failed)"] = {"error": f"{type(e).__name__}: {e}"}

@@ -64,19 +64,23 @@ MAX_WORKERS = 32     # decode processes at most by default: ~100 img/s each meas
                      # task that sees a whole unbound 200-core node must not fork 200 (each holds its units)
 
 
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on: its affinity mask (a Slurm task's ``--cpus-per-task``), else all."""
+    import os
+
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
 def resolve_workers(workers: int | None, mode: str) -> int:
     """None: for worker processes (the GPU path), every CPU this process may run on but one, which feeds
     the GPU (the CPUs a Slurm task was given, ``--cpus-per-task``: its affinity mask), at most
     ``MAX_WORKERS``; the decode bounds the step there (ViT-L-14 took 1,467 img/s from 15 processes on an
     H200). For threads, ``CPU_THREADS``."""
-    import os
-
     if workers is not None:
         return workers
     if mode != "processes":
         return CPU_THREADS
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(usable - 1, MAX_WORKERS))
+    return max(1, min(len(usable_cpus()) - 1, MAX_WORKERS))
 
 
 def resolve_fast_resize(fast_resize: bool | None, device: str) -> bool:

@@ -2,8 +2,8 @@
 # LIMIT = the call's seconds): the wheels installed (.whl, and .whl-cur where carried), the card, versions and CPU
 # topology logged, and `mfu NAME TIMEOUT ARGS...` (one 4B bench_mfu run on a fresh copy of .gpu/run8k, skipped
 # when it no longer fits in LIMIT), `embed MODEL ROWS VARIANTS...` (one bench_curation --gpu process), `tiny`
-# (the tiny recipe's fp32 and bf16 losses), `gputests` and `finish`. A run named base_* runs the code in .base
-# (prepare.sh's BASE_REF) on the same card. Every run's JSON and the log land in $OUT/results.tgz after each run,
+# (the tiny recipe's fp32 and bf16 losses), `gputests` and `finish`. `SRC=.base mfu|embed ...` runs the code in
+# .base (prepare.sh's BASE_REF) on the same card, its JSON named base_*. Every run's JSON and the log land in $OUT/results.tgz after each run,
 # so a cut call loses nothing. Every timeout also kills (-k): a megatron run's exit (its checkpoint save) once
 # outlived a SIGTERM by three minutes.
 T0=$(date +%s)
@@ -14,11 +14,10 @@ R=/tmp/devres/r; rm -rf $R; mkdir -p $R; LOG=$OUT/log.txt   # only the tarball a
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; nproc; lscpu | grep -E "^(Model name|Thread|Core|Socket|NUMA node\(s\))"; git log -1 --format=%H 2>/dev/null; } >> $LOG 2>&1
 save() { cp $LOG $R/log.txt; tar -C /tmp/devres -czf $OUT/results.tgz r; }
 mfu() {  # name timeout args...
-  local name=$1 t=$2; shift 2
+  local name=${SRC:+base_}$1 t=$2 src=$PWD/${SRC:-.}; shift 2
   if [ $(left) -lt $((t + 15)) ]; then echo "=== $name skipped: $(left)s left" >> $LOG; return; fi
   rm -rf /tmp/run-$name; cp -r .gpu/run8k /tmp/run-$name
   echo "=== $name: $* (at $(( $(date +%s) - T0 ))s)" >> $LOG
-  local src=$PWD; case $name in base_*) src=$PWD/.base;; esac
   (cd $src && PYTHONPATH=/tmp/site:$src timeout -k 10 $t python3 -m bench.bench_mfu --run-dir /tmp/run-$name --recipe llava-ov-1.5-4b --steps 8 --warmup 2 --out $R/$name.json "$@") 2>&1 | grep -v "Warning\|warn(\|^\[rank0\]:   " >> $LOG
   echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; rm -rf /tmp/run-$name; save
 }

@@ -29,7 +29,7 @@ $OV lengths --name lengths-align --config configs/demo/lengths.yaml --set tokeni
 $OV pack --name pack-align --config configs/demo/pack.yaml --set lengths_step=lengths-align --set seq_len=8192 \
   --run-dir $R --quiet
 rm -rf $R/lengths $R/lengths-align "$DATA"   # the packs hold the tokens and images; the trainer reads packs
-# BASE_REF=<commit>: that commit's tree in .base (carry it too) for a before/after in one call (lib.sh's base_* runs)
+# BASE_REF=<commit>: that commit's tree in .base (carry it too) for a before/after in one call (lib.sh's SRC=.base runs)
 # A tree from before the trainer's varlen feature detection (b9595c8^, the code issue 23 measured first) calls
 # varlen_attn(enable_gqa=...), which torch 2.11 lacks: its key/value are repeated to the query heads by hand
 # there, as that first measurement did ("main + GQA patch" in bench/results/gpu_h200.md).

@@ -7,7 +7,7 @@ LIMIT=${LIMIT:-300}
 ONLY=${ONLY:-tiny ga4}
 source bench/gpu/lib.sh
 want() { [[ " $ONLY " == *" $1 "* ]]; }
-want base && mfu base_stage1 120 --stage 1 --recompute full --profile 1
+want base && SRC=.base mfu stage1 120 --stage 1 --recompute full --profile 1
 want tiny && tiny
 want ga4 && mfu stage1_auto_ga4 90 --stage 1 --kernels fused --grad-accum 4 --steps 6
 want refused && mfu stage15_refused 45 --stage 1.5
