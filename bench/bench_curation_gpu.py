@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -207,7 +208,8 @@ def embed_step(run: Path, model: str, net, preprocess, device: str, batch: int, 
 
 
 def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: int, before, json_path,
-                reps_e: int = 1, variants=("processes", "nvjpeg"), unit: int = 256, work: Path | None = None) -> None:
+                reps_e: int = 1, variants=("processes", "nvjpeg"), unit: int = 256, work: Path | None = None,
+                sustained_s: float = 0.0) -> None:
     import open_clip
     import torch
 
@@ -273,7 +275,8 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
                 _sync()
                 cpu0 = cpu_seconds()
                 t0 = time.perf_counter()
-                emb, errors = fn(on_batch)
+                with host_waits() as waits:
+                    emb, errors = fn(on_batch)
                 _sync()
                 t1 = time.perf_counter()
                 cpu1 = cpu_seconds()
@@ -286,6 +289,7 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
                                    machine_steal_share=d["machine_steal"] / total)
                     if "throttled" in d:
                         cpu["throttled_s"] = d["throttled"]
+                    cpu["host_wait_s"] = {k: round(v, 3) for k, v in waits.items()}
                 times.append(t1 - t0)
                 if "t" in first and len(rows) > first["rows"] and t1 > first["t"]:
                     steady.append(((len(rows) - first["rows"]) / (t1 - first["t"]), first["t"] - t0))
@@ -308,12 +312,46 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
             res[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"  {name}: FAILED {res[name]['error']}", flush=True)
         _save(json_path)
+    if sustained_s > 0:     # the model alone for as long as a run, after the runs: the card's clocks under
+        # sustained load (a burst of 8 batches may run at clocks that minutes of work do not keep)
+        reps = max(8, round(sustained_s * res["model_only"] / batch))
+        with torch.inference_mode(), autocast(device):
+            _sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                net.encode_image(x)
+            _sync()
+        res["model_only_sustained"] = {"img_s": batch * reps / (time.perf_counter() - t0), "batches": reps}
+        print(f"{model}: model only, sustained {res['model_only_sustained']}", flush=True)
+        _save(json_path)
     # again, as the later calls found the process: pinned batches cached by torch, a fork copying more
     res["startup_after_runs"] = startup_probe(rows, preprocess, device, workers, unit)
     print(f"  start-up parts after the runs: {res['startup_after_runs']}", flush=True)
     _save(json_path)
     del net
     torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def host_waits():
+    """The seconds the embedding loop (``curation.decode.embed_batches``, the step's and ``embed_rows``')
+    waited for decoded input and for the device over the block: {"wait_input": s, "wait_device": s}."""
+    from unittest import mock
+
+    from curation import decode
+    from ovpipe.step import Stats
+
+    waits, real = {}, decode.embed_batches
+
+    def timed(batches, net, pre, device, stats=None):
+        stats = stats if stats is not None else Stats()
+        before = {k: stats.timings.get(k, 0.0) for k in ("wait_input", "wait_device")}
+        yield from real(batches, net, pre, device, stats)
+        for k, v in before.items():
+            waits[k] = waits.get(k, 0.0) + stats.timings[k] - v
+
+    with mock.patch.object(decode, "embed_batches", timed):
+        yield waits
 
 
 def cpu_seconds() -> dict:
@@ -505,14 +543,21 @@ def table() -> str:
             lines.append(f"| {model} | failed: {res.get('error')} | — |")
             continue
         lines.append(f"| {model} `encode_image`, bf16, model only | {res['model_only']:,.0f} | 100% |")
+        if "model_only_sustained" in res:
+            r = res["model_only_sustained"]
+            lines.append(f"| {model} `encode_image`, model only, sustained ({r['batches']} batches, after the runs) | "
+                         f"{r['img_s']:,.0f} | {r['img_s'] / res['model_only']:.0%} |")
         for name, r in res.items():
-            if name == "model_only" or name.startswith("startup"):    # the start-up probes: printed apart
+            if name.startswith("model_only") or name.startswith("startup"):    # printed apart
                 continue
             cell = f"{r['img_s']:,.0f} | {r['of_model']:.0%}" if "img_s" in r else f"failed: {r['error']} | —"
             via = "the `embed-images` step" if name.startswith("step") else "`embed_rows`"
             c = r.get("cpu_ms_per_image")
+            w = (c or {}).get("host_wait_s", {})
             cpu = (f" (CPU ms per image: main {c['main']:.2f}, workers {c['workers']:.2f}; machine busy "
-                   f"{c.get('machine_busy_share', float('nan')):.0%})" if c else "")
+                   f"{c.get('machine_busy_share', float('nan')):.0%}"
+                   + (f"; host waited {w.get('wait_input', 0):.1f} s for input, {w.get('wait_device', 0):.1f} s "
+                      f"for the device" if w else "") + ")" if c else "")
             lines.append(f"| {model} through {via}, {name}: whole call{cpu} | {cell} |")
             if "steady_img_s" in r:
                 lines.append(f"| {model} through {via}, {name}: steady state (after the first "
@@ -562,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--assign-inputs", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16"],
                     help="the dtype of the arrays handed to GpuTopK")
     ap.add_argument("--reps", type=int, default=1, help="embed runs per path (the best counts)")
+    ap.add_argument("--sustained-s", type=float, default=0.0,
+                    help="also time the model alone for about this many seconds, after the embed runs")
     ap.add_argument("--queries", type=int, default=1_000_000)
     ap.add_argument("--concepts", type=int, default=500_000)
     ap.add_argument("--dim", type=int, default=1024)
@@ -593,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in a.models:
             try:
                 bench_embed(m, rows, a.device, a.batch_size, workers, before, a.json, a.reps, a.embed,
-                            a.decode_unit, a.work)
+                            a.decode_unit, a.work, a.sustained_s)
             except Exception as e:
                 RESULTS.setdefault("embed", {})[m + " (failed)"] = {"error": f"{type(e).__name__}: {e}"}
                 print(f"{m}: FAILED {e}", flush=True)

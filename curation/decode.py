@@ -43,7 +43,7 @@ import itertools
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -114,9 +114,19 @@ class SplitPreprocess:
         x = x.to(torch.float32).div(255)
         if self.mean is None:
             return x
-        mean = torch.as_tensor(self.mean, dtype=x.dtype, device=x.device).view(-1, 1, 1)
-        std = torch.as_tensor(self.std, dtype=x.dtype, device=x.device).view(-1, 1, 1)
+        mean, std = _norm_tensors(self.mean, self.std, x.device)
         return x.sub_(mean).div_(std)
+
+
+@lru_cache(maxsize=8)
+def _norm_tensors(mean: tuple, std: tuple, device):
+    """``Normalize``'s mean and std as [C, 1, 1] float32 tensors on ``device``, made once: building them per
+    batch copies from pageable host memory, and such a copy to a GPU waits for the stream to drain, i.e.
+    for the previous batch's forward, so the host could queue no batch ahead of the GPU."""
+    import torch
+
+    return (torch.as_tensor(mean, dtype=torch.float32, device=device).view(-1, 1, 1),
+            torch.as_tensor(std, dtype=torch.float32, device=device).view(-1, 1, 1))
 
 
 def split_preprocess(preprocess) -> SplitPreprocess:
@@ -554,14 +564,28 @@ def embed_batches(batches, net, pre: SplitPreprocess, device: str, stats=None):
     GPU never idles on the host between batches. On a GPU the host sleeps until a batch is done (a
     blocking-sync event) rather than in the copy: CUDA's default wait spins a CPU for as long as the
     forward runs (one process per GPU: it spins whenever there are more CPUs than contexts), and on a
-    GPU node that CPU is one the decode workers need."""
+    GPU node that CPU is one the decode workers need. ``stats`` gets where the host waited:
+    ``wait_input`` (for the next decoded batch: the decode behind, plus the merge of its units) and
+    ``wait_device`` (for a batch's forward): the first large means the decode bounds the step, the
+    second the model."""
+    import time
+
     import torch
 
     from curation.clip import autocast
 
+    timings = stats.timings if stats is not None else {}
+    timings.setdefault("wait_input", 0.0)
+    timings.setdefault("wait_device", 0.0)
     pending = None
+    batches = iter(batches)
     with torch.inference_mode():
-        for batch in batches:
+        while True:
+            t0 = time.perf_counter()
+            batch = next(batches, None)
+            timings["wait_input"] += time.perf_counter() - t0
+            if batch is None:
+                break
             x, pos = model_input(batch, pre, device)
             e = done = None
             if x is not None:
@@ -574,13 +598,19 @@ def embed_batches(batches, net, pre: SplitPreprocess, device: str, stats=None):
                 if stats is not None:
                     stats.inc("embedded", len(pos))
             if pending is not None:
-                yield _host(*pending)
+                yield _host(*pending, timings=timings)
             pending = (batch, pos, e, done)
         if pending is not None:
-            yield _host(*pending)
+            yield _host(*pending, timings=timings)
 
 
-def _host(batch, pos, e, done=None):
+def _host(batch, pos, e, done=None, timings=None):
+    import time
+
+    t0 = time.perf_counter()
     if done is not None:
         done.synchronize()          # sleeps (cudaEventBlockingSync); the copy below then finds the work done
-    return batch, pos, (e.cpu().numpy() if e is not None else None)
+    out = e.cpu().numpy() if e is not None else None     # (on a CPU: the forward ran in encode_image)
+    if timings is not None:
+        timings["wait_device"] += time.perf_counter() - t0
+    return batch, pos, out

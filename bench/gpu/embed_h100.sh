@@ -1,20 +1,17 @@
 #!/bin/bash
-# Issue 27 on one H100: ViT-L-14 stopped at 83% of its model through the embed-images step on 2026-11-26
-# (bench/results/gpu_h100.md: 15 decode workers at 11.3 ms per image each, one alone at ≤ 4.4 ms). Prepare with
-# `BASE_REF=7d63168 bash bench/gpu/prepare.sh` (the commit before the blocking-sync wait), then carry
-# [".whl", ".whl-cur", ".base"] (kind nvidia-h100-x1, timeout_s 600, LIMIT=540). Each run records the CPU
-# milliseconds per image of the main process and of the workers, the machine's busy and stolen CPU share, the
-# cgroup's throttled time, whole call and steady state; the JSON the CPU topology and quota. In the order that
-# matters if the call is cut:
-#  - ViT-L-14 through the step at 51,200 rows: 15 workers, 11 (does the rate follow the workers, or do fewer do
-#    as well: shared cores), and 15 with PIL's resize in place of fast_resize (what fast_resize gives there);
-#  - the same 15-worker run on the base tree (the host spinning in the copy while the GPU computes): the
-#    blocking-sync wait's before/after on the same machine;
-#  - ViT-H-14 and ViT-L-14 at a task's size (102,400 rows).
-LIMIT=${LIMIT:-540}
+# Issue 27 on one H100. The call of 2026-11-26 17:2x found the decode is not what holds ViT-L-14 at 83-85% of
+# its model through the embed-images step: 11 workers did as well as 15, the machine's 16 cores (one thread
+# each) were half idle, the workers' CPU per image was 4.6 ms, and the blocking-sync wait changed nothing
+# (bench/results/gpu_h100.md). What the host does between batches is measured here: the step's own waits
+# (wait_input, wait_device), py-spy over the main process, the card's clocks and power beside the model
+# alone sustained for as long as a run, and the normalisation constants made once (the per-batch copy from
+# pageable memory that waits for the stream to drain) before/after on the same machine. Prepare:
+#   rm -rf .base && mkdir .base && git archive 7bbb0f3 | tar -x -C .base    (the tree before this change)
+#   pip download py-spy==0.4.3 into .whl-prof (bench/results/gpu_h100.md has the command)
+# then carry [".whl", ".whl-cur", ".whl-prof", ".base"] (kind nvidia-h100-x1, LIMIT=225, timeout_s 240).
+LIMIT=${LIMIT:-225}
 source bench/gpu/lib.sh
-embed ViT-L-14-quickgelu 51200 step+draft+fast@256 step+draft+fast@256/11 step+draft@256
+smi
+PROF=1 EXTRA="--sustained-s 10" embed ViT-L-14-quickgelu 51200 step+draft+fast@256
 SRC=.base embed ViT-L-14-quickgelu 51200 step+draft+fast@256
-embed ViT-H-14-quickgelu 102400 step+draft+fast@256
-embed ViT-L-14-quickgelu 102400 step+draft+fast@256
 finish

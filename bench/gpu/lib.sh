@@ -8,7 +8,7 @@
 # outlived a SIGTERM by three minutes.
 T0=$(date +%s)
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl $(ls .whl-cur/*.whl 2>/dev/null) || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl $(ls .whl-cur/*.whl .whl-prof/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1
 R=/tmp/devres/r; rm -rf $R; mkdir -p $R; LOG=$OUT/log.txt   # only the tarball and the log come back (8 files at most)
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; nproc; lscpu | grep -E "^(Model name|Thread|Core|Socket|NUMA node\(s\))"; git log -1 --format=%H 2>/dev/null; } >> $LOG 2>&1
@@ -22,17 +22,26 @@ mfu() {  # name timeout args...
   echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; rm -rf /tmp/run-$name; save
 }
 embed() {  # model rows variants... : one bench_curation --gpu process (the GEMM probe, the JPEGs, the model once);
-  # SRC=.base embed ... runs prepare.sh's BASE_REF tree instead (a before figure on the same machine)
-  local m=$1 n=$2 src=$PWD/${SRC:-.} tag=${SRC:+base_}; shift 2
+  # SRC=.base embed ... runs prepare.sh's BASE_REF tree instead (a before figure on the same machine);
+  # EXTRA="..." adds bench arguments; PROF=1 runs it under py-spy (carry .whl-prof: the main process's
+  # threads, idle stacks included, sampled without pausing it) into pyspy_N.txt
+  local m=$1 n=$2 src=$PWD/${SRC:-.} tag=${SRC:+base_} spy=; shift 2
   [ $(left) -gt 100 ] || { echo "=== ${tag}embed $m skipped: $(left)s left" >> $LOG; return; }
-  CA="--models $m --images $n --distinct 2048 --batch-size 256 --embed $* --skip assign"
-  echo "=== ${tag}curation embed $m, $n rows: $* (at $(( $(date +%s) - T0 ))s)" >> $LOG
-  (cd $src && PYTHONPATH=/tmp/site:$src timeout -k 5 $(( $(left) - 8 )) python3 -m bench.bench_curation --gpu $CA \
-    --command "python -m bench.bench_curation --gpu $CA" --json $R/${tag}embed_${m}_$(( ++EMBEDN )).json) 2>&1 \
+  EMBEDN=$(( EMBEDN + 1 ))
+  CA="--models $m --images $n --distinct 2048 --batch-size 256 --embed $* --skip assign ${EXTRA:-}"
+  [ -n "${PROF:-}" ] && [ -x /tmp/site/bin/py-spy ] && spy="/tmp/site/bin/py-spy record --idle --threads --nonblocking -r 50 -f raw -o $R/pyspy_$EMBEDN.txt --"
+  echo "=== ${tag}curation embed $m, $n rows: $* ${EXTRA:-}${spy:+ (py-spy)} (at $(( $(date +%s) - T0 ))s)" >> $LOG
+  (cd $src && PYTHONPATH=/tmp/site:$src timeout -k 5 $(( $(left) - 8 )) $spy python3 -m bench.bench_curation --gpu $CA \
+    --command "python -m bench.bench_curation --gpu $CA" --json $R/${tag}embed_${m}_$EMBEDN.json) 2>&1 \
     | grep -v "Warning\|warn(\|^INFO:root" >> $LOG
   echo "rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 ))s" >> $LOG; save
 }
 EMBEDN=0
+smi() {  # the card's SM clock, power, temperature, utilisation and throttle reasons every second, in the background
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
+    --format=csv -l 1 > $R/smi.csv 2>&1 & SMI=$!
+  echo "smi sampling from $(( $(date +%s) - T0 ))s (pid $SMI)" >> $LOG
+}
 tiny() {  # the tiny recipe's losses over 3 steps, fp32 then bf16 (issue 23: bf16 within its tolerance of fp32)
   if [ $(left) -lt 110 ]; then echo "=== tiny skipped: $(left)s left" >> $LOG; return; fi
   echo "=== tiny fp32 / bf16, 3 steps (at $(( $(date +%s) - T0 ))s)" >> $LOG
@@ -54,6 +63,7 @@ gputests() {  # the tests marked gpu (they skip on a CPU)
   save
 }
 finish() {
+  [ -n "${SMI:-}" ] && kill $SMI 2>/dev/null
   echo "=== done at $(( $(date +%s) - T0 ))s" >> $LOG; save
-  grep -E "^===|^rc|mfu_median|peak_mem|passed|failed|img_s|startup|CPU ms|Core|Thread" $LOG | tail -40
+  grep -E "^===|^rc|mfu_median|peak_mem|passed|failed|img_s|startup|CPU ms|Core|Thread|sustained" $LOG | tail -40
 }
