@@ -382,3 +382,47 @@ def test_a_decode_worker_prepares_its_first_unit_as_it_starts():
     assert calls == [[1, 2], [3], [4, 5]]
     assert [(u["rows"], u["offset"], u["last"]) for u in out] == [([1, 2], 0, False), ([3], 2, True), ([4, 5], 0, True)]
     assert list(iter(_iterable_dataset()(lambda: iter([]), prepare, 2))) == []
+
+
+def _alone(net, pre, x, device):
+    """One batch embedded on its own, synchronously: what the pipelined loop must return for it."""
+    from curation.clip import autocast
+
+    with torch.inference_mode(), autocast(device):
+        e = net.encode_image(pre.finish(x.to(device)))
+    return torch.nn.functional.normalize(e.float(), dim=-1).cpu().numpy()
+
+
+def test_the_embedding_loop_records_where_the_host_waited(tmp_path):
+    from curation.decode import RowDecoder, decoded_batches, embed_batches, list_batches, split_preprocess
+    from ovpipe.step import Stats
+
+    net, preprocess = _tiny_clip_model()
+    pre = split_preprocess(preprocess)
+    rows = _jpeg_rows(tmp_path, np.random.default_rng(11), [(120 + 7 * i, 90 + 5 * i) for i in range(12)])
+    stats = Stats()
+    got = list(embed_batches(decoded_batches(lambda: list_batches(rows, 4), RowDecoder(pre.to_uint8), "threads", 2),
+                             net, pre, "cpu", stats))
+    assert [len(pos) for _, pos, _ in got] == [4, 4, 4] and stats.counters["embedded"] == 12
+    assert stats.timings["wait_input"] > 0 and stats.timings["wait_device"] >= 0
+    for batch, _, e in got:
+        np.testing.assert_array_equal(e, _alone(net, pre, batch["x"], "cpu"))
+
+
+@pytest.mark.gpu
+def test_the_pipelined_gpu_loop_returns_each_batchs_own_embeddings(tmp_path):
+    """On a GPU, batch k goes up on a side stream while batch k-1's forward runs, and each batch's
+    embeddings are copied into pinned memory behind its own forward: every batch's result equals that
+    batch embedded alone, synchronously, bit for bit (a missing stream wait would hand back another
+    batch's pixels or a half-copied result)."""
+    from curation.decode import RowDecoder, decoded_batches, embed_batches, list_batches, split_preprocess
+
+    net, preprocess = _tiny_clip_model("cuda")
+    pre = split_preprocess(preprocess)
+    rows = _jpeg_rows(tmp_path, np.random.default_rng(12), [(120 + 7 * i, 90 + 5 * i) for i in range(40)])
+    got = list(embed_batches(decoded_batches(lambda: list_batches(rows, 4), RowDecoder(pre.to_uint8), "processes", 2,
+                                             pin_memory=True), net, pre, "cuda"))
+    assert len(got) == 10
+    for batch, pos, e in got:
+        assert batch["x"].is_pinned() and pos == [0, 1, 2, 3]
+        np.testing.assert_array_equal(e, _alone(net, pre, batch["x"], "cuda"))
