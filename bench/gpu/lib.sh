@@ -54,12 +54,11 @@ tiny() {  # the tiny recipe's losses over 3 steps, fp32 then bf16 (issue 23: bf1
   python3 -c "import json; m = {p: [s['loss'] for s in json.load(open('$R/tiny_' + p + '.json'))['metrics']] for p in ('fp32', 'bf16')}; print('tiny losses', m, 'max |bf16 - fp32|', max(abs(a - b) for a, b in zip(m['fp32'], m['bf16'])))" >> $LOG 2>&1
   save
 }
-gputests() {  # the tests marked gpu (they skip on a CPU)
+gputests() {  # [test files...]: the tests marked gpu (they skip on a CPU); default: every file that has some
   if [ $(left) -lt 60 ]; then echo "=== gpu tests skipped: $(left)s left" >> $LOG; return; fi
-  echo "=== gpu tests (at $(( $(date +%s) - T0 ))s)" >> $LOG
-  timeout -k 5 $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/pretrain/test_fused.py \
-    tests/pretrain/test_packed_attention_gpu.py tests/curation/test_assign_gpu.py tests/curation/test_embed_decode.py \
-    2>&1 | tail -15 >> $LOG
+  local files=${*:-"tests/pretrain/test_fused.py tests/pretrain/test_packed_attention_gpu.py tests/curation/test_assign_gpu.py tests/curation/test_embed_decode.py"}
+  echo "=== gpu tests: $files (at $(( $(date +%s) - T0 ))s)" >> $LOG
+  timeout -k 5 $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu $files 2>&1 | tail -15 >> $LOG
   save
 }
 finish() {
