@@ -36,7 +36,7 @@ line is a lower bound). GPU-hours for ``embed-images`` and ``assign`` at MetaCLI
 its FLOPs per image, counted here by ``torch.utils.flop_counter`` on a randomly initialised
 ``open_clip`` ViT-H-14 (no weights needed for a count or a timing), and the GPU rates: measured
 (``--gpu-json bench/results/bench_curation_gpu.json``, written by ``python -m bench.bench_curation
---gpu``: ViT-H-14 images/s end to end through ``embed_rows`` and assign's effective FLOP/s, with the
+--gpu``: ViT-H-14 images/s end to end through the ``embed-images`` step (else ``embed_rows``) and assign's effective FLOP/s, with the
 card and command) or, without it, assumed (``--gpu-tflops``, ``--gpu-mfu``, ``--assign-eff``: stated
 in the table; ``--gpu-measured`` gives the ViT's images/s alone). The CPU forward of the image tower at
 224 px is timed here too (``--vit``).
@@ -640,7 +640,7 @@ def projection(results: list[dict], a, vit: dict | None) -> None:
         basis = f"{img_s:,.0f} images/s measured ({a.gpu_measured_note})"
     elif measured and measured.get("img_s"):
         img_s = measured["img_s"]
-        basis = (f"measured: {img_s:,.0f} images/s end to end through `embed_rows` ({measured['embed_path']}) on "
+        basis = (f"measured: {img_s:,.0f} images/s end to end through {measured['embed_via']} ({measured['embed_path']}) on "
                  f"{measured['card']}, `{measured['command']}` ({measured['date']})")
     else:
         img_s = a.gpu_tflops * 1e12 * a.gpu_mfu / fl
@@ -678,16 +678,22 @@ def projection(results: list[dict], a, vit: dict | None) -> None:
 
 def gpu_measured_rates(paths: list[Path]) -> dict:
     """The rates ``python -m bench.bench_curation --gpu`` JSONs measured: ViT-H-14 images/s end to end
-    through ``embed_rows`` (the fastest path of any file), assign's effective FLOP/s (2·n·V·d ÷ seconds,
+    through the ``embed-images`` step where a file has that figure, else through ``embed_rows`` (the fastest of
+    any file), assign's effective FLOP/s (2·n·V·d ÷ seconds,
     key upload included, fastest path), each with the card, command and date it was measured with."""
     out = {}
     for path in paths:
         r = json.loads(Path(path).read_text())
         src = {"card": r.get("card", "?"), "command": r.get("command", "?"), "date": r.get("date", "?")}
         vit = next((v for k, v in r.get("embed", {}).items() if k.startswith("ViT-H-14")), {})
-        for k, v in vit.items():
-            if k.startswith("after") and isinstance(v, dict) and v.get("img_s", 0) > out.get("img_s", 0):
-                out.update(src, img_s=v["img_s"], embed_path=k.removeprefix("after: "))
+        for k, v in vit.items():     # the step's own figure first (what a cluster runs), then embed_rows'
+            if not (k.startswith(("step", "after")) and isinstance(v, dict) and "img_s" in v):
+                continue
+            rank = (k.startswith("step"), v["img_s"])
+            if rank > out.get("embed_rank", (False, 0.0)):
+                out.update(src, img_s=v["img_s"], embed_path=k.split(": ", 1)[1], embed_rank=rank,
+                           embed_via=(f"the `embed-images` step over {r.get('jpegs', {}).get('rows', 0):,} rows"
+                                      if k.startswith("step") else "`embed_rows`"))
         asg = r.get("assign", {})
         for k, v in asg.items():
             if k.startswith("after") and isinstance(v, dict) and "s" in v:
