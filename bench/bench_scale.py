@@ -684,7 +684,7 @@ def gpu_measured_rates(paths: list[Path]) -> dict:
     out = {}
     for path in paths:
         r = json.loads(Path(path).read_text())
-        src = {"card": r.get("card", "?"), "command": r.get("command", "?"), "date": r.get("date", "?")}
+        src = {"card": r.get("card", "?"), "command": r.get("command", "?").strip(), "date": r.get("date", "?")}
         vit = next((v for k, v in r.get("embed", {}).items() if k.startswith("ViT-H-14")), {})
         for k, v in vit.items():     # the step's own figure first (what a cluster runs), then embed_rows'
             if not (k.startswith(("step", "after")) and isinstance(v, dict) and "img_s" in v):

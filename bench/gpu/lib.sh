@@ -28,7 +28,7 @@ embed() {  # model rows variants... : one bench_curation --gpu process (the GEMM
   local m=$1 n=$2 src=$PWD/${SRC:-.} tag=${SRC:+base_} spy=; shift 2
   [ $(left) -gt 100 ] || { echo "=== ${tag}embed $m skipped: $(left)s left" >> $LOG; return; }
   EMBEDN=$(( EMBEDN + 1 ))
-  CA="--models $m --images $n --distinct 2048 --batch-size 256 --embed $* --skip assign ${EXTRA:-}"
+  CA="--models $m --images $n --distinct 2048 --batch-size 256 --embed $* --skip assign${EXTRA:+ $EXTRA}"
   [ -n "${PROF:-}" ] && [ -x /tmp/site/bin/py-spy ] && spy="/tmp/site/bin/py-spy record --idle --threads --nonblocking -r 50 -f raw -o $R/pyspy_$EMBEDN.txt --"
   echo "=== ${tag}curation embed $m, $n rows: $* ${EXTRA:-}${spy:+ (py-spy)} (at $(( $(date +%s) - T0 ))s)" >> $LOG
   (cd $src && PYTHONPATH=/tmp/site:$src timeout -k 5 $(( $(left) - 8 )) $spy python3 -m bench.bench_curation --gpu $CA \
