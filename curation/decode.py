@@ -613,13 +613,13 @@ def embed_batches(batches, net, pre: SplitPreprocess, device: str, stats=None):
                 if stats is not None:
                     stats.inc("embedded", len(pos))
             if pending is not None:
-                yield _host(*pending, timings=timings)
+                yield _host(*pending, timings)
             pending = (batch, pos, e, done)
         if pending is not None:
-            yield _host(*pending, timings=timings)
+            yield _host(*pending, timings)
 
 
-def _host(batch, pos, e, done=None, timings=None):
+def _host(batch, pos, e, done, timings):
     import time
 
     t0 = time.perf_counter()
@@ -628,6 +628,5 @@ def _host(batch, pos, e, done=None, timings=None):
         e = e.numpy().copy()    # (out of pinned memory, which the caching host allocator then reuses)
     elif e is not None:
         e = e.numpy()
-    if timings is not None:
-        timings["wait_device"] += time.perf_counter() - t0
+    timings["wait_device"] += time.perf_counter() - t0
     return batch, pos, e
