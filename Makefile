@@ -1,6 +1,17 @@
 # ovpipe — `make demo` then `make test` on a fresh machine.
-# Python 3.12 is required by megatron-core >= 0.17; pyenv's 3.12 is on every machine here.
-PYTHON312 ?= $(shell command -v /root/.pyenv/versions/3.12.1/bin/python3.12 || command -v python3.12)
+# Python 3.12 is required by megatron-core >= 0.17. PYTHON312 is the first of these that runs and is 3.12:
+# python3.12 on PATH (a pyenv shim there fails unless a 3.12 is selected, hence the check that it runs),
+# `pyenv prefix 3.12`, the newest 3.12.x under $PYENV_ROOT (default ~/.pyenv)/versions, python3. Looked for
+# once, and only by a recipe that needs it (creating .uv or .venv); `make PYTHON312=/path/to/python3.12`
+# skips the search. None found: the recipe stops with one line saying so (NEED_PYTHON312).
+PY312_CHECK := -c 'import sys; assert sys.version_info[:2] == (3, 12)'
+PY312_SEARCH = for c in "$$(command -v python3.12)" "$$(pyenv prefix 3.12 2>/dev/null | head -n1)/bin/python3.12" \
+  $$(ls -d "$(or $(PYENV_ROOT),$(HOME)/.pyenv)"/versions/3.12.*/bin/python3.12 2>/dev/null | sort -rV) \
+  "$$(command -v python3)"; do [ -x "$$c" ] && "$$c" $(PY312_CHECK) 2>/dev/null && { echo "$$c"; break; }; done
+PYTHON312 ?= $(eval PYTHON312 := $(shell $(PY312_SEARCH)))$(PYTHON312)
+NEED_PYTHON312 = @test -n "$(PYTHON312)" && "$(PYTHON312)" $(PY312_CHECK) 2>/dev/null || { echo "ovpipe needs \
+  Python 3.12: $(if $(PYTHON312),PYTHON312=$(PYTHON312) is not a working Python 3.12,none found on PATH or in \
+  pyenv); install it or pass PYTHON312=/path/to/python3.12" >&2; exit 1; }
 VENV      := .venv
 BIN       := $(VENV)/bin
 OVPIPE    := $(BIN)/ovpipe
@@ -27,6 +38,7 @@ LOCK       := requirements/lock.txt
 LOCK_ARGS  := --python-version 3.12 --python-platform x86_64-manylinux_2_28 --generate-hashes --no-header -q
 
 $(UV):
+	$(NEED_PYTHON312)
 	PIP_CONFIG_FILE=/dev/null $(PYTHON312) -m pip install -q --disable-pip-version-check --root-user-action=ignore \
 	  --target .uv uv==$(UV_VERSION)
 
@@ -36,6 +48,7 @@ $(UV):
 # read by every process after (`make bytecode` does the same for the project's own packages).
 install: $(VENV)/.installed
 $(VENV)/.installed: $(LOCK) requirements/no-deps.txt pyproject.toml | $(UV)
+	$(if $(wildcard $(BIN)/python),,$(NEED_PYTHON312))
 	test -x $(BIN)/python || $(UV) venv -q --seed --python $(PYTHON312) $(VENV)
 	$(UV) pip sync -q --compile-bytecode --python $(BIN)/python --require-hashes $(LOCK)
 	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --no-deps --require-hashes -r requirements/no-deps.txt
@@ -61,6 +74,7 @@ lock: | $(UV)
 # the suite there and prints what differs from the lock. Not part of CI.
 LATEST_VENV ?= /tmp/ovpipe-latest
 test-latest: | $(UV)
+	$(NEED_PYTHON312)
 	rm -rf $(LATEST_VENV) && $(UV) venv -q --seed --python $(PYTHON312) $(LATEST_VENV)
 	$(UV) pip install -q --python $(LATEST_VENV)/bin/python --upgrade -e '.[all]'
 	$(UV) pip install -q --python $(LATEST_VENV)/bin/python --no-deps -r requirements/no-deps.txt
