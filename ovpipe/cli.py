@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ovpipe.registry import all_steps
+from ovpipe.registry import all_steps, command_help, step_help
 
 
 class UsageError(Exception):
@@ -272,8 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ovpipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module in all_steps().items():
-        sp = sub.add_parser(name, help=f"step ({module})")
+    for name in all_steps():
+        sp = sub.add_parser(name, help=step_help(name), description=step_help(name))
         sp.add_argument("--config", help="YAML file of the step's config (defaults if omitted)")
         sp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override one config field (YAML value), repeatable")
@@ -303,28 +303,27 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --wait: give up waiting (the jobs keep running) after this long")
         sp.set_defaults(func=cmd_step)
 
-    sp = sub.add_parser("sql", help="run SQL over the run folder's manifests (DuckDB, one view per manifest)")
+    sp = sub.add_parser("sql", help="SQL over a run folder's manifests (DuckDB)")
     sp.add_argument("run_dir")
     sp.add_argument("query")
     sp.add_argument("--format", choices=["table", "csv", "json"], default="table")
     sp.add_argument("--max-rows", type=_positive_int, default=100)
     sp.set_defaults(func=cmd_sql)
 
-    sp = sub.add_parser("report", help="canned reports over a run folder")
+    sp = sub.add_parser("report", help="the canned reports over a run folder")
     sp.add_argument("run_dir")
     sp.set_defaults(func=cmd_report)
 
-    sp = sub.add_parser("summary", help="per stage: the steps that ran and their key figures (the end of make demo)")
+    sp = sub.add_parser("summary", help="per stage: the steps that ran and their key figures")
     sp.add_argument("run_dir")
     sp.set_defaults(func=lambda a: print(__import__("ovpipe.summary", fromlist=["run_summary"]).run_summary(
         _run_dir(a.run_dir))))
 
-    sp = sub.add_parser("status", help="per step: ranks done / failed / pending")
+    sp = sub.add_parser("status", help="per step, in pipeline order: ranks done / failed / …")
     sp.add_argument("run_dir")
     sp.set_defaults(func=cmd_status)
 
-    sp = sub.add_parser("demo-data", help="write the synthetic demo corpus (caption shards + concept vocabulary, "
-                                          "LLaVA-558K-style JSON, LLaVA JSON + FineVision instruction sets)")
+    sp = sub.add_parser("demo-data", help=command_help("demo-data"))
     sp.add_argument("--out", required=True)
     sp.add_argument("--samples", type=_positive_int, default=2000)
     sp.add_argument("--shards", type=_positive_int, default=4)
@@ -333,23 +332,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only the caption shards (skip the LLaVA-558K-style and instruction sets)")
     sp.set_defaults(func=cmd_demo_data)
 
-    sp = sub.add_parser("pretrain", help="three-stage megatron-core training (see `ovpipe pretrain --help`)",
-                        add_help=False)
+    sp = sub.add_parser("pretrain", help=command_help("pretrain"), add_help=False)
     sp.add_argument("rest", nargs=argparse.REMAINDER)
     sp.set_defaults(func=_forward("pretrain"))
 
-    sp = sub.add_parser("export-model", help="a trained stage as one Hugging Face LLaVA-OneVision-1.5 folder "
-                                             "(see `ovpipe export-model --help`)", add_help=False)
+    sp = sub.add_parser("export-model", help=command_help("export-model"), add_help=False)
     sp.add_argument("rest", nargs=argparse.REMAINDER)
     sp.set_defaults(func=_forward("export-model"))
 
-    sp = sub.add_parser("import-model", help="a released / exported LLaVA-OneVision-1.5 folder (or Qwen3 + MLCD parts) "
-                                             "into a stage's dist checkpoint (see `ovpipe import-model --help`)",
-                        add_help=False)
+    sp = sub.add_parser("import-model", help=command_help("import-model"), add_help=False)
     sp.add_argument("rest", nargs=argparse.REMAINDER)
     sp.set_defaults(func=_forward("import-model"))
 
-    sp = sub.add_parser("_task", help=argparse.SUPPRESS)
+    sp = sub.add_parser("_task")          # internal: no help, not listed
     sp.add_argument("step")
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--rank", type=int, required=True)
@@ -358,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--phase", choices=["map", "apply"], default="map")
     sp.set_defaults(func=cmd_task)
 
-    sp = sub.add_parser("_finalize", help=argparse.SUPPRESS)
+    sp = sub.add_parser("_finalize")      # internal: no help, not listed
     sp.add_argument("step")
     sp.add_argument("--run-dir", required=True)
     sp.add_argument("--name")

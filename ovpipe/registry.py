@@ -1,51 +1,71 @@
 """Every step by name → the module that defines its ``STEP``.
 
 The CLI imports only the module of the step it runs, so `ovpipe sql` or `ovpipe pack`
-never pay for torch. A stage adds a step by adding one line here.
+never pay for torch. A stage adds a step by adding one line to ``STEPS``: its module and what it does.
 """
 from __future__ import annotations
 
 import importlib
 import os
 
-STEP_MODULES: dict[str, str] = {
+# name: (the module that defines its STEP, what it does: its line in `ovpipe --help`, ≤ 58 characters so
+# that it stays one line on an 80-column terminal)
+STEPS: dict[str, tuple[str, str]] = {
     # curation
-    "ingest": "curation.ingest",
-    "embed-images": "curation.embed",
-    "embed-concepts": "curation.concepts",
-    "assign": "curation.assign",
-    "balance": "curation.balance",
-    "balance-report": "curation.report",
-    "mix": "curation.mix",
-    "recaption": "curation.recaption",
-    "demo-clip": "curation.demo_clip",
+    "ingest": ("curation.ingest", "webdataset / LLaVA JSON / Parquet → the samples manifest"),
+    "embed-images": ("curation.embed", "MetaCLIP image embeddings of the samples (.npy shards)"),
+    "embed-concepts": ("curation.concepts", "the concept vocabulary through the CLIP text tower"),
+    "assign": ("curation.assign", "top-K concepts per image, exact inner product"),
+    "balance": ("curation.balance", "concept frequencies → inverse-frequency resampling"),
+    "balance-report": ("curation.report", "did balancing lift the long tail: before/after + plot"),
+    "mix": ("curation.mix", "ingested sources → a seeded draw to target proportions"),
+    "recaption": ("curation.recaption", "bilingual VLM captions of the balanced set, checked"),
+    "demo-clip": ("curation.demo_clip", "train the demo's tiny CLIP on the demo corpus (demo only)"),
     # packing
-    "lengths": "packing.lengths",
-    "pack": "packing.pack",
+    "lengths": ("packing.lengths", "training tokens per sample (text + image tokens)"),
+    "pack": ("packing.pack", "bin-pack samples into fixed-length packed shards"),
     # pretrain
-    "eval": "pretrain.evaluate",
+    "eval": ("pretrain.evaluate", "lmms-eval over an exported model → the eval manifest"),
     # rl_select
-    "rl-ingest": "rl_select.ingest",
-    "rollout": "rl_select.rollout",
-    "score": "rl_select.score",
-    "select": "rl_select.select",
-    "export": "rl_select.export",
-    "rl-gym": "rl_select.gym.step",
+    "rl-ingest": ("rl_select.ingest", "RL prompt sets (Parquet / JSONL) → the rl_prompts manifest"),
+    "rollout": ("rl_select.rollout", "N responses per prompt (vllm / transformers / a file)"),
+    "score": ("rl_select.score", "a rule-based reward for every rollout (sandboxed)"),
+    "select": ("rl_select.select", "pass@k per prompt; keep a Pass@N − Pass@1 gap"),
+    "export": ("rl_select.export", "kept prompts in GRPO trainers' layouts (verl, …)"),
+    "rl-gym": ("rl_select.gym.step", "VLM-Gym game states as an rl_prompts manifest"),
 }
+STEP_MODULES: dict[str, str] = {name: module for name, (module, _) in STEPS.items()}
 
 
 # Commands that are not steps, by the function that runs them: the core CLI names the stage (or the demo)
 # that implements them, and imports it only when the command runs, as it does for steps.
-COMMANDS: dict[str, str] = {
-    "pretrain": "pretrain.launch:main",              # its own argument parser (torchrun / srun launch options)
-    "export-model": "pretrain.export:main",
-    "import-model": "pretrain.hf_import:main",
-    "demo-data": "demo:write_demo_data",
+# name: (module:function, what it does: its line in `ovpipe --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "pretrain": ("pretrain.launch:main",          # its own argument parser (torchrun / srun launch options)
+                 "three-stage megatron-core training (its own --help)"),
+    "export-model": ("pretrain.export:main",
+                     "a trained stage → a HF folder (its own --help)"),
+    "import-model": ("pretrain.import_model:main",
+                     "a HF folder → a stage's dist checkpoint (its own --help)"),
+    "demo-data": ("demo:write_demo_data",
+                  "write the synthetic demo corpus"),
 }
 
 
+def command_help(name: str) -> str:
+    return COMMANDS[name][1]
+
+
+def step_help(name: str) -> str:
+    """The step's one line in ``ovpipe --help``; a step from OVPIPE_EXTRA_STEPS gets a generic one
+    (its module is not imported to ask it: ``ovpipe --help`` stays fast)."""
+    if name in STEPS:
+        return STEPS[name][1]
+    return f"a step from OVPIPE_EXTRA_STEPS ({all_steps().get(name, '?')})"
+
+
 def get_command(name: str):
-    module, _, attr = COMMANDS[name].partition(":")
+    module, _, attr = COMMANDS[name][0].partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
