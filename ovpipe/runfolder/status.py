@@ -83,8 +83,8 @@ def slurm_chain(sdir: Path) -> tuple[list[str], bool]:
     return ([f"    slurm: {' → '.join(parts)}"] if parts else []), False
 
 
-def _rank_counts_line(label: str, st: dict) -> str:
-    return (f"{label:<16} {st['done']:>3}/{st['tasks']:<2} {len(st['running']):>7} {len(st['failed']):>6} "
+def _rank_counts_line(label: str, st: dict, width: int = 16) -> str:
+    return (f"{label:<{width}} {st['done']:>3}/{st['tasks']:<2} {len(st['running']):>7} {len(st['failed']):>6} "
             f"{len(st['stale']):>5} {len(st['pending']):>7}")
 
 
@@ -96,8 +96,65 @@ def _rank_detail_lines(st: dict, what: str) -> tuple[list[str], bool]:
     return lines, bool(st["failed"] or st["stale"])
 
 
+def _first_start(sdir: Path) -> float:
+    """When the step first ran here: its oldest task log (a rerun rewrites only the ranks it redoes), else
+    when ``executor.json`` was last written."""
+    times = []
+    for p in [*sdir.glob("logs/*"), sdir / "executor.json"]:
+        try:
+            times.append(p.stat().st_mtime)
+        except OSError:
+            pass
+    return min(times, default=0.0)
+
+
+def pipeline_order(run_dir: Path) -> list[Path]:
+    """The run's step folders (``RUN/<step>``, and one level down: ``pretrain/stage-<S>``, a stage is a
+    step), in pipeline order: every folder after the inputs its ``executor.json`` recorded (run-relative
+    folder names, as ``ovpipe.inputs`` resolved them when it ran). Among folders whose inputs are all
+    listed, the one that first ran earliest comes first (then by name): a topological sort, so
+    ``assign`` follows ``embed-images`` and ``ingest`` whatever their names. Inputs that are not step
+    folders of this run (external parts) are ignored; a cycle (hand-made folders) is broken at its
+    earliest folder."""
+    import heapq
+
+    run_dir = Path(run_dir)
+    folders = sorted(p.parent for p in [*run_dir.glob("*/executor.json"), *run_dir.glob("*/*/executor.json")])
+    label = {str(d.relative_to(run_dir)): d for d in folders}
+    key = {name: (_first_start(d), name) for name, d in label.items()}
+    needs: dict[str, set[str]] = {}
+    for name, d in label.items():
+        try:
+            inputs = json.loads((d / "executor.json").read_text()).get("inputs") or {}
+        except (OSError, ValueError, AttributeError):
+            inputs = {}
+        needs[name] = {str(k).strip("/") for k in inputs if str(k).strip("/") in label and str(k).strip("/") != name}
+    users: dict[str, list[str]] = {name: [] for name in label}
+    for name, ins in needs.items():
+        for k in ins:
+            users[k].append(name)
+    waiting = {name: len(ins) for name, ins in needs.items()}
+    ready = [key[n] for n, w in waiting.items() if w == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while len(order) < len(label):
+        if not ready:     # a cycle: start it at its earliest folder
+            heapq.heappush(ready, min(key[n] for n, w in waiting.items() if w > 0))
+        _, name = heapq.heappop(ready)
+        if waiting[name] < 0:
+            continue
+        waiting[name] = -1
+        order.append(name)
+        for u in users[name]:
+            if waiting[u] > 0:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    heapq.heappush(ready, key[u])
+    return [label[n] for n in order]
+
+
 def print_status(run_dir: Path, out=None, slurm_lines=None) -> int:
-    """``ovpipe status RUN``: one line per step, then each running / failed / stale rank; a map → reduce →
+    """``ovpipe status RUN``: one line per step in pipeline order (``pipeline_order``), then each running / failed / stale rank; a map → reduce →
     apply step adds its reduce and apply lines (a reduce-first step: its line counts the apply ranks, and
     a ``reduce first`` line follows), and a Slurm step the chain of its jobs. A finished step whose
     inputs changed since it ran (``stale_inputs``) shows ``stale`` in the ``final`` column, with why.
@@ -106,20 +163,20 @@ def print_status(run_dir: Path, out=None, slurm_lines=None) -> int:
     describes a step's Slurm chain (default: the job ids only, ``slurm_chain``)."""
     out = out or sys.stdout
     run_dir = Path(run_dir)
-    # step folders, and step folders one level down (``pretrain/stage-<S>``: a stage is a step)
-    steps = sorted(p.parent for p in [*run_dir.glob("*/executor.json"), *run_dir.glob("*/*/executor.json")])
+    steps = pipeline_order(run_dir)
     if not steps:
         print(f"{run_dir}: no steps run yet", file=out)
         return 0
     rc = 0
-    print(f"{'step':<16} {'done':>6} {'running':>7} {'failed':>6} {'stale':>5} {'pending':>7}  final", file=out)
+    width = max(16, *(len(str(sdir.relative_to(run_dir))) for sdir in steps))
+    print(f"{'step':<{width}} {'done':>6} {'running':>7} {'failed':>6} {'stale':>5} {'pending':>7}  final", file=out)
     seen: dict = {}
     for sdir in steps:
         st = step_status(sdir)
         label = str(sdir.relative_to(run_dir))
         stale = stale_inputs(run_dir, label, seen)
         final = "stale" if stale and st["finalized"] else "yes" if st["finalized"] else "no"
-        print(f"{_rank_counts_line(label, st)}  {final}", file=out)
+        print(f"{_rank_counts_line(label, st, width)}  {final}", file=out)
         reduce_first = "map" not in st["order"]
         lines, bad = _rank_detail_lines(st, "apply rank" if reduce_first else "rank")
         lines += [f"    stale: {why}; rerun with --overwrite" for why in stale]
@@ -128,13 +185,13 @@ def print_status(run_dir: Path, out=None, slurm_lines=None) -> int:
             lines.insert(0, progress)
         if reduce_first:     # reduce → apply (the line above)
             red = st["phases"]["reduce"]
-            lines.append(f"{'  └ reduce first':<16} {red:>6}")
+            lines.append(f"{'  └ reduce first':<{width}} {red:>6}")
             bad = bad or red in ("failed", "stale")
         elif "phases" in st:   # map (the line above) → reduce → apply
             red = st["phases"]["reduce"]
-            lines.append(f"{'  ├ reduce':<16} {red:>6}")
+            lines.append(f"{'  ├ reduce':<{width}} {red:>6}")
             apply_lines, apply_bad = _rank_detail_lines(st["phases"]["apply"], "apply rank")
-            lines += [_rank_counts_line("  └ apply", st["phases"]["apply"]), *apply_lines]
+            lines += [_rank_counts_line("  └ apply", st["phases"]["apply"], width), *apply_lines]
             bad = bad or apply_bad or red in ("failed", "stale")
         chain, chain_failed = (slurm_lines or slurm_chain)(sdir)
         lines += chain
