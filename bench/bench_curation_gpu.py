@@ -1,6 +1,6 @@
 """Curation on one GPU: embed-images and assign against the model-only rate and the GEMM floor.
 
-    python -m bench.bench_curation --gpu [--before DIR] [--json bench/results/bench_curation_gpu.json]
+    python -m bench.bench_curation --gpu [--before DIR] [--json OUT.json]
 
 * **GEMM probe**: bf16 and fp16 8192³ products (3 warm-ups, the mean of 10), the floor for assign.
 * **embed-images**: each model (random weights: a timing needs none) alone, ``encode_image`` under bf16
@@ -15,8 +15,7 @@
   its first batch reached the host (``first_batch_s``), and ``startup_probe`` times the start-up's parts
   apart, before the calls and after them: one unit's decode in this process, and the start of the worker
   processes (the DataLoader forks all of them before any gets work; a fork copies the parent's page tables,
-  so it costs more the more memory the parent holds: 16 workers 0.26 s, 1.64 s with 4 GB resident, on the
-  CPU, ``bench/results/embed_startup_probe_cpu.txt``).
+  so it costs more the more memory the parent holds; figures in ``bench/results/cpu.md``).
 * **assign**: 1M × 500K × 1024, K = 10, fp16-exact unit vectors (what the ``.npy`` shards hold), through
   ``curation.assign_gpu.GpuTopK`` on the GPU, handed over as fp32 arrays and (``fp16 inputs``) as the
   fp16 arrays the shards hold, against the floor ``2·n·V·d / fp16 GEMM rate``; the ids are compared

@@ -1,10 +1,9 @@
 #!/bin/bash
-# Issue 27 on one H100: the embedding loop's fix (4054c30) measured against the tree before it (2907006), on one
-# card (run 2026-11-26 18:37 UTC: bench/results/gpu_h100.md, third session; ViT-L 81% -> 93%, 95% at a task's
-# size, ViT-H 97%). bench/results/gpu_h100.md (second session) found ViT-L-14 held at 83-85% of its model by the loop, not the
-# decode: the copy of batch k-1's embeddings waited for batch k's forward too, and the GPU idled 15% of the run
-# while the host wrote results and fetched the next batch. Prepare:
-#   rm -rf .base && mkdir .base && git archive 2907006 | tar -x -C .base
+# The embed-images step on one H100, the figures of bench/results/h100.md: the tree against the one in .base on
+# the same card (a before figure). ViT-L-14 is bound by the embedding loop when batch k-1's embeddings wait for
+# batch k's forward as well (the GPU then idles while the host writes results and fetches the next batch), so the
+# runs record the host's waits and the model alone sustained beside the step. Prepare:
+#   rm -rf .base && mkdir .base && git archive <the commit to compare against> | tar -x -C .base
 #   (.whl, .whl-cur: BASE_REF= bash bench/gpu/prepare.sh if missing)
 # then carry [".whl", ".whl-cur", ".base"] (kind nvidia-h100-x1, LIMIT=540, timeout_s 590). In the order that
 # matters if the call is cut: the GPU tests of the curation loop (bit equality of the pipelined loop with each batch

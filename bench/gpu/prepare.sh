@@ -32,7 +32,7 @@ rm -rf $R/lengths $R/lengths-align "$DATA"   # the packs hold the tokens and ima
 # BASE_REF=<commit>: that commit's tree in .base (carry it too) for a before/after in one call (lib.sh's SRC=.base runs)
 # A tree from before the trainer's varlen feature detection (b9595c8^, the code issue 23 measured first) calls
 # varlen_attn(enable_gqa=...), which torch 2.11 lacks: its key/value are repeated to the query heads by hand
-# there, as that first measurement did ("main + GQA patch" in bench/results/gpu_h200.md).
+# there ("+ GQA patch" in bench/results/h200.md and h100.md).
 if [ -n "${BASE_REF:-}" ]; then
   rm -rf .base; mkdir .base; git archive "$BASE_REF" | tar -x -C .base
   .venv/bin/python - <<'PY'
