@@ -1,4 +1,4 @@
-"""Issue 13: a `balance` task's peak memory does not grow with the corpus. The same task (map rank 0,
+"""A `balance` task's peak memory does not grow with the corpus. The same task (map rank 0,
 the reduce, apply rank 0 of 2) runs in a fresh process at 60K and 480K samples (K = 10); what each
 adds to the process's peak resident memory (VmHWM after the task − VmHWM after the imports) must stay
 flat. The old step read the whole `assignments` manifest in every rank: its rank 0 grew by 184 MiB

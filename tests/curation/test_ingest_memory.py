@@ -1,4 +1,4 @@
-"""Issue 13: an `ingest` map rank holds one spill run, never its share, and an apply rank one merged
+"""An `ingest` map rank holds one spill run, never its share, and an apply rank one merged
 sub-range — so neither grows with the corpus. The same rank runs
 in a fresh process on a 30K- and a 300K-sample corpus (10× the rows per rank, ≈ 1.5 KB captions); what it adds to the
 process's peak resident memory (VmHWM after the task − VmHWM after the imports) is compared. Before the

@@ -1,4 +1,4 @@
-"""Bad input becomes rows (or a `shards` status), never a failed ingest task (issue 12).
+"""Bad input becomes rows (or a `shards` status), never a failed ingest task.
 
 Every bad input is built here: a decompression-bomb PNG, tars cut mid-member / mid-header /
 at a member boundary, a `.tar` that is not a tar, Parquet with wrong column types or a missing

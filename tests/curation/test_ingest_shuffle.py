@@ -1,4 +1,4 @@
-"""Issue 13: `ingest` is map → reduce → apply. Map ranks spill their rows as sorted runs with per-bucket
+"""`ingest` is map → reduce → apply. Map ranks spill their rows as sorted runs with per-bucket
 counts; the reduce cuts the id space into balanced ranges; each apply rank merges its range of every
 run, a sub-range at a time, and marks duplicates as the rows stream. So the `samples`
 parts are contiguous id ranges — canonical as they lie, no downstream task sorts the corpus — and the

@@ -1,4 +1,4 @@
-"""`ovpipe sql` is read-only and confined to the run folder (issue 12).
+"""`ovpipe sql` is read-only and confined to the run folder.
 
 Each attack below worked before: COPY wrote anywhere (and over manifests), read_text/read_csv/glob read
 any file, ATTACH made databases, INSTALL/LOAD tried extensions. Two layers stop them: only read statements

@@ -1,4 +1,4 @@
-"""User errors become one line on stderr and exit code 2, before any work (issue 12, config part).
+"""User errors become one line on stderr and exit code 2, before any work (config errors).
 
 Each test reproduces a drill that used to exit 0 with wrong output, fail only at task time,
 write outside the run folder, or end in a raw traceback.

@@ -1,4 +1,4 @@
-"""Three-phase steps (map → reduce → apply, issue 13) on `balance`: byte-identical to the whole-corpus
+"""Three-phase steps (map → reduce → apply) on `balance`: byte-identical to the whole-corpus
 computation for 1, 3 and 8 tasks, resume per phase, `ovpipe status` per phase, numpy's summation order."""
 import json
 import re

@@ -1,4 +1,4 @@
-"""Run safety (issue 12): the step lock, upstream checks, running/stale status, no orphan
+"""Run safety: the step lock, upstream checks, running/stale status, no orphan
 workers, no leftover temp files. Each test is a drill that used to fail."""
 from __future__ import annotations
 

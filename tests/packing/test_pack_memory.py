@@ -1,4 +1,4 @@
-"""Issue 13: `pack`'s reduce keeps ~32 bytes per item (the items themselves are on disk, sorted a
+"""`pack`'s reduce keeps ~32 bytes per item (the items themselves are on disk, sorted a
 partition at a time: `packing.solve`) and an apply rank's peak does not grow with the corpus (it writes
 its pack range a chunk of bins at a time). The same tasks run in a fresh process at 200K and 1.6M
 samples; what each adds to the process's peak resident memory (VmHWM after the task − VmHWM after the

@@ -106,8 +106,8 @@ def pack_outputs(run, out):
 
 @pytest.mark.parametrize("tasks", [1, 3, 4])
 def test_task_count_does_not_change_packs(packed_run, tmp_path, tasks):
-    """Issue 12: shard names used to hold the writing rank (4 tars at tasks 1 or 4, 6 at tasks 3), so
-    the `packs.shard` column and the tar files changed with --tasks. Now every byte is the same."""
+    """Shards are named by their pack range, not by the rank that wrote them, so the `packs.shard`
+    column and the tar files are the same bytes at any --tasks."""
     import shutil
 
     run = tmp_path / f"t{tasks}"
@@ -125,7 +125,7 @@ def test_task_count_does_not_change_packs(packed_run, tmp_path, tasks):
     assert [p["shard"] for p in packs] == [f"pack-{i // 8:06d}.tar" for i in range(len(packs))]
     assert list(tars) == sorted(tars) == [f"pack-{j:06d}.tar" for j in range(-(-len(packs) // 8))]
     assert len(tars) == 3  # 2 ranks at --tasks 2 (the fixture), 1 each at 3, one idle rank at 4
-    # issue 13: the packing is solved once (the reduce), each apply rank writes its pack range from it
+    # the packing is solved once (the reduce), each apply rank writes its pack range from it
     assert json.loads((run / "pack" / "executor.json").read_text())["phases"] == ["reduce", "apply"]
     assert sorted(p.name for p in (run / "pack" / "reduced").iterdir()) == ["bin_load.npy", "bin_start.npy",
                                                                             "slots.parquet", "summary.npz"]
