@@ -39,7 +39,7 @@ class AssignConfig:
     k: int = 10
     backend: Literal["auto", "faiss", "torch"] = "auto"
     image_tile: Optional[int] = None     # None: 16384 on CPU, 32768 on a GPU
-    concept_tile: Optional[int] = None   # None: 65536 on CPU, 262144 on a GPU (bench/results/gpu_h200.md)
+    concept_tile: Optional[int] = None   # None: 65536 on CPU, 262144 on a GPU (docs/curation.md)
     device: str = "auto"
 
     def __post_init__(self):
@@ -50,9 +50,9 @@ class AssignConfig:
             raise ValueError("image_tile and concept_tile must be >= 1 (or null: by device)")
 
     def for_device(self, device: str) -> "AssignConfig":
-        """The tiles resolved for ``device``: a GPU's fp16 score tile of 32768 × 262144 (17 GB) ran 11% faster
-        than 32768 × 131072 on an H200 with fp32 inputs (2.66 vs 2.95 s at 1M × 500K × 1024; 12% faster than
-        16384 × 65536 before that); a CPU's fp32 tile stays at 16384 × 65536."""
+        """The tiles resolved for ``device``: a GPU's fp16 score tile of 32768 × 262144 (17 GB), the fastest
+        of the tile shapes measured (docs/curation.md, *assign on a GPU*); a CPU's fp32 tile stays at
+        16384 × 65536."""
         from dataclasses import replace
 
         gpu = device.startswith("cuda")

@@ -12,9 +12,8 @@ over the tile, coalesced), the ``K'`` best groups, the ``K'`` best scores among 
 members (every score left out is ≤ the ``K'``-th kept), merged into a running ``[n, K']`` on the GPU.
 Then the ``K' = max(2K, K+16)`` candidates are rescored in fp32 from the original vectors (one batched
 matrix-vector product) and the top K of those is the answer: what the fp32 CPU paths give, float ties
-aside. At 1M × 500K × 1024, K = 10, on one H200, tiles 32768 × 262144 and fp16 inputs: 2.55 s, 52% of the
-fp16 GEMM floor (the keys' one-time upload 0.12 s of it), ids equal to the CPU path's; the old fp32-converting
-path took 9.23 s (``bench/results/gpu_h200.md``).
+aside. Its time against the fp16 GEMM floor, and against the fp32-converting path it replaced, is in
+docs/curation.md (figures in ``bench/results/h200.md``).
 
 Certified exact: a row whose K-th rescored score beats ``t + |t|·2⁻¹¹ + |q|·max|k|·ε`` (``t`` the
 ``K'``-th fp16 score: every concept left out scores ≤ ``t`` in fp16; 2⁻¹¹ bounds fp16's rounding of the
