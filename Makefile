@@ -117,13 +117,21 @@ status:
 
 # Two pytest workers (pytest-xdist): most tests keep one core busy, so two cut the wall time on the
 # 2-core CI machine; the Slurm tests share one worker (tests/conftest.py). TEST_WORKERS=0 runs serially.
+# PYTEST_ARGS adds to either target: make test-fast PYTEST_ARGS="--durations=40", PYTEST_ARGS=tests/packing.
 TEST_WORKERS ?= 2
 TEST_XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+PYTEST_ARGS ?=
+# make test: the whole suite, the Slurm tests included where Slurm is installed.
 test: bytecode
-	$(BIN)/python -m pytest -q $(TEST_XDIST)
+	$(BIN)/python -m pytest -q $(TEST_XDIST) $(PYTEST_ARGS)
 
+# make test-fast: the unit tests, to run between edits (2 min 11 s of pytest on the 2-core machine, shared). It
+# leaves out the tests marked `slow` — the end-to-end drills (curation demo, RL pipeline, pretrain
+# training / resume / kill / export / parallel-parity runs, the trainers' adapters against installed
+# trainers) and every test over ~4 s, such as the memory-scale and byte-identity-at-any-task-count
+# checks (listed in tests/conftest.py SLOW) — and the `slurm` tests (a loopback cluster per module).
 test-fast: bytecode
-	$(BIN)/python -m pytest -q $(TEST_XDIST) -m "not slow and not slurm"
+	$(BIN)/python -m pytest -q $(TEST_XDIST) -m "not slow and not slurm" $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'
