@@ -3,12 +3,14 @@
 #   stage 1.5 everything, the concept-balanced caption packs                      (pack)
 #   stage 2   everything, the mixed instruction packs (LLaVA JSON + FineVision)   (pack-instruct)
 # then stage 2 exported as one LLaVA-OneVision-1.5 folder (HF_EXPORT) that lmms-eval and RL rollouts load.
+# Each stage starts from the one before; the demo's stage 1 starts from random initialisation (--init
+# scratch), where a real run first imports Qwen3 + RICE-ViT as stage 0 (`ovpipe import-model`, docs/pretrain.md).
 DEMO_TARGETS += pretrain
 PRETRAIN_STEPS ?= 30
 PRETRAIN_LR ?= 3e-3
 ALIGN_EPOCHS ?= 1
 HF_EXPORT ?= $(RUN)/pretrain/hf-stage-2
-# EXECUTOR=slurm: one sbatch job per stage (srun, pretrain/slurm.py) on PRETRAIN_NODES nodes ×
+# EXECUTOR=slurm: one job per stage (the core's Slurm executor: srun starts each rank) on PRETRAIN_NODES nodes ×
 # PRETRAIN_GPUS GPUs (0: a CPU node, one process — the loopback cluster), each afterok on the one before;
 # the make waits on stage 2 only, then exports.
 PRETRAIN_NODES ?= 1
@@ -18,7 +20,8 @@ PRETRAIN_WAIT = $(if $(filter slurm,$(EXECUTOR)),--wait)
 
 .PHONY: pretrain export-model
 pretrain:
-	$(OVPIPE) pretrain --recipe tiny --stage 1 --run-dir $(RUN) --epochs $(ALIGN_EPOCHS) --lr $(PRETRAIN_LR) $(PRETRAIN_SLURM)
+	$(OVPIPE) pretrain --recipe tiny --stage 1 --init scratch --run-dir $(RUN) --epochs $(ALIGN_EPOCHS) --lr $(PRETRAIN_LR) \
+	  $(PRETRAIN_SLURM)
 	$(OVPIPE) pretrain --recipe tiny --stage 1.5 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR) $(PRETRAIN_SLURM)
 	$(OVPIPE) pretrain --recipe tiny --stage 2 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR) \
 	  $(PRETRAIN_SLURM) $(PRETRAIN_WAIT)

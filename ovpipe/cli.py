@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ovpipe.registry import all_steps, command_help, step_help
+from ovpipe.registry import COMMANDS, all_steps, command_help, step_help
 
 
 class UsageError(Exception):
@@ -68,13 +68,9 @@ def _run_dir(text: str) -> Path:
 
 
 def cmd_step(args) -> int:
-    from ovpipe.runfolder import RunFolderError
-    from ovpipe.runfolder.prepare import prepare, up_to_date
     from ovpipe.config import ConfigError, load_config
     from ovpipe.console import set_verbose
-    from ovpipe.executors import LocalExecutor, SlurmExecutor, SlurmOptions
     from ovpipe.registry import get_step
-    from ovpipe.step import preflight
 
     step = get_step(args.command)
     set_verbose(args.verbose)
@@ -82,6 +78,20 @@ def cmd_step(args) -> int:
         cfg = load_config(step.config, args.config, _parse_set(args.set))
     except ConfigError as e:
         raise UsageError(f"invalid config: {e}") from e
+    return execute(step, cfg, args)
+
+
+def execute(step, cfg, args) -> int:
+    """Run ``step`` under ``cfg`` with the executor options in ``args`` (``run_dir``, ``name``, ``executor``,
+    ``tasks``, ``workers``, ``overwrite``, ``quiet``, ``wait_lock``, the Slurm options; a distributed step
+    also ``nproc`` locally and ``nodes`` / ``tasks_per_node`` / ``gpus_per_node`` on Slurm): the up-to-date
+    check, the pre-start check, the step folder under its lock, then the executor — the one lifecycle
+    every step goes through, ``ovpipe pretrain``'s stages included."""
+    from ovpipe.runfolder import RunFolderError
+    from ovpipe.runfolder.prepare import prepare, up_to_date
+    from ovpipe.executors import LocalExecutor, SlurmExecutor, SlurmOptions
+    from ovpipe.step import Stopped, preflight
+
     tasks = args.tasks
     if step.max_tasks is not None and tasks > step.max_tasks:
         raise UsageError(f"--tasks {tasks} > {step.max_tasks} (this step needs its whole input at once)")
@@ -108,7 +118,9 @@ def cmd_step(args) -> int:
                          f"{e.strerror or e}{f' ({e.filename})' if e.filename else ''}") from e
     if args.executor == "slurm":
         opts = SlurmOptions(partition=args.partition, time=args.slurm_time, cpus_per_task=args.cpus_per_task,
-                            mem=args.mem)
+                            mem=args.mem, nodes=getattr(args, "nodes", 1),
+                            tasks_per_node=getattr(args, "tasks_per_node", 1),
+                            gpus_per_node=getattr(args, "gpus_per_node", 0))
         from ovpipe.executors.slurm import SlurmChainFailed, describe_jobs
 
         ex = SlurmExecutor(workers=args.workers, options=opts, dependency=args.dependency,
@@ -136,11 +148,14 @@ def cmd_step(args) -> int:
 
     t0 = time.perf_counter()
     try:
-        merged = LocalExecutor(workers=args.workers, progress=not args.quiet,
-                               wait_lock=args.wait_lock).run(step, run_dir, tasks, name=args.name)
+        merged = LocalExecutor(workers=args.workers, progress=not args.quiet, wait_lock=args.wait_lock,
+                               nproc=getattr(args, "nproc", 1)).run(step, run_dir, tasks, name=args.name)
     except TaskFailed as e:
         print(f"ovpipe {step.name}: {e}", file=sys.stderr)
         return 1
+    except Stopped as e:
+        print(f"ovpipe {step.name}: {name}: {e}", file=sys.stderr)
+        return 128 + e.signum
     if not args.quiet:
         from ovpipe.summary import step_line
 
@@ -150,8 +165,13 @@ def cmd_step(args) -> int:
 
 def cmd_task(args) -> int:
     from ovpipe.executors.task import run_task
+    from ovpipe.step import Stopped
 
-    run_task(args.step, args.run_dir, args.rank, args.world_size, name=args.name, phase=args.phase)
+    try:
+        run_task(args.step, args.run_dir, args.rank, args.world_size, name=args.name, phase=args.phase)
+    except Stopped as e:      # saved and stopped: the Slurm script requeues, a local rerun resumes
+        print(f"ovpipe {args.step}: {e}", file=sys.stderr)
+        return 128 + e.signum
     return 0
 
 
@@ -273,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in all_steps():
+        if name in COMMANDS:      # a step with its own command line (`ovpipe pretrain --stage S`), added below
+            continue
         sp = sub.add_parser(name, help=step_help(name), description=step_help(name))
         sp.add_argument("--config", help="YAML file of the step's config (defaults if omitted)")
         sp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",

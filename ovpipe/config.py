@@ -208,5 +208,17 @@ def config_json(cfg) -> str:
     return json.dumps(to_dict(cfg), indent=2, sort_keys=True) + "\n"
 
 
+# A field declared ``field(..., metadata=NOT_HASHED)`` is saved in config.json but left out of the config
+# hash: it changes how a step runs, not what it makes (a training stage's TP/PP/CP layout — checkpoints
+# reshard —, its kernels, its save cadence), so changing it neither refuses a rerun nor makes the
+# step's readers stale.
+NOT_HASHED = {"hash": False}
+
+
 def config_hash(cfg) -> str:
-    return hashlib.sha256(config_json(cfg).encode()).hexdigest()[:16]
+    d = to_dict(cfg)
+    if dataclasses.is_dataclass(cfg):
+        for f in dataclasses.fields(cfg):
+            if f.metadata.get("hash") is False:
+                d.pop(f.name, None)
+    return hashlib.sha256((json.dumps(d, indent=2, sort_keys=True) + "\n").encode()).hexdigest()[:16]

@@ -37,6 +37,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
+# Inputs that are folders of their own format rather than Parquet manifests: a step holds one when the
+# folder has an entry that is not a temp file (a training stage's megatron checkpoints, ``dist_ckpt/``).
+ARTIFACTS = frozenset({"dist_ckpt"})
+
+
 @dataclass(frozen=True)
 class Input:
     field: str | None = None                   # config field naming the step folder(s)
@@ -74,6 +79,9 @@ def holds(step_dir: Path, kind: str) -> bool:
     finished is ``runfolder.prepare.prepare``'s check)."""
     step_dir = Path(step_dir)
     if any((step_dir / kind).glob("part-*.parquet")):
+        return True
+    if kind in ARTIFACTS and (step_dir / kind).is_dir() and any(
+            not p.name.startswith(".tmp-") for p in (step_dir / kind).iterdir()):
         return True
     try:
         return kind in json.loads((step_dir / "executor.json").read_text()).get("outputs", [])

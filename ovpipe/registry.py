@@ -24,7 +24,10 @@ STEPS: dict[str, tuple[str, str]] = {
     # packing
     "lengths": ("packing.lengths", "training tokens per sample (text + image tokens)"),
     "pack": ("packing.pack", "bin-pack samples into fixed-length packed shards"),
-    # pretrain
+    # pretrain (the first three run through their own commands below: `ovpipe pretrain --stage S`, ...)
+    "pretrain": ("pretrain.stage", "one training stage (RUN/pretrain/stage-<S>)"),
+    "import-model": ("pretrain.import_model", "a HF folder → a stage's dist checkpoint"),
+    "export-model": ("pretrain.export", "a trained stage → a HF LLaVA-OV-1.5 folder"),
     "eval": ("pretrain.evaluate", "lmms-eval over an exported model → the eval manifest"),
     # rl_select
     "rl-ingest": ("rl_select.ingest", "RL prompt sets (Parquet / JSONL) → the rl_prompts manifest"),
@@ -41,7 +44,7 @@ STEP_MODULES: dict[str, str] = {name: module for name, (module, _) in STEPS.item
 # that implements them, and imports it only when the command runs, as it does for steps.
 # name: (module:function, what it does: its line in `ovpipe --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "pretrain": ("pretrain.launch:main",          # its own argument parser (torchrun / srun launch options)
+    "pretrain": ("pretrain.stage:main",           # its own argument parser (layout, torchrun / srun options)
                  "three-stage megatron-core training (its own --help)"),
     "export-model": ("pretrain.export:main",
                      "a trained stage → a HF folder (its own --help)"),

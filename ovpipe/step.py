@@ -69,6 +69,11 @@ class Step:
     # reduce(cfg, ctx) once (after every map rank, if the step has ``run``), apply(cfg, ctx) per rank after it.
     reduce: Callable[[Any, "TaskContext"], Any] | None = None
     apply: Callable[[Any, "TaskContext"], Any] | None = None
+    # A step whose one task is a group of processes (a training stage): the executor starts its ranks —
+    # ``torchrun`` on this machine (``--nproc``), one Slurm job of N nodes × G tasks with ``srun`` starting
+    # each rank (``--nodes``) — and process rank 0 (``RANK``) keeps the task's markers, stats and log;
+    # the lock, upstream check, status and ``afterok`` chaining are every step's.
+    distributed: bool = False
 
     def __post_init__(self):
         from ovpipe.inputs import normalise
@@ -80,10 +85,23 @@ class Step:
         if self.run is None and self.apply is None:
             raise ValueError(f"step {self.name!r}: give run (a map step), or reduce and apply (a reduce-first step)")
 
+        if self.distributed and (self.apply is not None or self.max_tasks != 1):
+            raise ValueError(f"step {self.name!r}: a distributed step is one map task (max_tasks=1, no reduce)")
+
     @property
     def phases(self) -> tuple[str, ...]:
         """The phases in the order they run: ("map",), ("map", "reduce", "apply") or ("reduce", "apply")."""
         return ("map",) * (self.run is not None) + ("reduce", "apply") * (self.apply is not None)
+
+
+class Stopped(Exception):
+    """A task that saved its state and stopped on a signal (SIGTERM / SIGUSR1 before a time limit or a
+    pre-emption): neither done nor failed. No failure is recorded; rerunning the command (or a Slurm
+    requeue) resumes it. ``signum`` becomes the exit code 128 + signum."""
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message or f"stopped on signal {signum}; rerun the same command to resume")
+        self.signum = int(signum)
 
 
 def preflight(step: Step, cfg, run_dir: Path, name: str | None = None) -> None:

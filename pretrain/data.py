@@ -10,7 +10,7 @@ packed target mask is 1 exactly on assistant-turn tokens and the end token closi
 turn (``packing``), so in a multi-turn conversation every assistant turn is a target and no user
 text, system prompt, ``<|image_pad|>`` or vision marker ever is. Position ids restart at every
 sample. A sample holds 0..n images (flattened over the pack in placeholder order); a micro-batch
-may hold none at all (text-only data), which the model handles (``pretrain.vlm``).
+may hold none at all (text-only data), which the model handles (``pretrain.model.vlm``).
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from typing import Iterator
 
 import numpy as np
 import torch
+
+from llava_ov.export import CLIP_MEAN, CLIP_STD
 
 
 @dataclass
@@ -33,11 +35,11 @@ class PackedBatch:
     max_seqlen: int
     n_images: int
     images: list = None          # [3, H, W] float tensors, H = grid_h·14, W = grid_w·14 (CLIP-normalised)
-    cp_index: torch.Tensor | None = None   # context parallel: this rank's token positions (pretrain.parallel)
+    cp_index: torch.Tensor | None = None   # context parallel: this rank's token positions (pretrain.model.parallel)
     n_packs: int = 0             # packs in this micro-batch
     n_samples: int = 0           # source samples inside them
     pack_ids: list | None = None  # the packs, in stream order
-    vision: object = None        # pretrain.vision.VisionInputs (BatchPrep): the tower's inputs, prepared
+    vision: object = None        # pretrain.model.vision.VisionInputs (BatchPrep): the tower's inputs, prepared
     rotary: tuple | None = None  # (cos, sin) [T, head_dim] fp32: the LLM's rotary tables (BatchPrep)
     stats: dict | None = None    # FLOP counts' inputs: Σ sample², tower tokens, Σ image² (BatchPrep)
 
@@ -54,8 +56,6 @@ class PackedBatch:
             rotary=None if self.rotary is None else tuple(pin(x) for x in self.rotary))
 
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def pixels(image_bytes: bytes, grid_h: int, grid_w: int, patch: int = 14) -> torch.Tensor:
@@ -117,11 +117,11 @@ def collate(seqs, with_images: bool = True) -> PackedBatch:
 @dataclass(frozen=True)
 class BatchPrep:
     """What the loader computes for the step, on the CPU (in its worker processes): the
-    context/sequence-parallel split (``pretrain.parallel.shard_batch``), the LLM's rotary tables,
-    and the vision tower's inputs (``pretrain.vision.prepare_images``) with the LLM positions of
+    context/sequence-parallel split (``pretrain.model.parallel.shard_batch``), the LLM's rotary tables,
+    and the vision tower's inputs (``pretrain.model.vision.prepare_images``) with the LLM positions of
     the image pads — so the step hands them down and does no per-sample or per-image work."""
 
-    vit: object                 # pretrain.vision.ViTSize
+    vit: object                 # pretrain.model.vision.ViTSize
     rope_dim: int
     rope_theta: float
     image_pad_id: int
@@ -134,9 +134,9 @@ class BatchPrep:
     def __call__(self, b: PackedBatch) -> PackedBatch:
         import dataclasses
 
-        from pretrain.attention import rotary_tables
-        from pretrain.parallel import shard_batch
-        from pretrain.vision import prepare_images
+        from pretrain.model.attention import rotary_tables
+        from pretrain.model.parallel import shard_batch
+        from pretrain.model.vision import prepare_images
 
         lens = np.diff(b.cu_seqlens.numpy()).astype(np.int64)
         stats = {"tokens": int(lens.sum()), "attn_sq": int((lens ** 2).sum())}

@@ -1,25 +1,13 @@
 """Export a trained stage as one Hugging Face folder in the published LLaVA-OneVision-1.5 layout —
 what lmms-eval's ``llava_onevision1_5`` model, the HF quick start and RL rollout engines load.
 
-    ovpipe export-model --run-dir RUN --stage 2 --out DIR        (= python -m pretrain.export ...)
+    ovpipe export-model --run-dir RUN --stage 2 --out DIR
 
-``DIR`` holds:
+An ordinary ovpipe step (``RUN/pretrain/export-<S>/``: config, log, completion, ``ovpipe status``) whose
+declared input is the stage's checkpoint (``pretrain/stage-<S>``, trained or imported): a stage that is
+training, failed or was killed is refused by the core's upstream check, naming it.
 
-* ``model-0000K-of-0000N.safetensors`` + ``model.safetensors.index.json`` — the weights under the
-  published names (``visual.*`` RICE-ViT with its ``merger``, ``model.*`` Qwen3, ``lm_head``;
-  ``pretrain.hf_llava_ov``), sharded with ``huggingface_hub.split_torch_state_dict_into_shards``;
-* ``config.json`` — ``model_type: llavaonevision1_5``, ``architectures:
-  [LLaVAOneVision1_5_ForConditionalGeneration]``, the RICE vision config and the Qwen3 text config
-  of the recipe, the token ids of the training tokenizer; plus ``auto_map`` and the official
-  ``configuration_/modeling_llavaonevision1_5.py`` copied from the installed lmms-engine wheel
-  (``pretrain.official``) so ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)``
-  works as on the released checkpoints (left out, with a warning, when lmms-engine is not installed);
-* ``generation_config.json`` — ``eos_token_id`` = ``<|im_end|>``, greedy;
-* the tokenizer the stage was trained with (its chat template included) and a Qwen2-VL image
-  processor with the patch / merge / pixel bounds packing counted tokens with (``preprocessor_config.json``,
-  ``processor_config.json``, ``chat_template.jinja``), ``processor_class: Qwen2_5_VLProcessor`` as published.
-
-The dist checkpoint is read at TP=1/PP=1 whatever layout it was saved at (megatron's
+``DIR`` is written by ``llava_ov.export.write_folder`` (what it holds is said there). The dist checkpoint is read at TP=1/PP=1 whatever layout it was saved at (megatron's
 ``dist_checkpointing`` reshards on load). The folder is written as ``DIR.partial`` and renamed when
 whole; an existing ``DIR`` that is not an earlier export is refused. The tokenizer and image settings
 are found through the
@@ -30,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-import torch
+from ovpipe.step import Step
+
 
 LMMS_EVAL = ("accelerate launch --num_processes=1 -m lmms_eval --model llava_onevision1_5 "
              "--model_args pretrained={out} --tasks mmstar --batch_size 1 --output_path {out}/lmms-eval")
@@ -62,61 +52,12 @@ def training_inputs(run_dir: Path, stage: str):
     return st.get("recipe"), tok, img
 
 
-def tokenizer_config_for_4x(path: Path) -> None:
-    """Rewrite the ``tokenizer_config.json`` transformers 5 saves into the layout of the released
-    Qwen2.5-VL / LLaVA-OV-1.5 folders, which transformers 4.x (lmms-eval's 4.57, vLLM, older rollout
-    engines) and 5.x both read: 5.x writes ``extra_special_tokens`` as a list (4.x expects a dict there and
-    fails with "'list' object has no attribute 'keys'") and ``tokenizer_class: TokenizersBackend`` (a
-    5.x-only name). That one becomes ``PreTrainedTokenizerFast``, which both read as ``tokenizer.json``
-    unchanged; not ``Qwen2Tokenizer``, which 5.x rebuilds with Qwen's own pre-tokenizer pattern (it splits
-    combining marks differently from a tokenizer.json trained with another one). A tokenizer saved under
-    its own class (a Qwen3 tokenizer: ``Qwen2Tokenizer``, as released) keeps it."""
-    cfg = json.loads(path.read_text())
-    specials = cfg.pop("extra_special_tokens", [])
-    if isinstance(specials, list):
-        cfg["additional_special_tokens"] = specials
-    elif specials:
-        cfg["extra_special_tokens"] = specials
-    if cfg.get("tokenizer_class") == "TokenizersBackend":
-        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    for key in ("backend", "is_local", "local_files_only"):    # 5.x load-time state, not tokenizer settings
-        cfg.pop(key, None)
-    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-
-
-def save_processor(out: Path, tokenizer: str, img) -> None:
-    """The training tokenizer + a Qwen2-VL image processor with packing's image settings, saved as
-    the published folders hold them (``preprocessor_config.json`` for transformers 4.x readers too)."""
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
-
-    from packing.tokens import load_tokenizer
-    from pretrain.data import CLIP_MEAN, CLIP_STD       # what the trainer normalises pixels with
-
-    tok = load_tokenizer(tokenizer)
-    common = dict(patch_size=img.patch_size, temporal_patch_size=1, merge_size=img.merge_size,
-                  image_mean=list(CLIP_MEAN), image_std=list(CLIP_STD))
-    ip = Qwen2VLImageProcessor(min_pixels=img.min_pixels, max_pixels=img.max_pixels, **common)
-    proc = Qwen2_5_VLProcessor(image_processor=ip, video_processor=Qwen2VLVideoProcessor(**common), tokenizer=tok,
-                               chat_template=tok.chat_template)
-    proc.save_pretrained(str(out))
-    ip.save_pretrained(str(out))
-    tokenizer_config_for_4x(out / "tokenizer_config.json")
-    pre = json.loads((out / "preprocessor_config.json").read_text())
-    pre.update(processor_class="Qwen2_5_VLProcessor", min_pixels=img.min_pixels, max_pixels=img.max_pixels)
-    (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
-
-
 def export(run_dir: Path, stage: str, out: Path, recipe: str | None = None, tokenizer: str | None = None,
            dtype: str = "float32", max_shard_size: str = "5GB", log=print) -> Path:
-    from huggingface_hub import split_torch_state_dict_into_shards
-    from safetensors.torch import save_file
-    from transformers import GenerationConfig
-
+    from llava_ov.export import write_folder
     from packing.tokens import load_tokenizer
-    from pretrain import official
-    from pretrain.dist_ckpt import is_complete, load_state_dict, step_of
-    from pretrain.hf_llava_ov import config_dict, published_state_dict
     from pretrain.recipes import RECIPES
+    from pretrain.trainer.checkpoint import is_complete, load_state_dict, step_of
 
     run_dir, out = Path(run_dir), Path(out)
     rec_name, tok_path, img = training_inputs(run_dir, stage)
@@ -137,42 +78,50 @@ def export(run_dir: Path, stage: str, out: Path, recipe: str | None = None, toke
     ckpt = run_dir / "pretrain" / f"stage-{stage}" / "dist_ckpt"
     if not is_complete(ckpt):
         raise FileNotFoundError(f"stage {stage}: no complete dist checkpoint at {ckpt}")
-    rec = RECIPES[recipe]
-    state = published_state_dict(load_state_dict(ckpt, recipe), rec)
-    state = {k: v.to(getattr(torch, dtype)) for k, v in state.items()}
-    final, out = out, out.with_name(out.name + ".partial")   # written whole, then renamed into place
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    split = split_torch_state_dict_into_shards(state, filename_pattern="model{suffix}.safetensors",
-                                               max_shard_size=max_shard_size)
-    for fname, keys in split.filename_to_tensors.items():
-        save_file({k: state[k] for k in keys}, str(out / fname), metadata={"format": "pt"})
-    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
-             "weight_map": dict(sorted(split.tensor_to_filename.items()))}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    tok = load_tokenizer(tokenizer)
-    cfg = config_dict(rec, tok, dtype)
-    found = official.files()
-    if found:
-        for f in found:
-            shutil.copy2(f, out / f.name)
-        cfg["auto_map"] = dict(official.AUTO_MAP)
-    else:
-        log("warning: lmms-engine is not installed, so the export has no modeling files / auto_map "
-            "(trust_remote_code loading needs them): pip install --no-deps lmms-engine==0.1.4")
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    eos = cfg["text_config"]["eos_token_id"]
-    GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=None,
-                     do_sample=False).save_pretrained(str(out))
-    save_processor(out, tokenizer, img)
-    (out / "ovpipe_export.json").write_text(json.dumps(
-        {"run_dir": str(run_dir.resolve()), "stage": stage, "recipe": recipe, "tokenizer": str(tokenizer),
-         "step": step_of(ckpt), "dtype": dtype}, indent=2) + "\n")
-    if final.exists():
-        shutil.rmtree(final)
-    out.rename(final)
-    return final
+    record = {"run_dir": str(run_dir.resolve()), "stage": stage, "recipe": recipe, "tokenizer": str(tokenizer),
+              "step": step_of(ckpt), "dtype": dtype}
+    return write_folder(load_state_dict(ckpt, recipe), RECIPES[recipe], load_tokenizer(tokenizer), img, out, dtype,
+                        max_shard_size, record, log=log)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    out: str                                  # the folder written (absolute)
+    stage: str = "2"
+    recipe: str | None = None                 # None: the one the stage's stage.json names
+    tokenizer: str | None = None              # None: the lengths step's, found through the run folder
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_shard_size: str = "5GB"
+    stage_folder: str = ""                    # the checkpoint's step folder; "": pretrain/stage-<stage>
+
+    def __post_init__(self):
+        if not self.stage_folder:
+            object.__setattr__(self, "stage_folder", f"pretrain/stage-{self.stage}")
+        if not self.out:
+            raise ValueError("out: give the folder to write")
+
+
+def run(cfg: ExportConfig, task) -> None:
+    from pretrain.trainer.build import setup_distributed
+
+    setup_distributed(1)                      # the dist checkpoint is read into a TP=1 model
+    out = export(task.run_dir, cfg.stage, Path(cfg.out), cfg.recipe, cfg.tokenizer, cfg.dtype, cfg.max_shard_size)
+    task.stats.info["out"] = str(out)
+    task.stats.inc("files", sum(1 for p in out.iterdir() if p.is_file()))
+
+
+def check(cfg: ExportConfig, run_dir: Path) -> None:
+    from llava_ov.official import check_transformers
+    from pretrain.trainer.checkpoint import is_complete
+
+    check_transformers("the exported folder's official modeling file")
+    ckpt = Path(run_dir) / cfg.stage_folder / "dist_ckpt"
+    if not is_complete(ckpt):
+        raise ValueError(f"stage {cfg.stage}: no complete dist checkpoint at {ckpt}; train or import the stage first")
+
+
+STEP = Step("export-model", ExportConfig, run, max_tasks=1, inputs={"dist_ckpt": "stage_folder"}, check=check,
+            description="a trained stage as one Hugging Face LLaVA-OneVision-1.5 folder")
 
 
 def main(argv=None) -> int:
@@ -185,34 +134,30 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", help="default: the tokenizer of the lengths step behind the stage's pack step")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--max-shard-size", default="5GB")
+    ap.add_argument("--overwrite", action="store_true", help="export again with another config")
     ap.add_argument("--wait-lock", action="store_true",
-                    help="wait for a command holding the stage's lock (training it, importing into it)")
+                    help="wait for a command holding the export's lock instead of refusing")
     a = ap.parse_args(argv)
-    from pretrain.official import IncompatibleTransformers, check_transformers
+    from ovpipe.cli import UsageError, execute
+    from ovpipe.config import ConfigError, load_config
+    from ovpipe.runfolder import RunFolderError
 
+    run_dir = Path(a.run_dir).expanduser().resolve()
     try:
-        check_transformers("the exported folder's official modeling file")
-    except IncompatibleTransformers as e:
+        cfg = load_config(ExportConfig, {"out": str(Path(a.out).expanduser().resolve()), "stage": a.stage,
+                                         "recipe": a.recipe, "tokenizer": a.tokenizer, "dtype": a.dtype,
+                                         "max_shard_size": a.max_shard_size})
+        args = argparse.Namespace(run_dir=str(run_dir), name=f"pretrain/export-{a.stage}", executor="local", tasks=1,
+                                  workers=1, overwrite=a.overwrite, quiet=True, wait_lock=a.wait_lock)
+        rc = execute(STEP, cfg, args)
+    except (UsageError, ConfigError, RunFolderError, ValueError) as e:
         print(f"ovpipe export-model: {e}", file=sys.stderr)
         return 2
-    from ovpipe import console
-    from ovpipe.runfolder import RunFolderError, lock
-    from pretrain.stage_run import check_exportable, stage_dir
-
-    sdir = stage_dir(Path(a.run_dir), a.stage)
-    try:
-        with lock.step_lock(sdir, wait=a.wait_lock), console.task_output(sdir / "logs" / "export.log"):
-            check_exportable(Path(a.run_dir), a.stage)
-            from pretrain.trainer.build import setup_distributed   # megatron's import notices: into export.log
-
-            setup_distributed(1)                 # the dist checkpoint is read into a TP=1 model
-            out = export(Path(a.run_dir), a.stage, Path(a.out), a.recipe, a.tokenizer, a.dtype, a.max_shard_size)
-    except (ValueError, FileNotFoundError, RunFolderError) as e:
-        print(f"ovpipe export-model: {e}", file=sys.stderr)
-        return 2
-    print(f"export-model: stage {a.stage} as a LLaVA-OneVision-1.5 folder → {out}  "
-          f"(evaluate it: {lmms_eval_command(out)})")
-    return 0
+    if rc == 0:
+        out = Path(cfg.out)
+        print(f"export-model: stage {a.stage} as a LLaVA-OneVision-1.5 folder → {out}  "
+              f"(evaluate it: {lmms_eval_command(out)})")
+    return rc
 
 
 if __name__ == "__main__":

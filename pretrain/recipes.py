@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pretrain.model import LLM_SIZES, LLMSize
-from pretrain.vision import VIT_SIZES, ViTSize
+from pretrain.model.llm import LLM_SIZES, LLMSize
+from pretrain.model.vision import VIT_SIZES, ViTSize
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ STAGES = {
     "1.5": StageConfig("1.5", 1e-5, trainable="all", data="pack"),
     "2": StageConfig("2", 1e-5, adam_beta2=0.99, weight_decay=0.0, trainable="all", data="pack-instruct"),
 }
-PREVIOUS = {"1": "0", "1.5": "1", "2": "1.5"}   # "0": HF weights converted by pretrain.hf_import
+PREVIOUS = {"1": "0", "1.5": "1", "2": "1.5"}   # "0": HF weights converted by pretrain.import_model
 
 
 @dataclass

@@ -1,13 +1,16 @@
-"""Three-stage training of RICE-ViT + projector + LLM on packed THD batches.
+"""Three-stage training of RICE-ViT + projector + LLM on packed THD batches: the trainer's entry point.
+
+``ovpipe pretrain --stage S`` (``pretrain.stage``) runs a stage as an ovpipe step, whose ranks call
+``train``. This module's command line is the bare trainer, outside the run folder's lifecycle (no lock,
+markers or status), for probes and benches::
 
     python -m pretrain.train --run-dir RUN --recipe tiny --stage 1 --steps 30     (or under torchrun)
-    python -m pretrain.train --run-dir RUN --recipe tiny --stage 2 --epochs 1 --data pack-instruct
 
 Stage 1 trains the projector alone (vision tower and LLM frozen), 1.5 and 2 train everything; each
-stage starts from the previous stage's checkpoint (``RUN/pretrain/stage-<S>/dist_ckpt/iter_<step>/``,
-megatron-core distributed checkpointing, see ``pretrain/dist_ckpt.py``) and resumes from its own
+stage starts from the previous stage's checkpoint (or, ``init: scratch``, from random initialisation) (``RUN/pretrain/stage-<S>/dist_ckpt/iter_<step>/``,
+megatron-core distributed checkpointing, see ``pretrain/trainer/checkpoint.py``) and resumes from its own
 newest complete one if any, skipping the batches already seen, so an interrupted stage continues
-with the same losses as an uninterrupted one. Saves are atomic and rotate (``pretrain/checkpoint.py``):
+with the same losses as an uninterrupted one. Saves are atomic and rotate (``pretrain/trainer/checkpoint.py``):
 ``--save-every N`` steps, ``--save-every-minutes M``, at the end, and at the next step boundary after
 SIGTERM / SIGUSR1 (then the run stops; rerunning the same command continues it).
 
@@ -23,7 +26,7 @@ tokens), lr (linear warmup, cosine to ``min_lr``), grad norm, tokens/s, MFU and 
 forward+backward, optimizer), tokens, images, and the packs and source samples consumed over all DP
 ranks; the resolved stage config is saved as ``stage.json``.
 
-The trainer itself lives in ``pretrain.trainer`` (config, build, checkpointing, loader, flops,
+The trainer itself lives in ``pretrain.trainer`` (config, build, checkpoint, loader, flops,
 metrics, loop); this module is its entry point: ``train(TrainConfig(...))`` and the CLI, whose flags
 map one for one onto ``TrainConfig``'s fields.
 """
@@ -64,6 +67,8 @@ def main(argv=None) -> int:
     length.add_argument("--epochs", type=float, help="passes over the data step's packs: steps = "
                         "ceil(E × packs / (micro_batch × grad_accum × dp))")
     ap.add_argument("--data", help="pack step to read (default: the stage's, see pretrain.recipes.STAGES)")
+    ap.add_argument("--init", choices=["previous", "scratch"], default="previous",
+                    help="previous: start from the previous stage's checkpoint when there is one; scratch: never")
     ap.add_argument("--micro-batch", type=int, default=2, help="packs per micro-batch (one THD sequence)")
     batch = ap.add_mutually_exclusive_group()
     batch.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step and DP rank")
@@ -92,7 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vision-recompute", choices=["full", "selective", "none"], help="the tower's recompute "
                     "(default: follows --recompute, mlp → selective; with auto chosen with it)")
     ap.add_argument("--kernels", choices=["eager", "fused"], help="fused: compiled rotary/RMSNorm + megatron's "
-                    "fused SwiGLU on CUDA (default on GPU; pretrain.fused)")
+                    "fused SwiGLU on CUDA (default on GPU; pretrain.model.fused)")
     ap.add_argument("--loss-kernel", choices=["megatron", "liger", "torch"], help="output layer + cross-entropy "
                     "(default megatron; liger: the fused linear cross-entropy, less memory, slower on an H200)")
     ap.add_argument("--metrics-out", help="also write this run's per-step metrics here (JSON), from rank 0")
@@ -102,12 +107,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    from pretrain.stage_run import tracking
-
-    with tracking(cfg.run_dir, cfg.stage, rank0=int(os.environ.get("RANK", "0")) == 0) as finished:
-        res = train(cfg)
-        rc = 128 + int(res["preempted"]) if res.get("preempted") else 0   # saved and stopped: not done
-        finished(rc)
+    res = train(cfg)
+    rc = 128 + int(res["preempted"]) if res.get("preempted") else 0   # saved and stopped: not done
     if a.metrics_out and int(os.environ.get("RANK", "0")) == 0:
         Path(a.metrics_out).write_text(json.dumps(res))
     return rc
@@ -124,7 +125,7 @@ def config_from_args(a) -> TrainConfig:
                        bf16=False if a.fp32 else None, recompute=a.recompute, loader_workers=a.loader_workers,
                        kernels=a.kernels, loss_kernel=a.loss_kernel, vision_recompute=a.vision_recompute,
                        save_every=a.save_every, save_every_minutes=a.save_every_minutes, keep=a.keep,
-                       stop_after=a.stop_after)
+                       stop_after=a.stop_after, init=a.init)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ if [ -n "${BASE_REF:-}" ]; then
   rm -rf .base; mkdir .base; git archive "$BASE_REF" | tar -x -C .base
   .venv/bin/python - <<'PY'
 from pathlib import Path
-p = Path(".base/pretrain/attention.py")
+p = Path(".base/pretrain/model/attention.py")
 s = p.read_text()
 old = "        return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0), enable_gqa=gqa)"
 new = ("        if gqa:\n"

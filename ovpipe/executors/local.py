@@ -17,7 +17,7 @@ import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from ovpipe.executors.task import TaskFailed, finalize_step, reduce_step, run_task
+from ovpipe.executors.task import STOPPED, TaskFailed, finalize_step, reduce_step, run_task
 from ovpipe.runfolder import RunFolderError
 from ovpipe.runfolder.cleanup import clean_temp_files
 from ovpipe.runfolder.heartbeat import running_ranks
@@ -51,10 +51,14 @@ def _die_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
 
 
 class LocalExecutor:
-    def __init__(self, workers: int = 1, progress: bool = True, wait_lock: bool = False):
+    """``nproc``: the processes of a distributed step's task (``Step.distributed``), started by ``torchrun``
+    on this machine (gloo on CPU, NCCL on GPU); one runs in this process."""
+
+    def __init__(self, workers: int = 1, progress: bool = True, wait_lock: bool = False, nproc: int = 1):
         self.workers = max(1, workers)
         self.progress = progress
         self.wait_lock = wait_lock
+        self.nproc = max(1, nproc)
 
     def run(self, step, run_dir: Path, tasks: int, name: str | None = None) -> dict:
         name = name or step.name
@@ -82,7 +86,11 @@ class LocalExecutor:
 
         bar = tqdm(total=tasks, initial=tasks - len(pending), desc=name if phase == "map" else f"{name} ({phase})",
                    unit="task", disable=not self.progress, leave=False)
-        if self.workers == 1 or len(pending) <= 1:
+        if step.distributed and self.nproc > 1:
+            for rank in pending:
+                self._torchrun(step, run_dir, name, rank, tasks)
+                bar.update(1)
+        elif self.workers == 1 or len(pending) <= 1:
             # In-process: cheaper than a pool for one worker, same task body.
             for rank in pending:
                 try:
@@ -109,3 +117,25 @@ class LocalExecutor:
             what = "tasks" if phase == "map" else f"{phase} tasks"
             raise TaskFailed(f"{len(failures)} of {tasks} {what} failed; rerun the same command to retry them:\n  "
                              + "\n  ".join(sorted(failures)))
+
+    def _torchrun(self, step, run_dir: Path, name: str, rank: int, tasks: int) -> None:
+        """The task as ``nproc`` processes under ``torchrun --standalone`` (each runs ``ovpipe _task``; process 0
+        keeps the markers). A process that stopped on a signal after saving (exit 128 + signum) is
+        ``Stopped``; any other failure is ``TaskFailed`` naming the logs."""
+        import subprocess
+
+        from ovpipe.step import Stopped
+
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.nproc}",
+               "-m", "ovpipe.cli", "_task", step.name, "--run-dir", str(run_dir), "--rank", str(rank),
+               "--world-size", str(tasks), "--name", name]
+        rc = subprocess.call(cmd)
+        if rc == 0:
+            return
+        stopped = Path(run_dir) / name / STOPPED
+        if stopped.exists():
+            raise Stopped(int(stopped.read_text() or 0))
+        sdir = Path(run_dir) / name
+        raise TaskFailed(f"{name} rank {rank} ({self.nproc} processes under torchrun) failed with exit code {rc} "
+                         f"(logs: {sdir / 'logs'})")
+

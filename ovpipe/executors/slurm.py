@@ -47,6 +47,10 @@ class SlurmOptions:
     requeue_grace_s: int = 120
     extra: list[str] = field(default_factory=list)     # more "#SBATCH" lines, e.g. "--qos=high"
     env: dict[str, str] = field(default_factory=dict)  # exported in the script
+    # a distributed step's one job (``Step.distributed``): N nodes × T tasks, one process per task (per GPU)
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
 
 
 def compress_ranks(ranks: list[int]) -> str:
@@ -157,6 +161,70 @@ def render_single_job(step_name: str, run_dir: Path, phase: str, opts: SlurmOpti
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(opts.env.items())]
     lines += [f"exec {shlex.quote(python)} -m ovpipe.cli _finalize {shlex.quote(step_name)} "
               f"--run-dir {shlex.quote(str(run_dir))} --name {shlex.quote(name)}{flag}", ""]
+    return "\n".join(lines)
+
+
+def render_distributed_job(step_name: str, run_dir: Path, opts: SlurmOptions, python: str | None = None,
+                           name: str | None = None, after: list[str] | None = None, port: int | None = None) -> str:
+    """The one job of a distributed step's task: ``opts.nodes`` × ``opts.tasks_per_node`` processes.
+
+    ``srun`` starts every process itself (``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from Slurm's
+    ``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NTASKS``; rendezvous at the first node), so a signal
+    reaches them directly, with no launcher in between that would die of it. Each runs ``ovpipe _task``;
+    process 0 keeps the task's markers. Pre-emption: ``--signal=B:USR1@<grace>`` warns the batch shell
+    before the time limit; its trap forwards USR1 to ``srun``, which forwards it to every process; a step
+    that saves and stops (``ovpipe.step.Stopped``) leaves no completion marker, and the script requeues
+    the job (``scontrol requeue``), which resumes it. The merge job after it is ``afterok`` as for any step."""
+    python = python or sys.executable
+    name = name or step_name
+    sdir = (run_dir / name).resolve()
+    run_dir = run_dir.resolve()
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name=ovpipe-{name.replace('/', '-')}",
+             f"#SBATCH --nodes={opts.nodes}",
+             f"#SBATCH --ntasks-per-node={opts.tasks_per_node}"]
+    if opts.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={opts.gpus_per_node}")
+    lines += [f"#SBATCH --time={opts.time}",
+              f"#SBATCH --cpus-per-task={opts.cpus_per_task}",
+              f"#SBATCH --output={sdir}/logs/slurm-%j_0.out",     # the rank-0 name status and --wait look for
+              "#SBATCH --open-mode=append",
+              f"#SBATCH --signal=B:USR1@{opts.requeue_grace_s}",
+              "#SBATCH --requeue",
+              *_dependency_lines(after)]
+    if opts.partition:
+        lines.append(f"#SBATCH --partition={opts.partition}")
+    if opts.mem:
+        lines.append(f"#SBATCH --mem={opts.mem}")
+    lines += [f"#SBATCH {x}" for x in opts.extra]
+    task = (f"exec {shlex.quote(python)} -m ovpipe.cli _task {shlex.quote(step_name)} --run-dir "
+            f"{shlex.quote(str(run_dir))} --rank 0 --world-size 1 --name {shlex.quote(name)}")
+    rank_env = "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS; "
+    lines += ["",
+              f"# ovpipe step {step_name!r}: one task as {opts.nodes} node(s) x {opts.tasks_per_node} process(es).",
+              "set -uo pipefail",
+              "export PYTHONUNBUFFERED=1"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(opts.env.items())]
+    lines += ['MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              "export MASTER_ADDR",
+              # a port per job (two jobs may share a node): from the job id unless given
+              f"export MASTER_PORT={port}" if port else "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+              "export CUDA_DEVICE_MAX_CONNECTIONS=1   # megatron-core: ordered TP comm/compute overlap",
+              f"DONE={shlex.quote(str(sdir / 'completions' / '00000'))}",
+              "preempted=0",
+              "# USR1 (the time-limit warning): the processes save at the end of this step and stop; then requeue",
+              'forward() { preempted=1; kill -USR1 "$child" 2>/dev/null; }',
+              "trap forward USR1",
+              f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(rank_env + task)} &",
+              "child=$!",
+              'wait "$child"; rc=$?',
+              'while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done   # a trap interrupts wait',
+              'if [ "$preempted" = 1 ] && [ ! -e "$DONE" ]; then',
+              '  scontrol requeue "$SLURM_JOB_ID"',
+              "  exit 0",
+              "fi",
+              'exit "$rc"',
+              ""]
     return "\n".join(lines)
 
 
@@ -410,7 +478,11 @@ class SlurmExecutor:
             after = [job]
             return job
 
-        if pending:
+        if pending and step.distributed:
+            record["array"] = submit("map", render_distributed_job(step.name, run_dir, self.options, python, name,
+                                                                   after),
+                                     sdir / "launch_script.slurm")
+        elif pending:
             record["array"] = submit("map", render_launch_script(step.name, run_dir, tasks, pending, self.workers,
                                                                  self.options, python, name, after),
                                      sdir / "launch_script.slurm")

@@ -47,18 +47,20 @@ def upstream_hashes(run_dir: Path, step, cfg, name: str | None = None, allow_pen
     external input: accepted as is and recorded as ``"external"``. With ``allow_pending`` an input
     whose Slurm merge job is still live is accepted (the tasks re-check when they start)."""
     out = {}
+    run_dir = Path(run_dir)
     for d in input_steps(run_dir, step, cfg, name):
+        key = d.relative_to(run_dir).as_posix()      # a nested folder (pretrain/stage-1) keeps its path
         meta_path = d / "executor.json"
         if not meta_path.exists():
-            out[d.name] = EXTERNAL
+            out[key] = EXTERNAL
             continue
         meta = json.loads(meta_path.read_text())
         if not is_finalized(d) and not (allow_pending and slurm_pending(d)):
             done = len(done_ranks(d))
             raise RunFolderError(
-                f"{name or step.name}: its input step {d.name!r} is not finalized ({done}/{meta.get('tasks')} "
-                f"ranks done); finish it first (rerun `ovpipe {meta.get('step', d.name)}` on this run folder)")
-        out[d.name] = meta.get("config_hash")
+                f"{name or step.name}: its input step {key!r} is not finalized ({done}/{meta.get('tasks')} "
+                f"ranks done); finish it first (rerun `ovpipe {meta.get('step', key)}` on this run folder)")
+        out[key] = meta.get("config_hash")
     return out
 
 

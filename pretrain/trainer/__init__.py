@@ -5,7 +5,8 @@
 | ``config`` | ``TrainConfig``: every knob of a stage, validated before any work |
 | ``build`` | process groups, the VLM of this rank |
 | ``optimizer`` | DDP + megatron's optimizer (torch's fused and ``_foreach`` kernels on CUDA), the lr schedule |
-| ``checkpointing`` | where a stage starts (its own checkpoint, the previous stage's, init), saves |
+| ``checkpoint`` | the one checkpoint module: atomic megatron dist checkpoints, where a stage starts, when to save |
+| ``cpu_compat`` | what megatron-core needs patched to run on a CPU (CPU runs only, entered by ``build.setup_distributed``) |
 | ``loader`` | this rank's prepared micro-batches from the loader's saved position |
 | ``flops`` | model and hardware FLOPs of a micro-batch (MFU, HFU) |
 | ``metrics`` | per-step records: ``metrics.jsonl``, tensorboard, the log, the ``train_metrics`` manifest |

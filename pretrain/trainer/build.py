@@ -21,7 +21,7 @@ def setup_distributed(tp: int = 1, pp: int = 1, cp: int = 1) -> dict:
 
     cuda = torch.cuda.is_available()
     if not cuda:
-        from pretrain.cpu_compat import apply
+        from pretrain.trainer.cpu_compat import apply
 
         apply()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -55,9 +55,11 @@ def device() -> torch.device:
 
 
 def image_pad_id(run_dir: Path, tokenizer: str | None) -> int:
-    from packing.tokens import IMAGE_PAD, load_tokenizer
+    """The ``<|image_pad|>`` id of the stage's tokenizer, read from its folder (``llava_ov.tokens``): the one
+    fact of the tokenizer the model needs."""
+    from llava_ov.tokens import image_pad_id as read
 
-    return load_tokenizer(tokenizer or str(Path(run_dir) / "tokenizer")).convert_tokens_to_ids(IMAGE_PAD)
+    return read(tokenizer or str(Path(run_dir) / "tokenizer"))
 
 
 def param_count(model) -> int:
@@ -92,14 +94,14 @@ def recompute_overrides(recompute: str) -> dict:
     return {}
 
 
-def build_model(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, sequence_parallel: bool,
-                dtype: torch.dtype, recompute: str, kernels: str = "eager", loss_kernel: str = "megatron",
-                vision_recompute: str | None = None):
-    """The VLM for this rank (its PP stage, TP shard), on the device, in the training dtype, with its
-    kernels (``pretrain.fused``: ``kernels`` process-wide, megatron's fused SwiGLU in the config)."""
-    from pretrain import fused
+def build_model(cfg, sizes: dict, dtype: torch.dtype):
+    """The VLM for this rank (its PP stage, TP shard) under the resolved ``TrainConfig`` ``cfg``, on the
+    device, in the training dtype, with its kernels (``pretrain.model.fused``: ``cfg.kernels`` process-wide,
+    megatron's fused SwiGLU in the config)."""
+    recipe, recompute, kernels = cfg.recipe, cfg.recompute, cfg.kernels
+    from pretrain.model import fused
     from pretrain.recipes import RECIPES, pipeline_overrides
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     cuda = torch.cuda.is_available()
     fused.set_kernels(kernels)
@@ -111,14 +113,14 @@ def build_model(recipe: str, run_dir: Path, tokenizer: str | None, sizes: dict, 
     overrides.update(recompute_overrides(recompute))
     if kernels == "fused" and cuda:
         overrides["bias_activation_fusion"] = True        # megatron's fused SwiGLU (torch.compile'd)
-    model = VLM(RECIPES[recipe], image_pad_id(run_dir, tokenizer), tp=sizes["tp"],
-                backend="auto" if cuda else "sdpa", sequence_parallel=sequence_parallel, dtype=dtype, **overrides)
+    model = VLM(RECIPES[recipe], image_pad_id(cfg.run_dir, cfg.tokenizer), tp=sizes["tp"],
+                backend="auto" if cuda else "sdpa", sequence_parallel=cfg.sequence_parallel, dtype=dtype, **overrides)
     if getattr(model, "vision", None) is not None:
         from pretrain.trainer.config import vision_recompute_of
 
         # the tower's activations too, not only the LLM's
-        model.vision.recompute = vision_recompute or vision_recompute_of(recompute)
-    model.set_loss_kernel(loss_kernel)
+        model.vision.recompute = cfg.vision_recompute or vision_recompute_of(recompute)
+    model.set_loss_kernel(cfg.loss_kernel)
     if cuda:
         model.cuda()
     return model.to(dtype)

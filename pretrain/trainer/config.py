@@ -3,8 +3,8 @@
 A wrong value fails here, before any process group, model or data is touched, with a ``ValueError``
 naming the field and the value (``micro_batch must be >= 1, got 0``). Settings whose default depends
 on the device (bf16, recompute, loader workers, the distributed optimizer, the peak FLOP/s that MFU
-divides by) stay None until ``resolve(cuda)`` fills them in, so the saved ``stage.json`` records
-what actually ran.
+divides by) stay None until ``resolve(cuda, world, gpu_memory_gib)`` fills them in — once, before
+anything is built —, so the saved ``stage.json`` records what actually ran.
 """
 from __future__ import annotations
 
@@ -13,15 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ovpipe.config import check_range, check_step_folder
+from pretrain.trainer.flops import vision_recompute_of  # noqa: F401  (the config's rule; flops needs it too)
 
 MODES = ("full", "selective", "mlp", "none")
 RECOMPUTE = MODES + ("auto",)      # auto: the fastest mode that fits the card (pretrain.trainer.memory)
 VISION_RECOMPUTE = ("full", "selective", "none")
 
 
-def vision_recompute_of(recompute: str) -> str:
-    """The tower's mode when only the LLM's is given: ``mlp`` recomputes the tower's MLPs (``selective``)."""
-    return "selective" if recompute == "mlp" else recompute
 CPU_PEAK_TFLOPS = 0.2          # a nominal figure: MFU on a CPU only shows the trend
 GPU_PEAK_TFLOPS = 989.0        # H100/H200 SXM dense bf16
 
@@ -66,7 +64,7 @@ class TrainConfig:
     vision_recompute: str | None = None      # the tower's: full | selective | none; None: follows recompute
                                              # (with auto: chosen with it)
     loader_workers: int | None = None        # DataLoader worker processes; None: 4 on GPU, 0 on CPU
-    kernels: str | None = None               # eager | fused (pretrain.fused); None: fused on GPU, eager on CPU
+    kernels: str | None = None               # eager | fused (pretrain.model.fused); None: fused on GPU, eager on CPU
     loss_kernel: str | None = None           # megatron | liger | torch; None: megatron, or with recompute auto
                                              # the one that lets the least recompute fit (trainer.memory)
     peak_tflops: float | None = None         # per device, what MFU divides by; None: 989 on GPU, 0.2 on CPU
@@ -74,6 +72,10 @@ class TrainConfig:
     save_every_minutes: float = 0.0
     keep: int = 2                            # checkpoints kept (the newest K; 0: all)
     stop_after: int | None = None            # checkpoint and stop after this many steps of this run (drills)
+    init: str = "previous"                   # previous: start from start_from's checkpoint when there is one;
+                                             # scratch: from random initialisation, whatever exists
+    start_from: str | None = None            # step folder of the start checkpoint; None: pretrain/stage-<previous>
+    recompute_auto: object = dataclasses.field(default=None, compare=False, repr=False)   # resolve's choice
 
     def __post_init__(self):
         from pretrain.recipes import RECIPES, STAGES
@@ -111,7 +113,7 @@ class TrainConfig:
             raise ValueError(f"recompute must be one of {list(RECOMPUTE)}, got {self.recompute!r}")
         if self.vision_recompute is not None and self.vision_recompute not in VISION_RECOMPUTE:
             raise ValueError(f"vision_recompute must be one of {list(VISION_RECOMPUTE)}, got {self.vision_recompute!r}")
-        from pretrain.fused import KERNELS, LOSS_KERNELS
+        from pretrain.model.fused import KERNELS, LOSS_KERNELS
 
         if self.kernels is not None and self.kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {list(KERNELS)}, got {self.kernels!r}")
@@ -120,23 +122,40 @@ class TrainConfig:
         if self.loss_kernel not in (None, "megatron") and self.tp != 1:
             raise ValueError(f"loss_kernel={self.loss_kernel!r} needs the whole vocabulary on a rank (tp = 1), got "
                              f"tp={self.tp}: use loss_kernel='megatron' (vocab-parallel cross-entropy)")
+        if self.init not in ("previous", "scratch"):
+            raise ValueError(f"init must be 'previous' or 'scratch', got {self.init!r}")
         for name in ("sequence_parallel",):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
-    def for_dp(self, dp: int) -> TrainConfig:
-        """The config that runs at ``dp`` data-parallel ranks: ``global_batch`` folded into ``grad_accum``
-        (unchanged without it); a global batch the layout cannot split evenly fails here, before any model
-        or data is built."""
-        if self.global_batch is None:
-            return self
-        return dataclasses.replace(self, grad_accum=accumulation(self.global_batch, self.micro_batch, dp),
-                                   global_batch=None)
+    def resolve(self, cuda: bool, world: int = 1, gpu_memory_gib: float | None = None, log=None) -> TrainConfig:
+        """The config that runs, resolved once, before any process group, model or data is built: the
+        device defaults (bf16, recompute, kernels, loader workers, the distributed optimizer, the peak FLOP/s),
+        the stage's data and lr, the stage it starts from, ``global_batch`` folded into ``grad_accum`` for
+        this world's DP size (a global batch the layout cannot split evenly fails here), and ``recompute:
+        auto`` weighed against ``gpu_memory_gib`` (``pretrain.trainer.memory``; its table kept in
+        ``recompute_auto``). The trainer passes the result whole; ``stage.json`` records it."""
+        cfg = self._device_defaults(cuda)
+        dp = world // (cfg.tp * cfg.pp * cfg.cp)
+        if cfg.global_batch is not None:
+            cfg = dataclasses.replace(cfg, grad_accum=accumulation(cfg.global_batch, cfg.micro_batch, dp),
+                                      global_batch=None)
+        if cfg.recompute == "auto" and gpu_memory_gib is not None:    # without a card's size it stays auto
+            from pretrain.data import pack_shape
+            from pretrain.recipes import RECIPES, STAGES
+            from pretrain.trainer.memory import resolve_auto
 
-    def resolve(self, cuda: bool) -> TrainConfig:
-        """The device-dependent defaults filled in (and the stage's data and lr)."""
-        from pretrain.fused import resolve_loss_kernel
-        from pretrain.recipes import STAGES
+            tokens, attn_sq = pack_shape(cfg.run_dir, cfg.data)
+            sizes = {"tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "dp": dp}
+            cfg, auto = resolve_auto(cfg, RECIPES[cfg.recipe], STAGES[cfg.stage].trainable, sizes,
+                                     cfg.micro_batch * tokens, cfg.micro_batch * attn_sq, gpu_memory_gib,
+                                     log=log or (lambda *_: None))
+            cfg = dataclasses.replace(cfg, recompute_auto=auto)
+        return cfg
+
+    def _device_defaults(self, cuda: bool) -> TrainConfig:
+        from pretrain.model.fused import resolve_loss_kernel
+        from pretrain.recipes import PREVIOUS, STAGES
 
         st = STAGES[self.stage]
         recompute = (st.recompute if cuda else "none") if self.recompute is None else self.recompute
@@ -154,4 +173,6 @@ class TrainConfig:
             # unset under recompute auto: weighed with the recompute against the card (trainer.memory)
             loss_kernel=None if recompute == "auto" and self.loss_kernel is None else
             resolve_loss_kernel(self.loss_kernel),
-            peak_tflops=self.peak_tflops or (GPU_PEAK_TFLOPS if cuda else CPU_PEAK_TFLOPS))
+            peak_tflops=self.peak_tflops or (GPU_PEAK_TFLOPS if cuda else CPU_PEAK_TFLOPS),
+            start_from=None if self.init == "scratch" else
+            self.start_from or (f"pretrain/stage-{PREVIOUS[self.stage]}" if self.stage in PREVIOUS else None))

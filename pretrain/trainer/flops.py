@@ -65,7 +65,7 @@ def model_flops(recipe, trainable: str, stats: dict, recompute: str,
     """(model FLOPs, hardware FLOPs) of one micro-batch (``forward_flops``'s ``stats``).
     ``trainable``: ``all`` | ``projector`` (stage 1); ``recompute`` (the LLM's): ``full`` | ``selective`` |
     ``mlp`` | ``none``; ``vision_recompute`` (the tower's): ``full`` | ``selective`` | ``none``, None: as
-    ``pretrain.trainer.config.vision_recompute_of`` derives it."""
+    ``vision_recompute_of`` derives it."""
     f = forward_flops(recipe, stats)
     fwd_llm = f["llm_layers"] + f["llm_attn"] + f["llm_output"]
     fwd_vit = f["vit_layers"] + f["vit_attn"] + f["patch_embed"]
@@ -73,11 +73,14 @@ def model_flops(recipe, trainable: str, stats: dict, recompute: str,
     # forward + backward: trained 3× (input + weight gradients); frozen 2× behind a trained part, else 1×
     mult_vit, mult_proj, mult_llm = (3, 3, 3) if trains_all else (1, 3, 2)
     mf = mult_vit * fwd_vit + mult_proj * f["projector"] + mult_llm * fwd_llm
-    from pretrain.trainer.config import vision_recompute_of
-
     vision = vision_recompute or vision_recompute_of(recompute)
     extra = {"full": f["llm_layers"] + f["llm_attn"], "selective": f["llm_mlp"] + f["llm_attn"],
              "mlp": f["llm_mlp"]}.get(recompute, 0)
     if trains_all:
         extra += {"full": f["vit_layers"] - f["vit_fc"] + f["vit_attn"], "selective": f["vit_fc"]}.get(vision, 0)
     return float(mf), float(mf + extra)
+
+
+def vision_recompute_of(recompute: str) -> str:
+    """The tower's mode when only the LLM's is given: ``mlp`` recomputes the tower's MLPs (``selective``)."""
+    return "selective" if recompute == "mlp" else recompute

@@ -1,6 +1,6 @@
 """The trainer: one stage of RICE-ViT + projector + LLM through megatron-core's training stack, put
 together from the parts of this package — ``config`` (the knobs), ``build`` (process groups, model,
-DDP + optimizer, lr schedule), ``checkpointing`` (where the stage starts, what a save writes),
+DDP + optimizer, lr schedule), ``checkpoint`` (where the stage starts, what a save writes),
 ``loader`` (this rank's micro-batches), ``flops`` (MFU/HFU) and ``metrics`` (records, manifest) —
 and the step itself.
 
@@ -38,26 +38,33 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        from pretrain import checkpoint
+        from pretrain.trainer import checkpoint
         from pretrain.data import plan_data
         from pretrain.recipes import RECIPES, STAGES, Parallelism, validate
         from pretrain.trainer.build import build_model, device, param_count, setup_distributed
         from pretrain.trainer.optimizer import build_optimizer, on_cuda
-        from pretrain.trainer.checkpointing import StageCheckpoints
+        from pretrain.trainer.checkpoint import StageCheckpoints
         from pretrain.trainer.loader import stage_batches
+        from pretrain.trainer.memory import GIB
         from pretrain.trainer.metrics import MetricsLogger
 
         self.cuda = cuda = torch.cuda.is_available()
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.cfg = cfg = cfg.resolve(cuda)
+        rank0 = int(os.environ.get("RANK", "0")) == 0
+        validate(RECIPES[cfg.recipe], Parallelism(
+            tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, sequence_parallel=cfg.sequence_parallel, world_size=world,
+            distributed_optimizer=cuda if cfg.distributed_optimizer is None else cfg.distributed_optimizer),
+                 cuda=cuda)
+        # ---- the config, resolved once and passed whole from here on
+        memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB if cuda else None
+        self.cfg = cfg = cfg.resolve(cuda, world, memory, log=log if rank0 else None)
         self.recipe, self.stage = RECIPES[cfg.recipe], STAGES[cfg.stage]
         self.log, self.on_step = log, on_step
-        validate(self.recipe, Parallelism(tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, sequence_parallel=cfg.sequence_parallel,
-                                          distributed_optimizer=cfg.distributed_optimizer, world_size=world),
-                 cuda=cuda)
+        self.auto = cfg.recompute_auto
+        if self.auto is not None and rank0:
+            log(f"stage {cfg.stage}: {self.auto.describe()}")
         # ---- build: process groups, seeds, the data plan, the model
         self.sizes = setup_distributed(cfg.tp, cfg.pp, cfg.cp)
-        self.cfg = cfg = cfg.for_dp(self.sizes["dp"])
         self.rank0 = rank0 = not dist.is_initialized() or dist.get_rank() == 0
         self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
         torch.manual_seed(cfg.seed)
@@ -67,18 +74,14 @@ class Trainer:
         self.steps = self.plan.steps
         if rank0:
             log(f"stage {cfg.stage}: {self.plan.describe()}")
-        self.auto = None
-        if cfg.recompute == "auto":
-            self.cfg = cfg = self._resolve_auto(cfg, log if rank0 else (lambda *_: None))
-        self.model = build_model(cfg.recipe, cfg.run_dir, cfg.tokenizer, self.sizes, cfg.sequence_parallel,
-                                 self.dtype, cfg.recompute, cfg.kernels, cfg.loss_kernel,
-                                 cfg.vision_recompute)
+        self.model = build_model(cfg, self.sizes, self.dtype)
         self.out = cfg.run_dir / "pretrain" / f"stage-{cfg.stage}"
         self.out.mkdir(parents=True, exist_ok=True)
         if rank0:
             self._write_stage_json()
         # ---- checkpoint: the stage's own newest, else the previous stage's weights
-        self.ckpt = StageCheckpoints(cfg.run_dir, cfg.stage, cfg.data, cfg.keep, log=log if rank0 else None)
+        self.ckpt = StageCheckpoints(cfg.run_dir, cfg.stage, cfg.data, cfg.keep, cfg.start_from,
+                                     log=log if rank0 else None)
         self.ckpt.load_model(self.model)
         self.model.set_trainable(self.stage.trainable)
         self.ddp, self.opt = build_optimizer(self.model, self.stage, cfg.lr, cfg.bf16, self.dtype,
@@ -101,18 +104,6 @@ class Trainer:
         self.metrics = MetricsLogger(self.out, cfg.stage, self.steps, self.start, rank0, log)
         self.policy = checkpoint.SavePolicy(cfg.save_every, cfg.save_every_minutes,
                                             log=log if rank0 else (lambda *_: None))
-
-    def _resolve_auto(self, cfg: TrainConfig, log) -> TrainConfig:
-        """``recompute: auto`` → the least recompute whose estimated peak fits this GPU."""
-        from pretrain.data import pack_shape
-        from pretrain.trainer.memory import GIB, resolve_auto
-
-        tokens, attn_sq = pack_shape(cfg.run_dir, cfg.data)
-        memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB
-        cfg, self.auto = resolve_auto(cfg, self.recipe, self.stage.trainable, self.sizes,
-                                      cfg.micro_batch * tokens, cfg.micro_batch * attn_sq, memory, log=log)
-        log(f"stage {cfg.stage}: {self.auto.describe()}")
-        return cfg
 
     def _write_stage_json(self) -> None:
         c = self.cfg

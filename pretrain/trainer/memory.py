@@ -183,7 +183,7 @@ def loss_kernels_for(tp: int, named: str | None = None) -> tuple[str, ...]:
     preferred first, megatron's (vocab-parallel; measured as fast or faster at equal recompute), and
     liger's fused linear cross-entropy (4.7 GiB less on the 4B's 8K packs) where it can run: TP = 1,
     liger installed."""
-    from pretrain.fused import liger_available
+    from pretrain.model.fused import liger_available
 
     if named is not None:
         return (named,)

@@ -14,7 +14,7 @@ import megatron.core.dist_checkpointing as dcp  # noqa: F401  (imported here, on
 import torch  # noqa: F401
 
 import ovpipe.cli  # noqa: F401
-import pretrain.launch  # noqa: F401
+import pretrain.stage  # noqa: F401
 import pretrain.train  # noqa: F401
 
 

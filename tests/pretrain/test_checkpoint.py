@@ -1,4 +1,4 @@
-"""Atomic, rotating checkpoint folders (``pretrain.checkpoint``) and the save policy — no model needed:
+"""Atomic, rotating checkpoint folders (``pretrain.trainer.checkpoint``) and the save policy — no model needed:
 the folder rules are the same whatever megatron writes inside."""
 import json
 import os
@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from pretrain import checkpoint as ck
+from pretrain.trainer import checkpoint as ck
 
 
 def _save(root, step, keep=2, payload=b"x"):

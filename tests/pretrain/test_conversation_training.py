@@ -54,7 +54,7 @@ def test_text_only_dummy_adds_exactly_zero(megatron_single, conversation_run):
     from pretrain.data import iter_batches
     from pretrain.recipes import RECIPES
     from pretrain.trainer.build import image_pad_id
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     run, _ = conversation_run
     b = next(iter_batches(run, "pack-conv", micro_batch=1, epochs=1))           # pack 0: text only
@@ -121,7 +121,7 @@ def test_without_the_dummy_megatron_ddp_asserts(megatron_single, conversation_ru
     the vision/projector parameters out of the bucket's reference count and megatron's DDP asserts."""
     from pretrain.train import train
     from pretrain.trainer.config import TrainConfig
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     run, _ = _copy(conversation_run, tmp_path, "nodummy")
     orig = VLM.set_trainable

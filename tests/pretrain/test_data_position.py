@@ -19,11 +19,11 @@ def test_resume_continues_at_the_exact_pack(megatron_single, packed_demo, tmp_pa
     shutil.copytree(packed_demo, b)
     full = _ids(a, steps=7, micro_batch=2)
     first = _ids(b, steps=7, micro_batch=2, stop_after=3)                       # killed after step 3
-    from pretrain import dist_ckpt
+    from pretrain.trainer import checkpoint
 
     root = b / "pretrain" / "stage-1.5" / "dist_ckpt"
-    assert dist_ckpt.step_of(root) == 3
-    assert dist_ckpt.data_state(root) == {"step": "pack", "packs_consumed": 6}
+    assert checkpoint.step_of(root) == 3
+    assert checkpoint.data_state(root) == {"step": "pack", "packs_consumed": 6}
     rest = _ids(b, steps=7, micro_batch=2)
     assert sorted(rest) == [4, 5, 6, 7]
     assert {**first, **rest} == full                                            # steps 1..3 and 4..7

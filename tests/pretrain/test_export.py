@@ -12,15 +12,15 @@ import torch
 
 
 def _tensors(folder):
-    from pretrain.hf_import import read_safetensors
+    from pretrain.import_model import read_safetensors
 
     return read_safetensors(folder)
 
 
 def test_export_is_the_trained_stage_with_its_training_inputs(megatron_single, packed_demo, tmp_path, capsys):
     from ovpipe.cli import main
-    from pretrain.dist_ckpt import load_state_dict
-    from pretrain.hf_llava_ov import published_state_dict
+    from pretrain.trainer.checkpoint import load_state_dict
+    from llava_ov.convert import published_state_dict
     from pretrain.recipes import RECIPES
     from pretrain.train import train
     from pretrain.trainer.config import TrainConfig
@@ -74,7 +74,7 @@ def test_export_without_a_recipe_or_tokenizer_says_which(megatron_single, tmp_pa
 def test_export_from_a_pipeline_parallel_checkpoint(conversation_run, tmp_path):
     """Stage 2 trained at PP=2 (two gloo processes under torchrun): the export holds the same tensors
     as the checkpoint read back at TP=1/PP=1, and the official class loads it with nothing missing."""
-    from pretrain.official import files
+    from llava_ov.official import files
 
     src, _ = conversation_run
     run = tmp_path / "run"
@@ -88,15 +88,15 @@ def test_export_from_a_pipeline_parallel_checkpoint(conversation_run, tmp_path):
     subprocess.run([*ovpipe, "export-model", "--run-dir", str(run), "--stage", "2", "--out", str(tmp_path / "hf")],
                    check=True, env=env, timeout=300, capture_output=True)
     check = ("import sys, torch; from pretrain.trainer.build import setup_distributed; setup_distributed(1)\n"
-             "from pretrain.dist_ckpt import load_state_dict; from pretrain.hf_llava_ov import published_state_dict\n"
-             "from pretrain.hf_import import read_safetensors; from pretrain.recipes import RECIPES\n"
+             "from pretrain.trainer.checkpoint import load_state_dict; from llava_ov.convert import published_state_dict\n"
+             "from pretrain.import_model import read_safetensors; from pretrain.recipes import RECIPES\n"
              "want = published_state_dict(load_state_dict(sys.argv[1], 'tiny'), RECIPES['tiny'])\n"
              "got = read_safetensors(sys.argv[2])\n"
              "assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)\n")
     subprocess.run([sys.executable, "-c", check, str(run / "pretrain" / "stage-2" / "dist_ckpt"), str(tmp_path / "hf")],
                    check=True, env=env, timeout=300)
     if files() is not None:
-        from pretrain.official import from_pretrained
+        from llava_ov.official import from_pretrained
 
         _, info = from_pretrained(tmp_path / "hf", output_loading_info=True)
         assert not info["missing_keys"] and not info["unexpected_keys"]

@@ -15,7 +15,7 @@ LENS, IMAGES = [20, 40], [(28, 56), (56, 56)]     # one image per sample: 8 and 
 def tiny(megatron_single):
     from pretrain.data import BatchPrep, PackedBatch
     from pretrain.recipes import RECIPES
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     r = RECIPES["tiny"]
     g = torch.Generator().manual_seed(0)

@@ -1,10 +1,10 @@
-"""The trainer's kernel switches (``pretrain.fused``): the loss through megatron's ``output_processor``
+"""The trainer's kernel switches (``pretrain.model.fused``): the loss through megatron's ``output_processor``
 hook gives megatron's own per-token losses and gradients; on CUDA the compiled rotary / RMSNorm and
 liger's fused linear cross-entropy match the eager expressions within bf16 tolerance."""
 import pytest
 import torch
 
-from pretrain import fused
+from pretrain.model import fused
 from tiny_batches import PAD, tiny_batch  # (tests/pretrain is on sys.path)
 
 
@@ -18,7 +18,7 @@ def _loss_and_grads(model, b):
 def test_the_output_processor_hook_gives_megatrons_loss_and_gradients(megatron_single):
     from pretrain.data import BatchPrep
     from pretrain.recipes import RECIPES
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     torch.manual_seed(0)
     r = RECIPES["tiny"]
@@ -63,7 +63,7 @@ def test_kernel_defaults_per_device(tmp_path):
 
 def test_eager_switch_keeps_the_cpu_expressions():
     """On the CPU (and with kernels = eager) the functions are the plain expressions, bit for bit."""
-    from pretrain.fused import rotate_half
+    from pretrain.model.fused import rotate_half
 
     fused.set_kernels("fused")           # fused is a CUDA-only switch: CPU tensors still run eagerly
     try:

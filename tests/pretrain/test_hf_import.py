@@ -21,10 +21,10 @@ def _save_hf(tmp_path, hidden=64):
 
 
 def test_stage1_starts_from_imported_weights(megatron_single, packed_demo, tmp_path):
-    from pretrain.dist_ckpt import load_state_dict
-    from pretrain.hf import qwen3_to_megatron
-    from pretrain.hf_import import import_hf
-    from pretrain.model import LLM_SIZES
+    from pretrain.trainer.checkpoint import load_state_dict
+    from llava_ov.qwen3 import qwen3_to_megatron
+    from pretrain.import_model import import_hf
+    from pretrain.model.llm import LLM_SIZES
     from pretrain.train import train
     from pretrain.trainer.config import TrainConfig
 
@@ -49,7 +49,7 @@ def test_stage1_starts_from_imported_weights(megatron_single, packed_demo, tmp_p
 
 
 def test_mismatched_checkpoint_names_the_field(megatron_single, tmp_path):
-    from pretrain.hf_import import import_hf
+    from pretrain.import_model import import_hf
 
     _save_hf(tmp_path, hidden=32)
     with pytest.raises(ValueError, match=r"hidden_size=32 \(recipe: 64\)"):
@@ -59,14 +59,14 @@ def test_mismatched_checkpoint_names_the_field(megatron_single, tmp_path):
 def test_stage_1_5_starts_from_an_imported_llava_ov_checkpoint(megatron_single, packed_demo, tmp_path):
     """A LLaVA-OneVision-1.5 folder saved by the official class, imported as ``stage-1``: stage 1.5
     starts from exactly its weights (one step at lr 0 leaves them as they were)."""
-    from pretrain.official import files, load
+    from llava_ov.official import files, load
 
     if files() is None:
         pytest.skip("lmms-engine is not installed (make install adds it, --no-deps)")
     from packing.tokens import load_tokenizer
-    from pretrain.dist_ckpt import load_state_dict
-    from pretrain.hf_import import import_llava_ov, read_safetensors
-    from pretrain.hf_llava_ov import config_dict, to_ours
+    from pretrain.trainer.checkpoint import load_state_dict
+    from pretrain.import_model import import_llava_ov, read_safetensors
+    from llava_ov.convert import config_dict, to_ours
     from pretrain.recipes import RECIPES
     from pretrain.train import train
     from pretrain.trainer.config import TrainConfig

@@ -19,8 +19,9 @@ def _tiny_qwen3(path):
 
 
 def test_qwen3_import_matches_transformers_and_exports_back(megatron_single, tmp_path):
-    from pretrain.hf import load_qwen3, megatron_to_qwen3
-    from pretrain.model import LLM_SIZES, build_llm
+    from llava_ov.qwen3 import megatron_to_qwen3
+    from pretrain.import_model import load_qwen3
+    from pretrain.model.llm import LLM_SIZES, build_llm
 
     hf = _tiny_qwen3(tmp_path / "qwen3").eval()
     ours = build_llm(LLM_SIZES["tiny"], backend="sdpa").eval()

@@ -32,7 +32,7 @@ def test_kill_drill_ends_bit_identical(packed_demo, tmp_path):
     import drill_child  # noqa: F401  (tests/pretrain is on sys.path: rootdir-relative test imports)
 
     from ovpipe.runfolder.status import print_status
-    from pretrain import checkpoint
+    from pretrain.trainer import checkpoint
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["drill_child"])
@@ -43,7 +43,7 @@ def test_kill_drill_ends_bit_identical(packed_demo, tmp_path):
     live = []
 
     def start(folder):
-        args = ["--run-dir", str(folder), "--recipe", "tiny", "--stage", "1.5", "--steps", str(STEPS),
+        args = ["--run-dir", str(folder), "--recipe", "tiny", "--stage", "1.5", "--init", "scratch", "--steps", str(STEPS),
                 "--micro-batch", "1", "--lr", "3e-3", "--save-every", str(SAVE_EVERY), "--keep", "2"]
         p = ctx.Process(target=drill_child.run, args=(args, str(folder / "drill.log"), str(folder / "saves.log"),
                                                       SAVE_DELAY_S))

@@ -1,21 +1,29 @@
+"""`ovpipe pretrain` as a step of the core: its Slurm job script (the core's distributed job: N nodes × T
+processes, srun starting each rank of `ovpipe _task pretrain`), the layout checked before anything starts,
+the layout kept out of the config hash, and the declared start of a stage."""
+import json
 import subprocess
 
+import pytest
+
 from ovpipe.cli import main
-from pretrain.slurm import render_pretrain_sbatch
+from ovpipe.executors.slurm import SlurmOptions, render_distributed_job
 
 
-def test_sbatch_script(tmp_path):
-    s = render_pretrain_sbatch(tmp_path, "llava-ov-1.5-8b", "1.5", nodes=16, gpus_per_node=8, steps=1000,
-                               partition="gpu", python="/opt/py")
+def test_the_distributed_job_script(tmp_path):
+    opts = SlurmOptions(partition="gpu", nodes=16, tasks_per_node=8, gpus_per_node=8, requeue_grace_s=300)
+    s = render_distributed_job("pretrain", tmp_path, opts, python="/opt/py", name="pretrain/stage-1.5",
+                               after=["41"])
     lines = s.splitlines()
     for want in ("#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --requeue", "#SBATCH --partition=gpu", "#SBATCH --signal=B:USR1@300", "trap forward USR1"):
+                 "#SBATCH --requeue", "#SBATCH --partition=gpu", "#SBATCH --signal=B:USR1@300", "trap forward USR1",
+                 "#SBATCH --dependency=afterok:41"):
         assert want in lines
-    cmd = next(l for l in lines if l.startswith("srun"))
+    cmd = next(ln for ln in lines if ln.startswith("srun"))
     # srun starts the ranks itself, so its forwarded USR1 reaches them (no launcher between to die of it)
-    assert "RANK=$SLURM_PROCID" in cmd and "WORLD_SIZE=$SLURM_NTASKS" in cmd and "exec /opt/py -m pretrain.train" in cmd
-    assert "--stage 1.5" in cmd and "--recipe llava-ov-1.5-8b" in cmd
-    assert any("scontrol requeue" in l for l in lines)
+    assert "RANK=$SLURM_PROCID" in cmd and "WORLD_SIZE=$SLURM_NTASKS" in cmd
+    assert "exec /opt/py -m ovpipe.cli _task pretrain" in cmd and "--name pretrain/stage-1.5" in cmd
+    assert any("scontrol requeue" in ln for ln in lines)
     subprocess.run(["bash", "-n", "-c", s], check=True)
 
 
@@ -24,58 +32,53 @@ def test_cli_writes_the_script(tmp_path, capsys):
                  "--nodes", "2", "--dry-run"]) == 0
     script = tmp_path / "pretrain" / "stage-2" / "launch_script.slurm"
     assert script.exists() and "#SBATCH --nodes=2" in script.read_text().splitlines()
+    assert not (tmp_path / "pretrain" / "stage-2" / "executor.json").exists()      # a dry run prepares nothing
 
 
-def test_cli_passes_the_layout_and_rejects_bad_ones(tmp_path, capsys):
-    import pytest
-
+def test_cli_rejects_bad_layouts_before_anything(tmp_path, capsys):
     assert main(["pretrain", "--recipe", "llava-ov-1.5-8b", "--stage", "1.5", "--run-dir", str(tmp_path),
                  "--executor", "slurm", "--nodes", "4", "--gpus-per-node", "8", "--tp", "4", "--pp", "2",
                  "--cp", "2", "--sequence-parallel", "--dry-run"]) == 0
-    cmd = next(l for l in (tmp_path / "pretrain" / "stage-1.5" / "launch_script.slurm").read_text().splitlines()
-               if l.startswith("srun"))
-    assert "--tp 4 --pp 2 --cp 2" in cmd and "--sequence-parallel" in cmd
     with pytest.raises(SystemExit):           # 3 nodes × 8 GPUs is not a multiple of tp·pp·cp = 16
         main(["pretrain", "--recipe", "llava-ov-1.5-8b", "--stage", "1.5", "--run-dir", str(tmp_path),
               "--executor", "slurm", "--nodes", "3", "--tp", "4", "--pp", "2", "--cp", "2", "--dry-run"])
     assert "world_size=24" in capsys.readouterr().err
-
-
-def test_cli_epochs_and_data(tmp_path, capsys):
-    """--epochs / --data reach the trainer's command line; --steps with --epochs is refused, naming both."""
-    import pytest
-
-    assert main(["pretrain", "--recipe", "tiny", "--stage", "2", "--run-dir", str(tmp_path), "--executor", "slurm",
-                 "--epochs", "1.5", "--data", "pack-mix", "--dry-run"]) == 0
-    cmd = next(l for l in (tmp_path / "pretrain" / "stage-2" / "launch_script.slurm").read_text().splitlines()
-               if l.startswith("srun"))
-    assert "--epochs 1.5" in cmd and "--steps" not in cmd and "--data pack-mix" in cmd
-    from pretrain.train import main as train_main
-
-    both = ["--stage", "2", "--run-dir", str(tmp_path), "--steps", "3", "--epochs", "1"]
-    for entry in (lambda: main(["pretrain", *both]), lambda: train_main(both)):
-        with pytest.raises(SystemExit):
-            entry()
-        err = capsys.readouterr().err
-        assert "--epochs" in err and "--steps" in err
-
-
-def test_cli_global_batch_reaches_the_trainer_and_must_split_over_dp(tmp_path, capsys):
-    """--global-batch goes to every rank as is (each folds it into its grad_accum at its DP size); one the
-    job's DP size cannot split is refused before the script is written."""
-    import pytest
-
-    assert main(["pretrain", "--recipe", "tiny", "--stage", "1.5", "--run-dir", str(tmp_path), "--executor", "slurm",
-                 "--nodes", "2", "--gpus-per-node", "8", "--micro-batch", "1", "--global-batch", "64",
-                 "--dry-run"]) == 0
-    cmd = next(l for l in (tmp_path / "pretrain" / "stage-1.5" / "launch_script.slurm").read_text().splitlines()
-               if l.startswith("srun"))
-    assert "--global-batch 64" in cmd and "--grad-accum" not in cmd
     with pytest.raises(SystemExit):            # 16 DP ranks × 1 pack does not divide 24
         main(["pretrain", "--recipe", "tiny", "--stage", "1.5", "--run-dir", str(tmp_path / "b"), "--executor",
               "slurm", "--nodes", "2", "--gpus-per-node", "8", "--micro-batch", "1", "--global-batch", "24",
               "--dry-run"])
     assert "micro_batch × dp = 1 × 16" in capsys.readouterr().err
+    both = ["--stage", "2", "--run-dir", str(tmp_path), "--steps", "3", "--epochs", "1"]
+    from pretrain.train import main as train_main
+
+    for entry in (lambda: main(["pretrain", *both]), lambda: train_main(both)):
+        with pytest.raises(SystemExit):
+            entry()
+        err = capsys.readouterr().err
+        assert "--epochs" in err and "--steps" in err
     with pytest.raises(SystemExit):
         main(["pretrain", "--stage", "1.5", "--run-dir", str(tmp_path / "c"), "--grad-accum", "2",
               "--global-batch", "8"])
+
+
+def test_the_layout_is_saved_but_not_hashed():
+    """A stage resumes at another layout (checkpoints reshard): tp/pp/cp, kernels and the save cadence are in
+    config.json but not in the config hash; what changes the result is."""
+    from ovpipe.config import config_hash, config_json
+    from pretrain.stage import StageConfig
+
+    a = StageConfig(stage="1.5", steps=4, init="scratch")
+    b = StageConfig(stage="1.5", steps=4, init="scratch", tp=2, cp=2, kernels="eager", save_every=1)
+    assert config_hash(a) == config_hash(b) and json.loads(config_json(b))["tp"] == 2
+    assert config_hash(a) != config_hash(StageConfig(stage="1.5", steps=4, init="scratch", lr=1e-3))
+    assert StageConfig(stage="2").start_from == "pretrain/stage-1.5" and StageConfig(stage="1").data == "pack-align"
+
+
+def test_a_stage_without_its_start_refuses_naming_it(tmp_path, capsys):
+    """Stage 2 on a run with no stage 1.5 checkpoint: refused before any work, naming the folder and the ways on
+    (train it, import into it, or --init scratch) — never a silent random initialisation."""
+    (tmp_path / "pack-instruct").mkdir()
+    assert main(["pretrain", "--stage", "2", "--run-dir", str(tmp_path), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "pretrain/stage-1.5" in err and "--init scratch" in err and "import-model" in err
+    assert not (tmp_path / "pretrain" / "stage-2" / "executor.json").exists()

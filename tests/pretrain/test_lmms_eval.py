@@ -1,6 +1,6 @@
 """The exported folder through lmms-eval's own ``llava_onevision1_5`` model class: its ``generate_until`` on
 hand-made image + question requests answers strings, its first-token logits equal our load of the same
-folder (``pretrain.official.from_pretrained`` under the venv's transformers) within fp32 tolerance, and the
+folder (``llava_ov.official.from_pretrained`` under the venv's transformers) within fp32 tolerance, and the
 chat template turns each request into the token ids that packing counts for that conversation.
 
 lmms-eval 0.7.3 and what its class imports, with its own transformers 4.57.6 (why: requirements/lmms-eval.in,
@@ -60,7 +60,7 @@ def _run_lmms_eval(site: Path, folder: Path, tmp: Path):
 def test_lmms_eval_generates_and_matches_our_load_and_packing(exported, official, lmms_eval_site, tmp_path):
     from packing.image_tokens import ImageTokenConfig
     from packing.tokens import encode_conversation, load_tokenizer
-    from pretrain.official import from_pretrained
+    from llava_ov.official import from_pretrained
 
     _, hf, _ = exported
     proc, res = _run_lmms_eval(lmms_eval_site, hf, tmp_path)      # the folder as export-model wrote it

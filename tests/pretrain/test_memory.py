@@ -53,7 +53,7 @@ def test_states_count_weights_gradients_and_sharded_adam_per_trained_parameter()
 
 
 def test_parameter_counts_are_the_built_models_matrices(megatron_single):
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     r = RECIPES["tiny"]
     model = VLM(r, 7, backend="sdpa")

@@ -1,5 +1,5 @@
 """ovpipe's VLM against the official ``LLaVAOneVision1_5_ForConditionalGeneration`` (lmms-engine's
-modeling file, installed ``--no-deps``, loaded by ``pretrain.official``), both ways, in fp32:
+modeling file, installed ``--no-deps``, loaded by ``llava_ov.official``), both ways, in fp32:
 
 * a stage trained a few steps, exported, loaded by the official class: logits on the samples of
   the same packs (one image, one image multi-turn, two images, text only) agree to 1e-4;
@@ -11,7 +11,7 @@ Two notes the tests encode (docs/hf_format.md):
   a folder in the published layout (``visual.*``, ``model.*``) is loaded here with the class's own
   mapping passed as ``key_mapping`` — what transformers < 5.9 (lmms-engine's pin) does by itself —
   and the tower's rotary ``inv_freq``, which transformers 5 leaves uninitialised for this class, is
-  rebuilt (``pretrain.official.from_pretrained`` / ``repair_buffers``);
+  rebuilt (``llava_ov.official.from_pretrained`` / ``repair_buffers``);
 * lmms-engine 0.1.4's RICE tower strips the class tokens with the pre-class-token offsets, so every
   image after the first *in one tower call* loses its last patch and gains the next image's class
   token (nemo-automodel's re-implementation fixed it). ovpipe keeps each image's own patches, which
@@ -26,19 +26,19 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(__import__("pretrain.official", fromlist=["files"]).files() is None,
+pytestmark = pytest.mark.skipif(__import__("llava_ov.official", fromlist=["files"]).files() is None,
                                 reason="lmms-engine is not installed (make install adds it, --no-deps)")
 
 
 @pytest.fixture(scope="module")
 def official():
-    from pretrain.official import load
+    from llava_ov.official import load
 
     return load()
 
 
 def _our_logits(model, b):
-    from pretrain.model import packed_seq_params
+    from pretrain.model.llm import packed_seq_params
 
     with torch.no_grad():
         emb = model.embed(b.tokens, b.position_ids, b.images)
@@ -60,7 +60,7 @@ def _official_logits(model, ids, images, one_call=True):
     """The official forward on one sample. ``one_call``: all its images through the tower in one
     call (``forward(input_ids, pixel_values, image_grid_thw)``); else one tower call per image
     (``get_image_features``), spliced in at the image tokens, then ``forward(inputs_embeds=...)``."""
-    from pretrain.hf_llava_ov import patchify
+    from llava_ov.convert import patchify
 
     with torch.no_grad():
         if not images:
@@ -145,12 +145,12 @@ def test_export_folder_layout(exported, capsys):
 
 def test_official_class_loads_export_and_logits_match(exported, official, conversation_run):
     from packing.tokens import load_tokenizer
-    from pretrain.dist_ckpt import load_model
+    from pretrain.trainer.checkpoint import load_model
     from pretrain.recipes import RECIPES
     from pretrain.trainer.build import image_pad_id
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
-    from pretrain.official import from_pretrained
+    from llava_ov.official import from_pretrained
 
     run, hf, ckpt = exported
     theirs, info = from_pretrained(hf, output_loading_info=True, dtype=torch.float32)
@@ -166,7 +166,7 @@ def test_trust_remote_code_loads_the_export(exported, official):
     ``auto_map`` and its own copy of the modeling files, then ``generate``."""
     from transformers import AutoModelForCausalLM, AutoProcessor
 
-    from pretrain.official import repair_buffers
+    from llava_ov.official import repair_buffers
 
     _, hf, _ = exported
     mapping = official.LLaVAOneVision1_5_ForConditionalGeneration._checkpoint_conversion_mapping
@@ -193,12 +193,12 @@ def test_official_checkpoint_imports_and_forwards_agree(megatron_single, officia
     import json
 
     from packing.tokens import load_tokenizer
-    from pretrain.dist_ckpt import load_model
-    from pretrain.hf_import import import_llava_ov
-    from pretrain.hf_llava_ov import config_dict
+    from pretrain.trainer.checkpoint import load_model
+    from pretrain.import_model import import_llava_ov
+    from llava_ov.convert import config_dict
     from pretrain.recipes import RECIPES
     from pretrain.trainer.build import image_pad_id
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     src, _ = conversation_run
     run = tmp_path / "run"
@@ -226,7 +226,7 @@ def test_official_checkpoint_imports_and_forwards_agree(megatron_single, officia
 def test_config_that_does_not_match_the_recipe_names_the_field(megatron_single, exported, tmp_path, capsys):
     import json
 
-    from pretrain.hf_import import import_llava_ov
+    from pretrain.import_model import import_llava_ov
 
     _, hf, _ = exported
     bad = tmp_path / "bad"
@@ -248,8 +248,8 @@ def test_config_that_does_not_match_the_recipe_names_the_field(megatron_single, 
 
 def test_export_reimports_bit_for_bit(megatron_single, exported, tmp_path):
     """export → import into another run → the same tensors as the trained stage."""
-    from pretrain.dist_ckpt import load_state_dict
-    from pretrain.hf_import import import_llava_ov
+    from pretrain.trainer.checkpoint import load_state_dict
+    from pretrain.import_model import import_llava_ov
 
     _, hf, ckpt = exported
     ck = import_llava_ov(tmp_path / "run2", "tiny", str(hf), stage="2")
@@ -270,7 +270,7 @@ def test_processor_tokenizes_as_packing_counted(exported):
     from manifests.conversation import to_messages
     from packing.tokens import CAPTION_PROMPT, encode_conversation, prompted_turns
     from pretrain.data import pixels
-    from pretrain.hf_llava_ov import patchify
+    from llava_ov.convert import patchify
 
     spec = importlib.util.spec_from_file_location("_pretrain_conftest", Path(__file__).with_name("conftest.py"))
     conf = importlib.util.module_from_spec(spec)

@@ -29,7 +29,7 @@ def _ops(model, b) -> int:
 def test_op_count_does_not_grow_with_samples_and_images(megatron_single):
     from pretrain.data import BatchPrep
     from pretrain.recipes import RECIPES
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     torch.manual_seed(0)
     r = RECIPES["tiny"]

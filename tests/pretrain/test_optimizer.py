@@ -17,7 +17,7 @@ def _tiny_step(patch: bool, monkeypatch):
 
     from pretrain.data import BatchPrep
     from pretrain.recipes import RECIPES, STAGES
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     for mod, name in ((clip_grads, "l2_norm_impl"), (clip_grads, "multi_tensor_scale_tensor_impl"),
                       (param_and_grad_buffer._ParamAndGradBuffer, "scale_gradients")):
@@ -86,7 +86,7 @@ def test_the_stages_adam_settings_reach_the_optimizer_with_norms_and_biases_unde
     0.95 in stages 1 and 1.5, no decay and β2 0.99 in stage 2) in megatron's param groups: matrices
     decayed, 1-D parameters (norms, biases) not, as Megatron-LM does."""
     from pretrain.recipes import RECIPES, STAGES
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     torch.manual_seed(0)
     model = VLM(RECIPES["tiny"], PAD, backend="sdpa")

@@ -1,7 +1,7 @@
 """The LLM on packed (THD) batches: samples never see each other, positions restart per sample."""
 import torch
 
-from pretrain.attention import block_causal_mask, packed_causal_attention
+from pretrain.model.attention import block_causal_mask, packed_causal_attention
 
 
 def test_block_causal_mask():
@@ -36,7 +36,7 @@ def test_per_sample_attention_equals_the_block_causal_mask():
 
 
 def test_packed_forward_equals_separate_forwards(megatron_single):
-    from pretrain.model import LLM_SIZES, build_llm, packed_seq_params
+    from pretrain.model.llm import LLM_SIZES, build_llm, packed_seq_params
 
     torch.manual_seed(0)
     model = build_llm(LLM_SIZES["tiny"], backend="sdpa").eval()
@@ -54,7 +54,7 @@ def test_packed_forward_equals_separate_forwards(megatron_single):
 
 
 def test_gradients_flow_on_cpu(megatron_single):
-    from pretrain.model import LLM_SIZES, build_llm, packed_seq_params
+    from pretrain.model.llm import LLM_SIZES, build_llm, packed_seq_params
 
     model = build_llm(LLM_SIZES["tiny"], backend="sdpa")
     tokens = torch.randint(0, 512, (1, 12))

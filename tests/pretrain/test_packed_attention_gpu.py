@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrain.attention import packed_attention, varlen_call, varlen_features
+from pretrain.model.attention import packed_attention, varlen_call, varlen_features
 
 
 def _per_sample(q, k, v, bounds, causal):
@@ -82,7 +82,7 @@ def test_varlen_feature_detection_and_call(names, want):
 
 def test_no_varlen_falls_back(monkeypatch):
     """Without a usable ``varlen_attn`` the per-sample result comes from SDPA (here on the CPU)."""
-    import pretrain.attention as A
+    import pretrain.model.attention as A
 
     monkeypatch.setitem(A.VARLEN, "usable", False)
     torch.manual_seed(0)

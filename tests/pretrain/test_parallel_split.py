@@ -1,4 +1,4 @@
-"""The CP/SP split of a packed micro-batch (pretrain.parallel) and the CP attention on one process."""
+"""The CP/SP split of a packed micro-batch (pretrain.model.parallel) and the CP attention on one process."""
 import numpy as np
 import torch
 
@@ -14,7 +14,7 @@ def _batch(lens):
 
 
 def test_cp_split_is_load_balanced_and_complete():
-    from pretrain.parallel import cp_local_index, pad_samples, shard_batch
+    from pretrain.model.parallel import cp_local_index, pad_samples, shard_batch
 
     b = _batch([5, 8, 3])
     cp = 2
@@ -35,7 +35,7 @@ def test_cp_split_is_load_balanced_and_complete():
 
 
 def test_sequence_parallel_pads_to_a_multiple_of_tp():
-    from pretrain.parallel import shard_batch
+    from pretrain.model.parallel import shard_batch
 
     b = _batch([5, 6])
     s = shard_batch(b, tp=4, sequence_parallel=True)
@@ -46,8 +46,8 @@ def test_sequence_parallel_pads_to_a_multiple_of_tp():
 
 def test_cp_mask_rebuilds_the_block_causal_mask():
     """Local queries × gathered keys under the CP mask = the rows of the full block-causal mask."""
-    from pretrain.attention import block_causal_mask
-    from pretrain.parallel import cp_local_index, cp_mask, shard_batch
+    from pretrain.model.attention import block_causal_mask
+    from pretrain.model.parallel import cp_local_index, cp_mask, shard_batch
 
     b = shard_batch(_batch([6, 10, 4]), cp=2, cp_rank=0)
     cu, cp = b.cu_seqlens, 2

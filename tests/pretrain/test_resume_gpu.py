@@ -1,5 +1,5 @@
 """Resume with megatron's distributed optimizer on a GPU (no Transformer Engine / Apex: torch AdamW,
-whose per-parameter ``step`` megatron-core 0.19.2 drops at load — ``pretrain.dist_ckpt.adam_step_per_parameter``
+whose per-parameter ``step`` megatron-core 0.19.2 drops at load — ``pretrain.trainer.checkpoint.adam_step_per_parameter``
 gives it back). A run stopped after step k and resumed continues with the uninterrupted run's losses
 and grad norms: bit for bit in fp32, within bf16 noise in bf16."""
 import shutil
@@ -44,7 +44,7 @@ def test_megatron_alone_loses_the_adam_step(megatron_single, conversation_run, t
     ``KeyError: 'step'``. When an upgrade makes this fail, the fix can go (docs/pretrain.md)."""
     import contextlib
 
-    from pretrain import dist_ckpt
+    from pretrain.trainer import checkpoint
     from pretrain.train import train
     from pretrain.trainer.config import TrainConfig
 
@@ -54,6 +54,6 @@ def test_megatron_alone_loses_the_adam_step(megatron_single, conversation_run, t
     kw = dict(run_dir=b, recipe="tiny", stage="1.5", steps=STEPS, micro_batch=1, lr=3e-3, data="pack-conv",
               distributed_optimizer=True, bf16=True)
     train(TrainConfig(stop_after=K, **kw), log=lambda *_: None)
-    monkeypatch.setattr(dist_ckpt, "adam_step_per_parameter", lambda opt: contextlib.nullcontext())
+    monkeypatch.setattr(checkpoint, "adam_step_per_parameter", lambda opt: contextlib.nullcontext())
     with pytest.raises(KeyError, match="step"):
         train(TrainConfig(**kw), log=lambda *_: None)

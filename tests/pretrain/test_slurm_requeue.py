@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow,
                                         f"run scripts/install_slurm.sh")]
 
 STEPS = 8
-ARGS = ["--recipe", "tiny", "--stage", "1.5", "--steps", str(STEPS), "--micro-batch", "1", "--lr", "0.003",
-        "--save-every", "2"]
+ARGS = ["--recipe", "tiny", "--stage", "1.5", "--init", "scratch", "--steps", str(STEPS), "--micro-batch", "1",
+        "--lr", "0.003", "--save-every", "2"]
 
 
 def _losses(run):
@@ -42,7 +42,7 @@ def _wait(cond, timeout, what, info=lambda: ""):
 
 def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeypatch, capsys):
     from ovpipe.cli import main
-    from pretrain import checkpoint
+    from pretrain.trainer import checkpoint
 
     ref, run = tmp_path / "ref", tmp_path / "run"
     shutil.copytree(packed_demo, ref)
@@ -59,7 +59,7 @@ def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeyp
         sdir = run / "pretrain" / "stage-1.5"
 
         def log():
-            return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((sdir / "logs").glob("*.out")))
+            return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((sdir / "logs").glob("*")))
 
         ckpts = sdir / "dist_ckpt"
         _wait(lambda: (checkpoint.newest(ckpts, log=None) or (0,))[0] >= 2 and
@@ -77,7 +77,7 @@ def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeyp
         _wait(lambda: (sdir / "completions" / "finalized").exists(), 900, "finished stage after the requeue", log)
         _wait(lambda: subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True,
                                      text=True).stdout.strip() == "", 60, "job gone from the queue", log)
-    text = "\n".join(p.read_text(errors="replace") for p in sorted((sdir / "logs").glob("*.out")))   # whole logs
+    text = "\n".join(p.read_text(errors="replace") for p in sorted((sdir / "logs").glob("*")))   # whole logs
     resumed = [int(x) for x in re.findall(r"resuming at step (\d+)", text)]
     assert resumed and resumed[0] >= at >= 2, text                   # from its last checkpoint, not from scratch
     assert _losses(run) == _losses(ref)                              # and the same stage, bit for bit

@@ -11,7 +11,8 @@ import time
 from ovpipe.cli import main
 from ovpipe.runfolder.status import print_status
 
-ARGS = ["--recipe", "tiny", "--stage", "1.5", "--steps", "2", "--micro-batch", "1", "--lr", "0.003"]
+ARGS = ["--recipe", "tiny", "--stage", "1.5", "--init", "scratch", "--steps", "2", "--micro-batch", "1",
+        "--lr", "0.003"]
 
 
 def _status(run):
@@ -38,18 +39,19 @@ def test_pretrain_refuses_an_unfinalized_or_changed_pack(packed_demo, tmp_path, 
     err = capsys.readouterr().err
     assert "'pack'" in err and "not finalized" in err
     fin.touch()
-    # the stage was prepared on this pack; then pack is rerun with another config
-    from pretrain.stage_run import StageRunConfig, prepare
+    # the stage was prepared on this pack (the core's prepare, as the command does); then pack is rerun
+    # with another config
+    from ovpipe.runfolder.prepare import prepare
+    from pretrain.stage import STEP, StageConfig
 
-    cfg = StageRunConfig(recipe="tiny", stage="1.5", steps=2, epochs=None, data="pack", micro_batch=1,
-                         global_batch=1, lr=0.003)
-    assert prepare(run, cfg) == "run"
+    cfg = StageConfig(recipe="tiny", stage="1.5", steps=2, micro_batch=1, lr=0.003, init="scratch")
+    prepare(run, STEP, cfg, 1, name="pretrain/stage-1.5")
     meta = json.loads((run / "pack" / "executor.json").read_text())
     meta["config_hash"] = "0123456789abcdef"
     (run / "pack" / "executor.json").write_text(json.dumps(meta))
     assert main(["pretrain", *ARGS, "--run-dir", str(run)]) == 2
     err = capsys.readouterr().err
-    assert "input 'pack' changed since the stage started" in err and "--overwrite" in err
+    assert "input step 'pack' was rerun with another config" in err and "--overwrite" in err
 
 
 def test_second_command_lock_config_change_status_and_export(packed_demo, tmp_path, capsys):
@@ -81,7 +83,7 @@ def test_second_command_lock_config_change_status_and_export(packed_demo, tmp_pa
     # export reads only a finished stage: unfinish it (a killed run) and it refuses, naming the stage
     (sdir / "completions" / "finalized").unlink()
     assert main(["export-model", "--run-dir", str(run), "--stage", "1.5", "--out", str(tmp_path / "hf")]) == 2
-    assert "stage 1.5" in capsys.readouterr().err
+    assert "'pretrain/stage-1.5' is not finalized" in capsys.readouterr().err
     # rerunning the same command finishes it from its last checkpoint, without training a step again
     lines = (sdir / "metrics.jsonl").read_text().count("\n")
     assert main(["pretrain", *ARGS, "--run-dir", str(run)]) == 0

@@ -5,8 +5,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+TP_CHECK = Path(__file__).with_name("tp_check.py")   # the ranks' entry point, run by path
 
 
 @pytest.mark.slow
@@ -16,7 +19,7 @@ def test_a_tp2_checkpoint_loads_resharded_at_tp1(packed_demo, tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     ck = tmp_path / "ckpt-tp2"
     for n, name, extra in ((2, "tp2", ["--save", str(ck)]), (1, "resharded", ["--seed", "7", "--load", str(ck)])):
-        subprocess.run([*torchrun, f"--nproc-per-node={n}", "-m", "pretrain.tp_check", "--run-dir", str(run),
+        subprocess.run([*torchrun, f"--nproc-per-node={n}", str(TP_CHECK), "--run-dir", str(run),
                         "--out", str(tmp_path / f"{name}.json"), *extra], check=True, env=env, timeout=300,
                        capture_output=True)
     two = json.loads((tmp_path / "tp2.json").read_text())

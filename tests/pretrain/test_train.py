@@ -29,7 +29,7 @@ def test_stage1_changes_only_the_projector(megatron_single, packed_demo, tmp_pat
     from pretrain.train import train
     from pretrain.trainer.build import image_pad_id
     from pretrain.trainer.config import TrainConfig
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     a = tmp_path / "s1"
     shutil.copytree(packed_demo, a)
@@ -37,7 +37,7 @@ def test_stage1_changes_only_the_projector(megatron_single, packed_demo, tmp_pat
     init = VLM(RECIPES["tiny"], image_pad_id(a, None), backend="sdpa").state_dict()
     out = train(TrainConfig(run_dir=a, recipe="tiny", stage="1", steps=4, micro_batch=2, lr=1e-2), log=lambda *_: None)
     assert all(m["images"] > 0 for m in out["metrics"])            # images really went through the tower
-    from pretrain.dist_ckpt import load_state_dict
+    from pretrain.trainer.checkpoint import load_state_dict
 
     after = load_state_dict(out["checkpoint"], "tiny")        # megatron dist_checkpointing round trip
     changed = {k for k, v in after.items() if not k.endswith("_extra_state") and not torch.equal(v, init[k])}

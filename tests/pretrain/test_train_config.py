@@ -42,11 +42,12 @@ def test_a_global_batch_sets_grad_accum_per_dp_size(tmp_path):
     from pretrain.trainer.config import TrainConfig
 
     cfg = TrainConfig(run_dir=tmp_path, stage="1.5", steps=3, micro_batch=2, global_batch=16)
-    assert [cfg.for_dp(dp).grad_accum for dp in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert [cfg.resolve(False, world=dp).grad_accum for dp in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert cfg.resolve(False, world=8).global_batch is None          # folded into grad_accum, once
     with pytest.raises(ValueError, match=r"global_batch=16 is not a multiple of micro_batch × dp = 2 × 3"):
-        cfg.for_dp(3)
+        cfg.resolve(False, world=3)
     plain = TrainConfig(run_dir=tmp_path, stage="1.5", steps=3, grad_accum=3)
-    assert plain.for_dp(8) is plain
+    assert plain.resolve(False, world=8).grad_accum == 3
 
 
 def test_the_cli_refuses_before_any_work(tmp_path, capsys):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ovpipe.cli import main
-from pretrain import official
+from llava_ov import official
 
 REPO = Path(__file__).resolve().parents[2]
 TOO_NEW = "5.24.0"

@@ -1,7 +1,7 @@
 """RICE-ViT against transformers' MLCDVisionModel, merge-window order, per-image attention, projector."""
 import torch
 
-from pretrain.vision import Projector, RiceViT, VIT_SIZES, load_mlcd, merge_window_order
+from pretrain.model.vision import Projector, RiceViT, VIT_SIZES, load_mlcd, merge_window_order
 
 
 def _tiny_mlcd(path):

@@ -4,8 +4,8 @@ the same gradients, and bf16 runs (the fp32 rotary tables no longer promote q/k 
 import torch
 import torch.nn.functional as F
 
-from pretrain.fused import rotate_half
-from pretrain.vision import VIT_SIZES, RiceViT
+from pretrain.model.fused import rotate_half
+from pretrain.model.vision import VIT_SIZES, RiceViT
 
 
 def _images():

@@ -1,7 +1,7 @@
 """Step-1 loss of the tiny recipe on the first demo batch, for the TP=1 vs TP=2 parity check.
 
-    torchrun --nproc-per-node=2 -m pretrain.tp_check --run-dir RUN --out loss.json [--save CKPT]
-    torchrun --nproc-per-node=1 -m pretrain.tp_check --run-dir RUN --out loss.json --seed 7 --load CKPT
+    torchrun --nproc-per-node=2 tests/pretrain/tp_check.py --run-dir RUN --out loss.json [--save CKPT]
+    torchrun --nproc-per-node=1 tests/pretrain/tp_check.py --run-dir RUN --out loss.json --seed 7 --load CKPT
 
 ``--save`` writes the initial weights as a megatron dist checkpoint; ``--load`` reads one (saved at any
 TP size) over a differently seeded model: resharding TP=2 -> TP=1 must give the same loss.
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from pretrain.data import iter_batches
     from pretrain.recipes import RECIPES
     from pretrain.trainer.build import image_pad_id, setup_distributed
-    from pretrain.vlm import VLM
+    from pretrain.model.vlm import VLM
 
     tp = setup_distributed(tp=int(os.environ.get("WORLD_SIZE", "1")))["tp"]
     torch.manual_seed(a.seed)
@@ -40,16 +40,16 @@ def main(argv=None) -> int:
     except Exception:
         pass
     model = VLM(RECIPES["tiny"], image_pad_id(Path(a.run_dir), None), tp=tp, backend="sdpa")
-    from pretrain import dist_ckpt
+    from pretrain.trainer import checkpoint
 
     b = next(iter_batches(a.run_dir, "pack", 2))
     if a.save:
-        dist_ckpt.save(Path(a.save), model, None, 0)
+        checkpoint.save(Path(a.save), model, None, 0)
     before = None
     if a.load:
         with torch.no_grad():                     # the seeded model's own loss: loading must change it
             before = float((model(b) * b.loss_mask).sum() / b.loss_mask.sum())
-        dist_ckpt.load_model(Path(a.load), model)
+        checkpoint.load_model(Path(a.load), model)
     per_tok = model(b)
     loss = (per_tok * b.loss_mask).sum() / b.loss_mask.sum()
     loss.backward()

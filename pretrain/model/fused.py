@@ -2,8 +2,8 @@
 
 ``kernels = "fused"`` (``TrainConfig.kernels``; the default on CUDA):
 
-- **rotary** (the LLM's THD rotary in ``pretrain.attention.apply_rotary``, the tower's 2D rotary in
-  ``pretrain.vision``) and **RMSNorm** (``pretrain.model.TorchRMSNorm``: the LLM's input, pre-MLP,
+- **rotary** (the LLM's THD rotary in ``pretrain.model.attention.apply_rotary``, the tower's 2D rotary in
+  ``pretrain.model.vision``) and **RMSNorm** (``pretrain.model.TorchRMSNorm``: the LLM's input, pre-MLP,
   q/k and final norms) run as ``torch.compile``'d functions: inductor emits one Triton kernel for the
   forward and one for the backward of each, where eager torch launches 5–10 elementwise kernels that
   each read and write the whole [tokens, heads, dim] tensor (fp32 casts, ``chunk``, ``cat``, two

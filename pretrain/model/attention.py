@@ -13,7 +13,7 @@ embedding is applied here too (``rope_theta``, the local spec), from the micro-b
 (``PackedRotaryParams``). Unpacked (``sbhd``): ``[s, b, heads, dim]`` with plain causal attention.
 
 Context parallel (``config.context_parallel_size > 1``, THD only): the local tokens are this CP
-rank's two chunks of every sample (``pretrain.parallel``); keys/values are all-gathered over the CP
+rank's two chunks of every sample (``pretrain.model.parallel``); keys/values are all-gathered over the CP
 group and the mask is built from global positions, so the result equals CP=1 row for row.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.module import MegatronModule
 
-from pretrain.parallel import segment_ids
+from pretrain.model.parallel import segment_ids
 
 
 def block_causal_mask(cu_seqlens: torch.Tensor, total: int, device=None) -> torch.Tensor:
@@ -158,8 +158,8 @@ def thd_positions(cu_seqlens: torch.Tensor, t: int) -> torch.Tensor:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x`` [t, heads, d] rotated by the per-token tables [t, d]: one expression over all tokens,
     as megatron's unfused bshd rotary computes it (tables cast to ``x``'s dtype); one fused kernel on
-    CUDA with ``kernels = "fused"`` (``pretrain.fused``)."""
-    from pretrain import fused
+    CUDA with ``kernels = "fused"`` (``pretrain.model.fused``)."""
+    from pretrain.model import fused
 
     return fused.rotary(x, cos, sin)
 
@@ -204,7 +204,7 @@ class SDPACoreAttention(MegatronModule):
         else:                         # this CP rank's tokens of the globally padded samples
             from megatron.core import parallel_state as ps
 
-            from pretrain.parallel import cp_local_index
+            from pretrain.model.parallel import cp_local_index
 
             idx = cp_local_index(psp.cu_seqlens_q.cpu(), self.cp, ps.get_context_parallel_rank()).to(device)
             pos = thd_positions(cu, int(psp.cu_seqlens_q[-1]))[idx]
@@ -254,7 +254,7 @@ class SDPACoreAttention(MegatronModule):
         """All CP ranks' keys/values and the mask of local queries over them (global positions)."""
         from megatron.core import parallel_state as ps
 
-        from pretrain.parallel import cp_mask, gather_cp
+        from pretrain.model.parallel import cp_mask, gather_cp
 
         group, rank = ps.get_context_parallel_group(), ps.get_context_parallel_rank()
         key, value = gather_cp(key, group), gather_cp(value, group)

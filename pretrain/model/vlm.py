@@ -15,7 +15,7 @@ accessors for tied input/output weights across stages) are forwarded to the LLM.
 
 Context parallelism: the first stage embeds the *whole* micro-batch (images are not split), then
 keeps this CP rank's tokens (``batch.cp_index``; labels and loss mask arrive already split, see
-``pretrain.parallel.shard_batch``). Sequence parallelism:
+``pretrain.model.parallel.shard_batch``). Sequence parallelism:
 the GPT embedding does not scatter (``scatter_embedding_sequence_parallel=False``); the merged
 text+image embedding is scattered over the TP ranks here, after the image tokens are in place.
 """
@@ -24,13 +24,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pretrain.model import build_llm, packed_seq_params
-from pretrain.recipes import Recipe
-from pretrain.vision import Projector, RiceViT, VisionInputs, prepare_images
+from pretrain.model.llm import build_llm, packed_seq_params
+from pretrain.model.vision import Projector, RiceViT, VisionInputs, prepare_images
 
 
 class VLM(nn.Module):
-    def __init__(self, recipe: Recipe, image_pad_id: int, tp: int = 1, backend: str = "auto",
+    def __init__(self, recipe, image_pad_id: int, tp: int = 1, backend: str = "auto",
                  sequence_parallel: bool = False, **overrides):
         super().__init__()
         from megatron.core import parallel_state as ps
@@ -47,7 +46,7 @@ class VLM(nn.Module):
         self.image_pad_id = image_pad_id
         self.rope_theta = recipe.llm.rope_theta
         self.text_only_dummy = True       # run the dummy image on text-only micro-batches (see ``embed``)
-        self.loss_kernel = "megatron"     # the output layer + loss (``pretrain.fused.output_processor``)
+        self.loss_kernel = "megatron"     # the output layer + loss (``pretrain.model.fused.output_processor``)
         self._loss_fn = None
         # read by megatron's schedules / DDP / finalize_model_grads
         self.config, self.model_type = self.llm.config, self.llm.model_type
@@ -61,8 +60,8 @@ class VLM(nn.Module):
 
     def set_loss_kernel(self, kind: str) -> None:
         """``megatron`` | ``liger`` | ``torch``: how the last stage turns hidden states into per-token losses
-        (``pretrain.fused``); checked by ``TrainConfig``."""
-        from pretrain.fused import output_processor
+        (``pretrain.model.fused``); checked by ``TrainConfig``."""
+        from pretrain.model.fused import output_processor
 
         self.loss_kernel, self._loss_fn = kind, output_processor(kind)
 
@@ -143,7 +142,7 @@ class VLM(nn.Module):
         emb = self.embed(batch.tokens, batch.position_ids, images, cp_index) if self.pre_process else None
         rotary = getattr(batch, "rotary", None)
         if rotary is None and self.llm.position_embedding_type == "none":     # the local spec's rotary
-            from pretrain.attention import rotary_tables
+            from pretrain.model.attention import rotary_tables
 
             pos = batch.position_ids[0] if cp_index is None else batch.position_ids[0, cp_index]
             rotary = rotary_tables(pos, self.config.kv_channels, self.rope_theta)

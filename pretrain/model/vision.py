@@ -8,7 +8,7 @@ the patch row, half the column (``[h, w, h, w]`` over the head dimension). There
 LayerNorm: the published tower hands its last layer's patches straight to the merger (the
 ``post_layernorm`` of ``MLCDVisionModel`` is not part of the model, and is dropped on import).
 Parameter names here match ``MLCDVisionModel``'s state dict, so its checkpoints load as they are
-(``load_mlcd``); ``pretrain.hf_llava_ov`` maps them to and from the published names (``visual.*``:
+(``load_mlcd``); ``llava_ov.convert`` maps them to and from the published names (``visual.*``:
 fused ``qkv``, ``norm1/2``, ``blocks``).
 
 Native resolution, packed: every image keeps its own grid (its size from ``packing.tokens``);
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from pretrain import fused
-from pretrain.attention import packed_attention
+from pretrain.model import fused
+from pretrain.model.attention import packed_attention
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, lens: list[int]):
         """``lens``: the per-image token counts (``Spans``: with their ``cu_seqlens`` on the device
         and the longest, so the attention needs no host sync). Attention is confined to each image:
-        one varlen call over all images (``pretrain.attention.packed_attention``, non-causal)."""
+        one varlen call over all images (``pretrain.model.attention.packed_attention``, non-causal)."""
         t = x.shape[0]
         q, k, v = (p(x).view(t, self.heads, self.hd) for p in (self.q_proj, self.k_proj, self.v_proj))
         c, s_ = cos[:, None, :], sin[:, None, :]          # rotary in fp32 (at least), as HF does

@@ -116,7 +116,7 @@ def apply() -> None:
     if _APPLIED:
         return
     if torch.cuda.is_available():
-        raise RuntimeError("pretrain.cpu_compat is for machines without CUDA; the GPU path is never patched")
+        raise RuntimeError("pretrain.trainer.cpu_compat is for machines without CUDA; the GPU path is never patched")
     torch.cuda.current_device = lambda: torch.device("cpu")  # (1)
     from megatron.core.tensor_parallel import random as mc_random
 

@@ -1,5 +1,8 @@
 """Hugging Face ⇄ megatron-core weights for the Qwen3 LLM (import before stage 1, export after stage 2).
 
+``size`` is any object with the LLM's shape fields (``pretrain.model.llm.LLMSize``): this package sits
+below the trainer and never imports it.
+
 Layout differences handled here:
 * megatron fuses Q, K and V into ``linear_qkv`` grouped by query group: for each of the ``ng`` KV
   groups, its ``np/ng`` query heads, then its key head, then its value head (``hn`` rows each);
@@ -10,8 +13,6 @@ Layout differences handled here:
 from __future__ import annotations
 
 import torch
-
-from pretrain.model import LLMSize
 
 
 def _qkv_fuse(q, k, v, heads: int, groups: int, hn: int) -> torch.Tensor:
@@ -31,7 +32,7 @@ def _qkv_split(w, heads: int, groups: int, hn: int):
     return q, k, v
 
 
-def qwen3_to_megatron(hf: dict[str, torch.Tensor], size: LLMSize) -> dict[str, torch.Tensor]:
+def qwen3_to_megatron(hf: dict[str, torch.Tensor], size) -> dict[str, torch.Tensor]:
     out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
            "decoder.final_layernorm.weight": hf["model.norm.weight"]}
     if not size.tie_embeddings:
@@ -51,7 +52,7 @@ def qwen3_to_megatron(hf: dict[str, torch.Tensor], size: LLMSize) -> dict[str, t
     return out
 
 
-def megatron_to_qwen3(mc: dict[str, torch.Tensor], size: LLMSize) -> dict[str, torch.Tensor]:
+def megatron_to_qwen3(mc: dict[str, torch.Tensor], size) -> dict[str, torch.Tensor]:
     out = {"model.embed_tokens.weight": mc["embedding.word_embeddings.weight"],
            "model.norm.weight": mc["decoder.final_layernorm.weight"],
            "lm_head.weight": mc["embedding.word_embeddings.weight"] if size.tie_embeddings else mc["output_layer.weight"]}
@@ -69,25 +70,3 @@ def megatron_to_qwen3(mc: dict[str, torch.Tensor], size: LLMSize) -> dict[str, t
         out.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
                     p + "mlp.down_proj.weight": mc[m + "mlp.linear_fc2.weight"]})
     return out
-
-
-def size_from_hf_config(cfg) -> LLMSize:
-    return LLMSize(cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                   cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size, float(getattr(cfg, "rope_theta", None)
-                   or cfg.rope_parameters["rope_theta"]), bool(cfg.tie_word_embeddings))
-
-
-def load_qwen3(path: str, model) -> LLMSize:
-    """Load a saved ``Qwen3ForCausalLM`` into our megatron ``GPTModel`` (strict: every weight mapped)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(path)
-    size = size_from_hf_config(cfg)
-    hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).state_dict()
-    state = qwen3_to_megatron(hf, size)
-    own = model.state_dict()
-    missing = [k for k in own if k not in state and not k.endswith("_extra_state")]
-    if missing:
-        raise KeyError(f"weights not provided by the HF checkpoint: {missing[:5]}")
-    model.load_state_dict({**{k: v for k, v in own.items() if k.endswith('_extra_state')}, **state}, strict=True)
-    return size

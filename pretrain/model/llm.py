@@ -3,7 +3,7 @@ RMSNorm, SwiGLU, RoPE) as ``GPTModel`` built from a layer spec.
 
 Spec choice (``layer_spec``): Transformer Engine's spec where TE is installed (its fused attention
 runs THD packed sequences on GPU); otherwise megatron's local spec with the core attention swapped
-for ``SDPACoreAttention`` (``pretrain.attention``), which honours ``PackedSeqParams`` on any device.
+for ``SDPACoreAttention`` (``pretrain.model.attention``), which honours ``PackedSeqParams`` on any device.
 Swapping through the spec is megatron's supported extension route — no flag, no patch.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ class TorchRMSNorm(torch.nn.RMSNorm):
             p.sequence_parallel = bool(config.sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from pretrain import fused
+        from pretrain.model import fused
 
         return fused.rms_norm(x, self.weight, self.eps)      # one kernel each way with kernels = "fused"
 
@@ -68,7 +68,7 @@ class TorchRMSNorm(torch.nn.RMSNorm):
 def layer_spec(backend: str = "auto", rope_theta: float | None = None):
     """``te`` (GPU, THD via TE fused attention) | ``sdpa`` (local spec + SDPA THD core attention).
     ``rope_theta``: the local spec's core attention applies the rotary embedding itself (one op over
-    all tokens from per-micro-batch tables, ``pretrain.attention``); the GPT model is then built
+    all tokens from per-micro-batch tables, ``pretrain.model.attention``); the GPT model is then built
     without megatron's rotary (``build_llm``)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.spec_utils import ModuleSpec
@@ -82,7 +82,7 @@ def layer_spec(backend: str = "auto", rope_theta: float | None = None):
         except ImportError:
             if backend == "te":
                 raise
-    from pretrain.attention import SDPACoreAttention
+    from pretrain.model.attention import SDPACoreAttention
 
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     sub = spec.submodules
@@ -109,7 +109,7 @@ def build_llm(size: LLMSize, tp: int = 1, backend: str = "auto", max_seq_len: in
     """``pre_process`` / ``post_process``: this pipeline stage holds the embedding / the output layer.
     ``overrides`` are ``TransformerConfig`` fields (``sequence_parallel``, ``context_parallel_size``,
     ``pipeline_model_parallel_size``, ``recompute_granularity`` …). The embedding never scatters for
-    sequence parallelism: the VLM scatters after merging image embeddings (``pretrain.vlm``)."""
+    sequence parallelism: the VLM scatters after merging image embeddings (``pretrain.model.vlm``)."""
     from megatron.core.models.gpt import GPTModel
 
     cfg = transformer_config(size, tp, **overrides)
@@ -125,7 +125,7 @@ def build_llm(size: LLMSize, tp: int = 1, backend: str = "auto", max_seq_len: in
 
 def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int, rotary: tuple | None = None):
     """THD ``PackedSeqParams`` (``PackedRotaryParams``: with the micro-batch's rotary tables when given)."""
-    from pretrain.attention import PackedRotaryParams
+    from pretrain.model.attention import PackedRotaryParams
 
     cu = cu_seqlens.to(torch.int32)
     cos, sin = rotary if rotary is not None else (None, None)

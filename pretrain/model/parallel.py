@@ -13,7 +13,7 @@ megatron's THD rotary embedding divides them by ``cp`` and picks the matching po
 ``tp`` (and by ``2·cp·tp`` with CP): a loss-free padding *sample* of the missing length is
 appended (its own ``cu_seqlens`` segment, so nothing attends across it).
 
-**CP attention without Transformer Engine** (``pretrain.attention``): keys and values are
+**CP attention without Transformer Engine** (``pretrain.model.attention``): keys and values are
 all-gathered over the CP group (backward: reduce-scatter of their gradients), and each rank
 attends its local queries to all keys under the block-diagonal causal mask rebuilt from global
 positions — the all-gather flavour of CP (Llama 3's), exact and simple. With TE installed the TE

@@ -11,7 +11,7 @@ On disk (safetensors) the published model is::
     visual.blocks.<i>.attn.proj               ← self_attn.out_proj
     visual.blocks.<i>.mlp.fc1 / fc2           ← mlp.fc1 / fc2
     visual.merger.{ln_q, mlp.0, mlp.2}        ← projector.{ln_q, mlp.0, mlp.2}
-    model.{embed_tokens, layers.<i>.*, norm}  ← llm.* through pretrain.hf (Qwen3 names)
+    model.{embed_tokens, layers.<i>.*, norm}  ← llm.* through llava_ov.qwen3 (Qwen3 names)
     lm_head.weight                            ← the output layer (the word embedding when tied)
 
 The official class holds them as ``model.visual.*`` / ``model.language_model.*`` in memory and maps
@@ -25,8 +25,7 @@ import re
 
 import torch
 
-from pretrain.hf import megatron_to_qwen3, qwen3_to_megatron
-from pretrain.recipes import Recipe
+from llava_ov.qwen3 import megatron_to_qwen3, qwen3_to_megatron
 
 MODEL_TYPE = "llavaonevision1_5"
 ARCHITECTURE = "LLaVAOneVision1_5_ForConditionalGeneration"
@@ -36,7 +35,7 @@ _VIT_LAYER = {"layer_norm1": "norm1", "layer_norm2": "norm2", "self_attn.out_pro
               "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
 
 
-def _vision_names(recipe: Recipe):
+def _vision_names(recipe):
     """(our name, published name) of every tower and merger tensor that maps one to one (the fused
     ``attn.qkv`` is the one that does not): one table for both directions."""
     yield "vision.embeddings.patch_embedding.weight", "visual.patch_embed.proj.weight"
@@ -51,7 +50,7 @@ def _vision_names(recipe: Recipe):
             yield f"projector.{m}.{p}", f"visual.merger.{m}.{p}"
 
 
-def published_state_dict(ours: dict[str, torch.Tensor], recipe: Recipe) -> dict[str, torch.Tensor]:
+def published_state_dict(ours: dict[str, torch.Tensor], recipe) -> dict[str, torch.Tensor]:
     """Our full (TP=1) VLM state dict → the published on-disk names (every tensor contiguous)."""
     out = {pub: ours[mine] for mine, pub in _vision_names(recipe)}
     for p in ("weight", "bias"):
@@ -66,7 +65,7 @@ def published_state_dict(ours: dict[str, torch.Tensor], recipe: Recipe) -> dict[
     return {k: v.detach().contiguous() for k, v in out.items()}
 
 
-def to_ours(hf: dict[str, torch.Tensor], recipe: Recipe) -> dict[str, torch.Tensor]:
+def to_ours(hf: dict[str, torch.Tensor], recipe) -> dict[str, torch.Tensor]:
     """Published (or the official class's in-memory) names → our VLM state dict (strict: a missing
     tensor raises ``KeyError`` naming it; ``lm_head.weight`` may be absent when embeddings are tied)."""
     def rename(k: str) -> str:
@@ -95,7 +94,7 @@ def to_ours(hf: dict[str, torch.Tensor], recipe: Recipe) -> dict[str, torch.Tens
     return out
 
 
-def config_dict(recipe: Recipe, tok, dtype: str = "float32") -> dict:
+def config_dict(recipe, tok, dtype: str = "float32") -> dict:
     """``config.json`` of the published model for ``recipe``, token ids from the training tokenizer
     ``tok`` (None: token ids null — what ``check_config`` compares shapes against) (field names and values as the released checkpoints write them). Tying lives in the text
     config only: a top-level ``tie_word_embeddings`` makes transformers 5 expand the official class's
@@ -138,7 +137,7 @@ SHAPE_FIELDS = ("model_type", *(f"vision_config.{k}" for k in (
     "vocab_size", "rope_theta")))
 
 
-def check_config(cfg: dict, recipe: Recipe, path: str) -> None:
+def check_config(cfg: dict, recipe, path: str) -> None:
     """A published ``config.json`` against the recipe: every ``SHAPE_FIELDS`` value against what
     ``config_dict`` writes for it; raises ``ValueError`` naming every field that differs
     (``text_config.hidden_size=32 (recipe: 64)``)."""

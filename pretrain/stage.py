@@ -1,0 +1,356 @@
+"""A pretrain stage as an ordinary ovpipe step: ``ovpipe pretrain --stage S`` writes ``RUN/pretrain/stage-<S>/``.
+
+    ovpipe pretrain --stage 1.5 --run-dir RUN --steps 30                       (this machine, one process)
+    ovpipe pretrain --stage 1.5 --run-dir RUN --nproc 2 --tp 2                 (torchrun: gloo on CPU, NCCL on GPU)
+    ovpipe pretrain --stage 1.5 --run-dir RUN --executor slurm --nodes 2       (one Slurm job, srun per rank)
+
+The stage goes through the core's one lifecycle (``ovpipe.cli.execute``): the step lock, the check of its
+declared inputs before any work, ``executor.json`` with their config hashes (a changed input or config is
+refused naming it, unless ``--overwrite``), the running marker and heartbeat, ``completions/`` and
+``stats.json``, ``ovpipe status`` and the Slurm ``afterok`` chain. The step is ``distributed``
+(``ovpipe.step.Step``): its one task is a group of processes the executor starts.
+
+**Declared inputs.** ``packs`` from the pack step ``data`` (the stage's own by default: stage 1
+``pack-align``, 1.5 ``pack``, 2 ``pack-instruct``), and ``dist_ckpt`` from ``start_from``: the stage it
+starts from (``pretrain/stage-<previous>``, trained, or written by ``import-model``). A missing start is
+refused before any work, naming it; ``--init scratch`` starts from random initialisation instead, and says so.
+
+**One config, resolved once.** ``StageConfig`` is the step's config (``config.json``): what changes the
+result is hashed (recipe, stage, length, data, batch, lr, seed, the start); how it runs is saved but not
+hashed (``NOT_HASHED``: the TP/PP/CP layout — checkpoints reshard, so a stage resumes at another layout —,
+kernels, recompute, save cadence). The task turns it into the trainer's ``TrainConfig``, which the
+trainer resolves once against the device and world (``TrainConfig.resolve``) and passes whole.
+
+**Stopping.** SIGTERM / SIGUSR1 save at the next step boundary and stop the task (``ovpipe.step.Stopped``):
+no completion, no failure; rerunning the command (or the Slurm job's requeue) resumes it.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ovpipe.config import NOT_HASHED
+from ovpipe.inputs import Input
+from ovpipe.step import Step, Stopped, TaskContext, save_json
+
+PROGRESS = "progress.json"
+_RUN = dict(metadata=NOT_HASHED)        # how the stage runs, not what it makes
+
+
+def stage_folder(stage: str) -> str:
+    return f"pretrain/stage-{stage}"
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    stage: str = "1.5"                       # "1" | "1.5" | "2" (pretrain.recipes.STAGES)
+    recipe: str = "tiny"                     # pretrain.recipes.RECIPES
+    steps: int | None = None                 # exactly one of steps / epochs (neither: 30 steps)
+    epochs: float | None = None
+    data: str = ""                           # the pack step read; "": the stage's
+    micro_batch: int = 2
+    grad_accum: int = 1
+    global_batch: int | None = None          # packs per optimizer step over all DP ranks
+    lr: float | None = None                  # None: the stage's
+    seed: int = 0
+    tokenizer: str | None = None             # None: RUN/tokenizer
+    init: Literal["previous", "scratch"] = "previous"   # scratch: random initialisation, no start checkpoint
+    start_from: str = ""                     # the checkpoint's step folder; "": pretrain/stage-<previous>
+    tp: int = field(default=1, **_RUN)
+    pp: int = field(default=1, **_RUN)
+    cp: int = field(default=1, **_RUN)
+    sequence_parallel: bool = field(default=False, **_RUN)
+    distributed_optimizer: Literal["auto", "on", "off"] = field(default="auto", **_RUN)
+    fp32: bool = field(default=False, **_RUN)
+    recompute: str | None = field(default=None, **_RUN)
+    vision_recompute: str | None = field(default=None, **_RUN)
+    loader_workers: int | None = field(default=None, **_RUN)
+    kernels: str | None = field(default=None, **_RUN)
+    loss_kernel: str | None = field(default=None, **_RUN)
+    save_every: int = field(default=0, **_RUN)
+    save_every_minutes: float = field(default=0.0, **_RUN)
+    keep: int = field(default=2, **_RUN)
+    stop_after: int | None = field(default=None, **_RUN)
+
+    def __post_init__(self):
+        from pretrain.recipes import PREVIOUS, STAGES
+
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {sorted(STAGES)}, got {self.stage!r}")
+        if self.steps is None and self.epochs is None:
+            object.__setattr__(self, "steps", 30)
+        object.__setattr__(self, "data", self.data or STAGES[self.stage].data)
+        if not self.start_from and self.init == "previous":
+            object.__setattr__(self, "start_from", stage_folder(PREVIOUS[self.stage]))
+        if self.init == "scratch" and self.start_from:
+            raise ValueError(f"start_from={self.start_from!r} with init='scratch': a stage starts from a "
+                             f"checkpoint or from scratch, not both")
+        if self.start_from and (self.start_from.startswith("/") or ".." in Path(self.start_from).parts):
+            raise ValueError(f"start_from must be a step folder of the run, got {self.start_from!r}")
+        self.train_config(Path("."))        # the trainer's checks, naming the field, before any work
+
+    def train_config(self, run_dir: Path):
+        """The trainer's ``TrainConfig`` for this stage in ``run_dir`` (resolved by the trainer, once)."""
+        from pretrain.trainer.config import TrainConfig
+
+        return TrainConfig(
+            run_dir=Path(run_dir), recipe=self.recipe, stage=self.stage, steps=self.steps, epochs=self.epochs,
+            data=self.data, micro_batch=self.micro_batch, grad_accum=self.grad_accum,
+            global_batch=self.global_batch, lr=self.lr, seed=self.seed, tokenizer=self.tokenizer,
+            init=self.init, start_from=self.start_from or None, tp=self.tp, pp=self.pp, cp=self.cp,
+            sequence_parallel=self.sequence_parallel,
+            distributed_optimizer={"auto": None, "on": True, "off": False}[self.distributed_optimizer],
+            bf16=False if self.fp32 else None, recompute=self.recompute, vision_recompute=self.vision_recompute,
+            loader_workers=self.loader_workers, kernels=self.kernels, loss_kernel=self.loss_kernel,
+            save_every=self.save_every, save_every_minutes=self.save_every_minutes, keep=self.keep,
+            stop_after=self.stop_after)
+
+
+def check_start(cfg: StageConfig, run_dir: Path) -> None:
+    """Before any work: the checkpoint the stage starts from is there (``init: previous``), or the user
+    asked for random initialisation. One line naming the folder and the three ways on."""
+    if cfg.init == "scratch" or (Path(run_dir) / cfg.start_from / "executor.json").exists() \
+            or (Path(run_dir) / cfg.start_from / "dist_ckpt").is_dir():
+        return
+    raise ValueError(
+        f"pretrain stage {cfg.stage} starts from the checkpoint in {Path(run_dir) / cfg.start_from}, which does "
+        f"not exist: train that stage first, import weights into it (`ovpipe import-model --stage "
+        f"{cfg.start_from.rsplit('-', 1)[-1]}`), or pass --init scratch to train from random initialisation")
+
+
+def write_progress(sdir: Path) -> dict | None:
+    """``progress.json`` (``ovpipe status``: ``at step 12/30``): the last record of ``metrics.jsonl`` and
+    the planned steps."""
+    try:
+        with open(Path(sdir) / "metrics.jsonl", "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            last = json.loads(f.read().decode(errors="replace").strip().splitlines()[-1])
+        steps = json.loads((Path(sdir) / "stage.json").read_text()).get("steps")
+    except (OSError, ValueError, IndexError):
+        return None
+    rec = {"step": last.get("step"), "steps": steps, "loss": last.get("loss")}
+    save_json(Path(sdir) / PROGRESS, rec)
+    return rec
+
+
+def run(cfg: StageConfig, task: TaskContext) -> None:
+    import torch
+
+    from pretrain.train import train
+
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    sdir = task.run_dir / stage_folder(cfg.stage)
+    if cfg.init == "scratch" and rank0:
+        print(f"stage {cfg.stage}: init scratch — training from random initialisation, no start checkpoint")
+    res = train(cfg.train_config(task.run_dir),
+                on_step=(lambda rec, ddp: write_progress(sdir)) if rank0 else None)
+    if rank0:
+        write_progress(sdir)
+    if res.get("preempted"):
+        raise Stopped(int(res["preempted"]), f"saved at step {res.get('step', '?')} and stopped on a signal; "
+                                             f"rerun the same command (or let Slurm requeue it) to resume")
+    rows = res.get("metrics") or []
+    task.stats.inc("steps", len(rows))
+    task.stats.inc("packs", sum(r.get("packs", 0) for r in rows))
+    task.stats.inc("samples", sum(r.get("samples", 0) for r in rows))
+    task.stats.info.update({k: res[k] for k in ("tp", "pp", "cp", "dp") if k in res})
+
+
+STEP = Step("pretrain", StageConfig, run, max_tasks=1, distributed=True,
+            inputs={"packs": "data", "dist_ckpt": Input("start_from", when=lambda c: c.init == "previous")},
+            outputs=("dist_ckpt",), check=check_start,
+            description="one stage of RICE-ViT + projector + Qwen3 training (megatron-core)")
+
+
+# ------------------------------------------------------------------------------ ovpipe pretrain
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="ovpipe pretrain", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", default="tiny")
+    ap.add_argument("--stage", choices=["1", "1.5", "2"], required=True)
+    ap.add_argument("--run-dir", required=True)
+    length = ap.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help="optimizer steps (default 30)")
+    length.add_argument("--epochs", type=float, help="passes over the data step's packs: steps = "
+                        "ceil(E × packs / global batch), global batch = micro_batch × grad_accum × dp")
+    ap.add_argument("--data", help="pack step to read (default: the stage's: 1 pack-align, 1.5 pack, 2 pack-instruct)")
+    ap.add_argument("--init", choices=["previous", "scratch"], default="previous",
+                    help="previous (default): start from the checkpoint of --start-from; scratch: random "
+                         "initialisation (refused silently never: without a start checkpoint the stage refuses)")
+    ap.add_argument("--start-from", help="step folder of the checkpoint to start from (default: the previous "
+                                         "stage's, pretrain/stage-<S>; an import-model folder works too)")
+    ap.add_argument("--micro-batch", type=int, default=2)
+    batch = ap.add_mutually_exclusive_group()
+    batch.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step and DP rank")
+    batch.add_argument("--global-batch", type=int, help="packs per optimizer step over all DP ranks (megatron's "
+                       "--global-batch-size): grad_accum = global_batch / (micro_batch × dp)")
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer")
+    g = ap.add_argument_group("layout (not part of the config hash: checkpoints reshard)")
+    g.add_argument("--tp", type=int, default=1)
+    g.add_argument("--pp", type=int, default=1)
+    g.add_argument("--cp", type=int, default=1)
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--distributed-optimizer", choices=["auto", "on", "off"], default="auto")
+    g.add_argument("--fp32", action="store_true", help="train in fp32 even on GPU")
+    g.add_argument("--recompute", help="full | selective | mlp | none | auto (default: auto on GPU, none on CPU)")
+    g.add_argument("--vision-recompute", help="full | selective | none (default: follows --recompute)")
+    g.add_argument("--loader-workers", type=int)
+    g.add_argument("--kernels", help="eager | fused (default: fused on GPU)")
+    g.add_argument("--loss-kernel", help="megatron | liger | torch")
+    g.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (besides the end and "
+                   "SIGTERM/SIGUSR1)")
+    g.add_argument("--save-every-minutes", type=float, default=0.0)
+    g.add_argument("--keep", type=int, default=2, help="checkpoints kept (the newest K)")
+    g.add_argument("--stop-after", type=int, help="checkpoint and stop after this many steps (drills)")
+    e = ap.add_argument_group("executor")
+    e.add_argument("--executor", choices=["local", "slurm"], default="local")
+    e.add_argument("--nproc", type=int, help="local: processes under torchrun (default tp·pp·cp)")
+    e.add_argument("--nodes", type=int, default=1)
+    e.add_argument("--gpus-per-node", type=int, default=8)
+    e.add_argument("--tasks-per-node", type=int, help="slurm: processes per node (default --gpus-per-node; "
+                   "with --gpus-per-node 0, CPU processes: 1)")
+    e.add_argument("--partition")
+    e.add_argument("--slurm-time", default="48:00:00")
+    e.add_argument("--cpus-per-task", type=int, default=1)
+    e.add_argument("--mem")
+    e.add_argument("--dry-run", action="store_true", help="slurm: write the job script, submit nothing")
+    e.add_argument("--dependency", help="slurm: extra job id this stage must wait for (afterok); the jobs of "
+                                        "its inputs, while queued or running, are added on their own")
+    e.add_argument("--wait", action="store_true", help="slurm: block until the stage's jobs end")
+    e.add_argument("--wait-timeout", type=float)
+    e.add_argument("--overwrite", action="store_true", help="discard the stage's checkpoints made with another "
+                   "config or on changed inputs, and start it over")
+    e.add_argument("--wait-lock", action="store_true",
+                   help="wait for another command running this stage to finish, instead of refusing")
+    e.add_argument("--verbose", action="store_true", help="the trainer's output on the terminal, not only its log")
+    a = ap.parse_args(argv)
+    from ovpipe import console
+
+    console.set_verbose(a.verbose)
+    try:
+        cfg = _config(a)
+    except ValueError as err:
+        ap.error(str(err))
+    per_node = a.tasks_per_node or a.gpus_per_node or 1
+    world = a.nodes * per_node if a.executor == "slurm" else (a.nproc or a.tp * a.pp * a.cp)
+    try:
+        _check_layout(cfg, world)
+    except ValueError as err:
+        ap.error(str(err))
+    # megatron's import-time notices go to the stage's log, not the terminal
+    with console.warnings_to(Path(a.run_dir) / stage_folder(a.stage) / "logs" / "launch.log"):
+        return _execute(a, cfg, world, per_node)
+
+
+def _config(a) -> StageConfig:
+    from ovpipe.config import load_config
+    from pretrain.recipes import RECIPES
+
+    if a.recipe not in RECIPES:
+        raise ValueError(f"--recipe {a.recipe!r}: known recipes are {', '.join(sorted(RECIPES))}")
+    fields = {f.name for f in dataclasses.fields(StageConfig)}
+    values = {k: v for k, v in vars(a).items() if k in fields and v is not None}
+    values["start_from"] = a.start_from or ""
+    values["data"] = a.data or ""
+    return load_config(StageConfig, values)
+
+
+def _check_layout(cfg: StageConfig, world: int) -> None:
+    """The layout against the recipe and the world size, and the global batch against DP, before anything
+    starts (``ValueError`` naming both settings)."""
+    from pretrain.recipes import RECIPES, Parallelism, validate
+    from pretrain.trainer.config import accumulation
+
+    validate(RECIPES[cfg.recipe], Parallelism(tp=cfg.tp, pp=cfg.pp, cp=cfg.cp,
+                                              sequence_parallel=cfg.sequence_parallel,
+                                              distributed_optimizer=cfg.distributed_optimizer == "on",
+                                              world_size=world))
+    if cfg.global_batch is not None:
+        accumulation(cfg.global_batch, cfg.micro_batch, world // (cfg.tp * cfg.pp * cfg.cp))
+
+
+def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
+    from ovpipe.cli import UsageError, execute
+    from ovpipe.config import ConfigError
+    from ovpipe.runfolder import RunFolderError
+    from pretrain.trainer.checkpoint import CheckpointError
+
+    name = stage_folder(cfg.stage)
+    run_dir = Path(a.run_dir).expanduser().resolve()
+    if a.executor == "slurm" and a.dry_run:      # only the script: no run-folder state is touched
+        print(write_script(run_dir, name, a, per_node))
+        return 0
+    args = argparse.Namespace(
+        run_dir=str(run_dir), name=name, executor=a.executor, tasks=1, workers=1, overwrite=a.overwrite,
+        quiet=True, wait_lock=a.wait_lock, partition=a.partition, slurm_time=a.slurm_time,
+        cpus_per_task=a.cpus_per_task, mem=a.mem, dependency=a.dependency, wait=a.wait,
+        wait_timeout=a.wait_timeout, nproc=world, nodes=a.nodes, tasks_per_node=per_node,
+        gpus_per_node=a.gpus_per_node)
+    t0 = time.perf_counter()
+    done_before = _finalized(run_dir / name)
+    try:
+        rc = execute(STEP, cfg, args)
+    except (UsageError, ConfigError, RunFolderError, CheckpointError) as err:
+        print(f"ovpipe pretrain: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:      # sbatch refused the script
+        print(f"ovpipe pretrain: {err}", file=sys.stderr)
+        return 1
+    if a.executor == "slurm":
+        if rc == 0:
+            print(f"pretrain stage {cfg.stage}: submitted ({run_dir / name}/slurm_jobs.json)")
+        return rc
+    if rc == 0 and done_before and _finalized(run_dir / name):
+        print(f"pretrain stage {cfg.stage}: already done (same config and inputs) → {run_dir / name}")
+        return 0
+    print(stage_line(run_dir / name, cfg.stage, rc, time.perf_counter() - t0))
+    return rc
+
+
+def _finalized(sdir: Path) -> bool:
+    return (sdir / "completions" / "finalized").exists()
+
+
+def write_script(run_dir: Path, name: str, a, per_node: int) -> Path:
+    """``--dry-run``: the job script the Slurm executor would submit, written to the stage's folder."""
+    from ovpipe.executors.slurm import SlurmOptions, render_distributed_job
+
+    opts = SlurmOptions(partition=a.partition, time=a.slurm_time, cpus_per_task=a.cpus_per_task, mem=a.mem,
+                        nodes=a.nodes, tasks_per_node=per_node, gpus_per_node=a.gpus_per_node)
+    sdir = run_dir / name
+    (sdir / "logs").mkdir(parents=True, exist_ok=True)
+    script = sdir / "launch_script.slurm"
+    script.write_text(render_distributed_job(STEP.name, run_dir, opts, name=name))
+    return script
+
+
+def stage_line(sdir: Path, stage: str, rc: int, seconds: float) -> str:
+    """``pretrain stage 1.5: 30 steps, loss 6.260 → 4.102, 60 packs, data wait 1.2% — 12.3 s → RUN/pretrain/stage-1.5``
+    (data wait: the share of the step time spent waiting for the loader; a large one means the loader, not
+    the model, sets the pace — more ``--loader-workers``)."""
+    from ovpipe.summary import stage_metrics
+    from pretrain.trainer.metrics import data_wait_share
+
+    rows = stage_metrics(sdir / "metrics.jsonl")
+    wait = data_wait_share(rows)
+    what = (f"{len(rows)} steps, loss {rows[0]['loss']:.3f} → {rows[-1]['loss']:.3f}, "
+            f"{sum(r.get('packs', 0) for r in rows):,} packs" + (f", data wait {wait:.1%}" if wait is not None else "")
+            if rows else "no steps")
+    state = "" if rc == 0 else f" (exit {rc}: see {sdir / 'logs'})"
+    return f"pretrain stage {stage}: {what}{state} — {seconds:.1f} s → {sdir}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
