@@ -126,8 +126,8 @@ def iter_slice_batches(task: TaskContext, steps: list[str], columns: list[str] |
     """This rank's contiguous slice of the ``samples`` manifests of ``steps`` concatenated in that
     order (each in canonical order), streamed as record batches (``manifests.io.iter_parts`` in
     ``folders`` order: row counts from the footers, only the slice's row groups read), so a task never
-    holds the corpus (reading every manifest whole and then slicing it took 4.8 GiB per task at 1M
-    samples, bench/results/bench_scale.txt)."""
+    holds the corpus (reading every manifest whole and then slicing it would cost every task the whole
+    corpus; the per-task figures are in docs/scale_bench.md)."""
     from manifests.io import iter_parts
 
     files, _, lo, hi = slice_files(task, steps)
