@@ -14,8 +14,8 @@ no weight decay in stage 2, ε 1e-5, clip 1.0, bf16 (the LLaVA-OneVision-1.5 rep
 scripts, ``examples/llava_ov_1_5/quick_start/stage_*_llava_ov_4b.sh``). Recompute ``auto``: the trainer estimates each mode's
 peak for the recipe, layout, pack length and card and runs the least recompute that fits
 (``pretrain.trainer.memory``); for the 4B stage 1.5 on one H200 that is the LLM kept whole with each
-tower MLP rebuilt in backward and liger's loss, the fastest measured there (41.0% MFU at four packs per
-step, against 36.3% for ``selective``; nothing recomputed runs out of memory; bench/results/gpu_h200.md).
+tower MLP rebuilt in backward and liger's loss, the fastest setting measured there (nothing recomputed
+runs out of memory; figures in docs/pretrain.md).
 
 Each stage names its data by pack step (the ``ovpipe pack --name STEP`` folder of the run):
 

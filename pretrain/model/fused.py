@@ -101,11 +101,10 @@ def liger_available() -> bool:
 
 def resolve_loss_kernel(loss_kernel: str | None) -> str:
     """None: megatron's (a run with ``recompute: auto`` leaves it unset instead, and
-    ``pretrain.trainer.memory`` picks liger's only where its 4.7 GiB lets less be recomputed: on one
-    H200 the 4B keeps its LLM whole with it, 41.0% MFU against 36.3% for ``selective``). At equal
-    recompute liger's measured within a few percent of megatron's, mostly slower (33.6% vs 34.7% at
-    ``selective``, ``bench/results/gpu_h200.md``). (The value and its TP = 1 rule are
-    ``TrainConfig``'s checks.)"""
+    ``pretrain.trainer.memory`` picks liger's only where its 4.7 GiB lets less be recomputed, as for the
+    4B on one H200, where it keeps the LLM whole). At equal recompute liger's measures within a few
+    percent of megatron's, mostly slower (figures: docs/pretrain.md, ``bench/results/h200.md``). (The
+    value and its TP = 1 rule are ``TrainConfig``'s checks.)"""
     if loss_kernel is None:
         return "megatron"
     if loss_kernel == "liger" and not liger_available():

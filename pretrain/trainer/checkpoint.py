@@ -286,7 +286,7 @@ class SavePolicy:
 # The distributed optimizer's state is saved in its canonical per-parameter form (gathered over DP
 # at save, sliced per rank at load), so a checkpoint reshards over TP/PP/DP. megatron-core 0.19's
 # default ('fully_sharded_model_space') writes flattened ShardedTensors its own save rejects: every
-# GPU checkpoint failed before this (found on the first GPU run, bench/results/gpu_h200.md).
+# GPU checkpoint fails with it (CheckpointingException: ShardedTensor.flattened_range is not supported).
 # Saving, ``distrib_optim_fully_reshardable_mem_efficient`` gathers each bucket's state over DP with
 # gloo to DP rank 0 only (one bucket at a time), instead of all-gathering full fp32 buffers on every
 # rank with NCCL; megatron reads both layouts back the same way, so load keeps the default.

@@ -24,7 +24,7 @@ and card, not fixed per stage:
 
 2. **The calibration** (``CALIBRATION``) is a least-squares fit of the overhead and of one factor per
    term to the peaks measured on one H200 (``CALIBRATION_POINTS``: ten (LLM, tower, loss) settings from
-   ``bench/results/gpu_h200_2026-11-2{5,6}*/``); ``tests/pretrain/test_memory.py`` refits it from those
+   ``bench/results/h200/``, listed in ``bench/results/h200.md``); ``tests/pretrain/test_memory.py`` refits it from those
    points and checks every point within ``ERROR_GIB`` (3.5 GiB; the worst residual is 3.3). The points
    span every LLM mode but ``full`` with a kept tower and every tower mode; a layout never measured
    (TP, PP, CP) is the same counts scaled by the same factors.
@@ -36,11 +36,11 @@ and card, not fixed per stage:
    a setting within ``TIE`` of those FLOPs, with the same loss, and at least ``TIE_GIB`` smaller wins
    instead.
    ``HEADROOM`` 0.95: the 4B on one H200 ran fastest at 92% and 96% of the card (LLM kept whole, tower
-   ``selective``: 41.0% / 40.2% MFU at grad-accum 4, against 38.0-39.2% with the tower fully recomputed
-   at 81-85%); nothing ran slower for being near the limit. The margin is for the estimate's error,
+   ``selective``, faster than with the tower fully recomputed at 81-85%; docs/pretrain.md); nothing ran
+   slower for being near the limit. The margin is for the estimate's error,
    and the tower is already counted at its worst pack. ``TIE`` 1%: the 4B's ``mlp`` and ``selective``
-   differ only by the core attention of short caption samples (0.2% of the FLOPs) and ran 34.5% and
-   34.7% MFU; the smaller peak wins.
+   differ only by the core attention of short caption samples (0.2% of the FLOPs) and ran within 1% of
+   each other; the smaller peak wins.
    When only the headroom is short, ``full`` runs (the least memory) with a warning naming the layouts
    that would fit; when even ``full``'s estimate is within ``ERROR_GIB`` of the card, the run fails
    before any work with that advice (an explicit ``recompute`` skips the estimate).
@@ -62,13 +62,13 @@ CALIBRATION = {"overhead_gib": 2.270, "llm": 1.057, "vit": 1.505, "loss": 1.991}
 # ``full`` run had eager kernels, so the 2.51 GiB eager kernels added to ``selective`` is taken off it).
 CALIBRATION_POINTS = {
     "tokens": 8192, "vit_tokens": 27479,
-    "peaks": [("full", "full", "megatron", 83.06 - 2.51),      # gpu_h200_2026-11-25/after_full.json
-              ("selective", "selective", "megatron", 113.15),  # gpu_h200_2026-11-26/fused_megatron_selective.json
+    "peaks": [("full", "full", "megatron", 83.06 - 2.51),      # bench/results/h200/host_free_full.json
+              ("selective", "selective", "megatron", 113.15),  # bench/results/h200/fused_megatron_selective.json
               ("selective", "selective", "liger", 108.40),     # fused_liger_selective.json
-              ("mlp", "selective", "megatron", 117.4),         # the 3-step mlp run (gpu_h200.md)
+              ("mlp", "selective", "megatron", 117.4),         # the 3-step mlp run (bench/results/h200.md)
               ("mlp", "none", "megatron", 128.73),             # fused_megatron_mlp_vnone.json
               ("mlp", "none", "liger", 123.98),                # fused_liger_mlp_vnone.json
-              ("none", "full", "liger", 113.55),               # gpu_h200_2026-11-26b/none_vfull_liger.json
+              ("none", "full", "liger", 113.55),               # none_vfull_liger.json
               ("none", "full", "megatron", 118.29),            # none_vfull_megatron.json
               ("none", "selective", "liger", 128.69),          # none_vsel_liger.json
               ("none", "selective", "megatron", 133.99)],      # none_vsel_megatron_ga4.json (grad-accum 4)

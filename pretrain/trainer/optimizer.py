@@ -9,8 +9,7 @@ schedule, and the two CUDA adaptations of megatron's no-TE/no-Apex fallbacks tha
   ``_foreach`` kernels.
 - ``lr_at``: linear warmup, then cosine to ``min_lr`` (the schedule of every stage).
 
-Measured on one H200 for the 4B recipe (``bench/results/gpu_h200.md``): 0.137 s of optimizer per step with
-megatron's fallbacks, 0.081 s with ``fused_adam``, 0.058 s with both.
+What each saves on the 4B recipe's optimizer step: docs/pretrain.md (figures in ``bench/results/h200.md``).
 """
 from __future__ import annotations
 
@@ -93,8 +92,8 @@ def foreach_optimizer() -> bool:
     builds a host tensor from the ~400 CUDA scalars (a device sync per tensor) before a final
     ``.item()``; it clips with ``dst.copy_(src * scale)`` per tensor (twice the traffic, two launches
     each); and ``finalize_model_grads`` divides the 16 GB fp32 gradient buffer of the 4B recipe by
-    a 0-dim CUDA tensor, which runs torch's non-vectorised broadcast kernel (23 ms on an H200,
-    ``bench/results/gpu_h200.md``). Here the norm is ``_foreach_norm`` of all tensors, reduced on
+    a 0-dim CUDA tensor, which runs torch's non-vectorised broadcast kernel (a profiled 4B step:
+    ``bench/results/h200.md``). Here the norm is ``_foreach_norm`` of all tensors, reduced on
     the device (no sync), which lets megatron take its tensor path (``multi_tensor_scale_tensor``:
     the clip coefficient stays on the device, clamped at 1, so an unclipped step multiplies by
     exactly 1.0), and both scalings are one ``_foreach_mul_``. The results are the fallbacks' up to
