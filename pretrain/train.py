@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", choices=["eager", "fused"], help="fused: compiled rotary/RMSNorm + megatron's "
                     "fused SwiGLU on CUDA (default on GPU; pretrain.model.fused)")
     ap.add_argument("--loss-kernel", choices=["megatron", "liger", "torch"], help="output layer + cross-entropy "
-                    "(default megatron; liger: the fused linear cross-entropy, less memory, slower on an H200)")
+                    "(default megatron; liger: the fused linear cross-entropy, less memory, mostly slower)")
     ap.add_argument("--metrics-out", help="also write this run's per-step metrics here (JSON), from rank 0")
     a = ap.parse_args(argv)
     try:                                     # a wrong value fails here, naming the field, before any work
