@@ -1,6 +1,6 @@
-"""The tower's paths that the first GPU run exercised (bench/results/gpu_h200.md), checked on the
-CPU: per-image attention equals the dense block-diagonal mask it replaced, layer recompute gives
-the same gradients, and bf16 runs (the fp32 rotary tables no longer promote q/k away from v)."""
+"""The tower's GPU paths, checked on the CPU: per-image attention equals the dense block-diagonal
+mask, layer recompute gives the same gradients, and bf16 runs (the rotary tables, computed in fp32, do
+not promote q/k away from v)."""
 import torch
 import torch.nn.functional as F
 
