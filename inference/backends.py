@@ -25,9 +25,10 @@ Backends:
   ``multi_modal_data`` — vLLM's own continuous batching; the per-request seed keeps a request's
   samples independent of the batch it ran in.
 
-Rows produced elsewhere come in through each step's ``file`` backend; ``read_jsonl`` is the
-shared streaming reader (bad lines counted, never raised); ``index_jsonl`` keeps only the offsets of
-the rows a task needs, for a slice whose rows would not fit beside it.
+Rows produced elsewhere come in through the ``file`` backend (``CannedResponses``): the JSONL indexed
+once for the rows a task needs — byte offsets, not rows — and read back a chunk at a time; each step
+maps a canned row to its own. ``read_jsonl`` is the shared streaming reader (bad lines counted, never
+raised). Chunked, resumable generation over any of these is ``inference.chunked``.
 """
 from __future__ import annotations
 
@@ -306,6 +307,66 @@ def load_backend(backend: str, model: str, *, device: str = "auto", dtype: str =
     if backend == "vllm":
         return VllmBackend(model, seed=seed, max_images=max_images, engine_args=engine_args)
     raise ValueError(f"backend must be one of transformers, vllm (file is read by the step), got {backend!r}")
+
+
+def load_for(cfg, stats=None, max_images: int = 16):
+    """The generation backend of a step's config (the fields ``check_backend_fields`` checks, plus ``device``,
+    ``cpu_threads``, ``seed`` and ``vllm_engine_args``), its loading timed as ``load_model`` and its device
+    recorded in ``stats.info`` when ``stats`` is given."""
+    import contextlib
+
+    with stats.timer("load_model") if stats is not None else contextlib.nullcontext():
+        backend = load_backend(cfg.backend, cfg.model, device=cfg.device, dtype=cfg.dtype, cpu_threads=cfg.cpu_threads,
+                               seed=cfg.seed, max_images=max_images, engine_args=cfg.vllm_engine_args)
+    if stats is not None:
+        stats.info["device"] = getattr(backend, "device", "cuda")
+    return backend
+
+
+class CannedResponses:
+    """The ``file`` backend of both steps: generations made elsewhere, one JSON object a line, each row
+    keyed by the step (``key(row)``: the work item's key, or None for a row of no item of this task, counted
+    ``other_key``; lines that are not objects count ``file/bad_json``). One streamed pass keeps the byte
+    offsets of the wanted rows — every row of a key in file order, or with ``first_only`` its first — and
+    ``get`` reads a key's rows back when its chunk is generated: a task holds offsets, not responses."""
+
+    name = "file"
+
+    def __init__(self, path: str, key: Callable[[dict], Hashable | None], stats=None, other_key: str = "file/other",
+                 first_only: bool = False):
+        self.at: dict = {}             # key -> offset, or a list of offsets (a key of several rows)
+        for at, r in iter_jsonl_offsets(path, stats):
+            k = key(r)
+            if k is None:
+                if stats is not None:
+                    stats.inc(other_key)
+                continue
+            got = self.at.get(k)
+            if got is None:
+                self.at[k] = at
+            elif first_only:
+                continue
+            elif isinstance(got, list):
+                got.append(at)
+            else:
+                self.at[k] = [got, at]
+        self.file = open(path, "rb")
+
+    def get(self, k: Hashable) -> list[dict]:
+        """The rows of key ``k`` in file order (none: ``[]``)."""
+        at = self.at.get(k)
+        if at is None:
+            return []
+        return [read_jsonl_at(self.file, a) for a in (at if isinstance(at, list) else [at])]
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def read_jsonl(path: str, want: Callable[[dict], bool], stats=None, bad_key: str = "file/bad_json",
