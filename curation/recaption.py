@@ -14,17 +14,21 @@ VLM folder, ovpipe's exported stage-2 folder included), ``file`` (captions produ
 is seeded from ``seed``, the sample id and the language, so a caption does not depend on the rank, the
 task count or the chunk it ran in: outputs are deterministic (``temperature: 0``, the default, is greedy).
 
-Resumable per rank: the rank's samples, in ``sample_id`` order, are cut into chunks of ``chunk_size``;
-each chunk's rows are written, atomically, to ``RUN/<step>/chunks/{rank:05d}/chunk-{k:06d}.parquet`` as
-soon as it is done. A rank restarted after a kill or a Slurm pre-emption keeps every whole chunk whose
-sample ids are the ones it expects and generates the missing ones, so a pre-empted task loses at most one
-chunk (minutes), not the rank (hours). When the rank ends, its chunks — consecutive ``sample_id`` ranges,
-each sorted — are streamed into its ``captions`` part; ranks already complete are never redone (the
-executor's completion markers); ``finalize`` writes the report and removes the chunks.
+Resumable per rank, through the chunked-generation primitive ``rollout`` shares (``inference.chunked``):
+the rank's samples, in ``sample_id`` order, are cut into chunks of ``chunk_size``; each chunk's rows are
+written, atomically, to ``RUN/<step>/chunks/{rank:05d}/chunk-{k:06d}-{key}.parquet`` as soon as it is done
+(``key``: a hash of the chunk's sample ids and of the config). A rank restarted after a kill or a Slurm
+pre-emption keeps every chunk of its plan that is there and whole, and generates the missing ones, so a
+pre-empted task loses at most one chunk (minutes), not the rank (hours). When the rank ends, its chunks —
+consecutive ``sample_id`` ranges, each sorted — are streamed into its ``captions`` part; ranks already
+complete are never redone (the executor's completion markers); ``finalize`` writes the report and removes
+the chunks. What stays here: the prompts, a sample → its requests (one per language), the ``file``
+backend's row → caption, and the statuses.
 
 Memory: one chunk and a batch of input, not the slice (``docs/recaption.md``): the slice is chosen on the
 input's light columns, its image addresses are streamed in ``sample_id`` order (``slice_samples``), and
-the ``file`` backend holds the offsets of the rank's JSONL rows, not the rows.
+the ``file`` backend (``inference.backends.CannedResponses``) holds the offsets of the rank's JSONL rows,
+not the rows.
 
 Quality checks (``quality``), first that applies wins, every one a ``status`` — nothing is dropped:
 
@@ -330,88 +334,27 @@ def slice_samples(task: TaskContext, cfg: RecaptionConfig, rows) -> Iterator[dic
     return heapq.merge(*streams, key=lambda s: s["sample_id"])
 
 
-def sample_chunks(task: TaskContext, cfg: RecaptionConfig, rows, todo: set[int]) -> Iterator[tuple[int, list[dict]]]:
-    """``(k, samples)`` of each chunk ``k`` in ``todo``: the slice in ``sample_id`` order cut every
-    ``chunk_size`` samples (``slice_samples``). A task holds one chunk."""
-    chunk = []
-    for i, s in enumerate(slice_samples(task, cfg, rows) if todo else ()):
-        k = i // cfg.chunk_size
-        if k in todo:
-            chunk.append(s)
-            if len(chunk) == cfg.chunk_size:
-                yield k, chunk
-                chunk = []
-    if chunk:
-        yield (len(rows) - 1) // cfg.chunk_size, chunk
-
-
-def chunk_path(task: TaskContext, k: int) -> Path:
-    return task.chunk_dir() / f"chunk-{k:06d}.parquet"
-
-
-def write_chunk(path: Path, rows: list[dict]) -> None:
-    from manifests.io import write_part
-
-    write_part(rows, path, "captions", sort=True)
-
-
-def done_chunk(path: Path, want: set[tuple[str, str]]) -> bool:
-    """A chunk written by an earlier try of this rank is kept iff it is whole and holds exactly the
-    (sample_id, lang) pairs this chunk should (the input did not change under it)."""
-    from manifests.io import read_part
-
-    if not path.exists():
-        return False
-    try:
-        t = read_part(path, "captions")
-    except Exception:
-        return False
-    return set(zip(t.column("sample_id").to_pylist(), t.column("lang").to_pylist())) == want
-
-
-class FileCaptions:
-    """backend=file: where this rank's rows of the captions JSONL are (one streamed pass, others skipped);
-    a chunk's rows are read back as it is captioned, so a task holds offsets, not its slice's captions."""
-
-    name = "file"
-
-    def __init__(self, cfg: RecaptionConfig, want: set[str], stats):
-        from inference.backends import index_jsonl
-
-        langs = set(cfg.prompts)
-
-        def key(r):
-            sid, lang = r.get("sample_id"), r.get("lang")
-            return (sid, lang) if sid in want and lang in langs else None
-
-        self.at = index_jsonl(cfg.file, key, stats)
-        self.file = open(cfg.file, "rb")
-
-    def caption(self, sid: str, lang: str) -> dict:
-        from inference.backends import read_jsonl_at
-
-        at = self.at.get((sid, lang))
-        if at is None:
-            return {"caption": "", "tokens": None, "finish_reason": "error", "model": None,
-                    "error": f"no caption for ({sid}, {lang}) in the file"}
-        r = read_jsonl_at(self.file, at)
-        tokens = r.get("tokens")
-        return {"caption": str(r.get("caption") or ""), "tokens": int(tokens) if tokens is not None else None,
-                "finish_reason": r.get("finish_reason") or ("error" if r.get("error") else "stop"),
-                "model": r.get("model"), "error": r.get("error")}
-
-    def close(self) -> None:
-        self.file.close()
+def canned_caption(rows: list[dict], sid: str, lang: str) -> dict:
+    """backend=file: a caption from the first JSONL row of (sample_id, lang); none gives an error."""
+    if not rows:
+        return {"caption": "", "tokens": None, "finish_reason": "error", "model": None,
+                "error": f"no caption for ({sid}, {lang}) in the file"}
+    r = rows[0]
+    tokens = r.get("tokens")
+    return {"caption": str(r.get("caption") or ""), "tokens": int(tokens) if tokens is not None else None,
+            "finish_reason": r.get("finish_reason") or ("error" if r.get("error") else "stop"),
+            "model": r.get("model"), "error": r.get("error")}
 
 
 def caption_chunk(samples: list[dict], cfg: RecaptionConfig, backend, task: TaskContext) -> list[dict]:
     """The captions rows of one chunk of samples (every language), quality checks applied."""
     from manifests.conversation import read_image
-    from inference.backends import Request, Sampling, seed_for
+    from inference.backends import CannedResponses, Request, Sampling, seed_for
 
     langs = sorted(cfg.prompts)
-    if isinstance(backend, FileCaptions):
-        got = {(s["sample_id"], lang): backend.caption(s["sample_id"], lang) for s in samples for lang in langs}
+    if isinstance(backend, CannedResponses):
+        got = {(s["sample_id"], lang): canned_caption(backend.get((s["sample_id"], lang)), s["sample_id"], lang)
+               for s in samples for lang in langs}
     else:
         reqs, keys, got = [], [], {}
         with task.stats.timer("read_images"):
@@ -444,60 +387,43 @@ def caption_chunk(samples: list[dict], cfg: RecaptionConfig, backend, task: Task
 
 
 def run(cfg: RecaptionConfig, task: TaskContext) -> None:
-    from manifests.io import read_part
+    from inference.backends import CannedResponses, load_for
+    from inference.chunked import ChunkedGeneration, config_fingerprint
 
     ids, rows = slice_rows(task, cfg)
-    langs = sorted(cfg.prompts)
-    n_chunks = -(-len(ids) // cfg.chunk_size)
-
-    def chunk_ids(k: int) -> list[str]:
-        return ids.slice(k * cfg.chunk_size, cfg.chunk_size).to_pylist()
-
-    todo = {k for k in range(n_chunks)
-            if not done_chunk(chunk_path(task, k), {(s, lang) for s in chunk_ids(k) for lang in langs})}
-    task.stats.inc("chunks/resumed", n_chunks - len(todo))
+    chunks = ChunkedGeneration(task, "captions", ids, cfg.chunk_size, config_fingerprint(cfg),
+                               want_ids=cfg.backend == "file")
     backend = None
-    if todo:
+    if chunks.todo:
         if cfg.backend == "file":
-            backend = FileCaptions(cfg, {s for k in todo for s in chunk_ids(k)}, task.stats)
+            want, langs = chunks.todo_ids, set(cfg.prompts)
+            backend = CannedResponses(cfg.file, lambda r: (r.get("sample_id"), r.get("lang"))
+                                      if r.get("sample_id") in want and r.get("lang") in langs else None,
+                                      task.stats, first_only=True)
         else:
-            from inference.backends import load_backend
-
-            with task.stats.timer("load_model"):
-                backend = load_backend(cfg.backend, cfg.model, device=cfg.device, dtype=cfg.dtype,
-                                       cpu_threads=cfg.cpu_threads, seed=cfg.seed, max_images=1,
-                                       engine_args=cfg.vllm_engine_args)
-            task.stats.info["device"] = getattr(backend, "device", "cuda")
+            backend = load_for(cfg, task.stats, max_images=1)
     try:
-        with task.progress(len(ids), unit="samples") as bar:
-            bar.update(len(ids) - sum(len(chunk_ids(k)) for k in todo))
-            for k, samples in sample_chunks(task, cfg, rows, todo):
-                write_chunk(chunk_path(task, k), caption_chunk(samples, cfg, backend, task))
-                task.stats.inc("chunks/written")
-                bar.update(len(samples))
+        chunks.generate(lambda: slice_samples(task, cfg, rows), lambda s: caption_chunk(s, cfg, backend, task),
+                        id_field="sample_id", unit="samples")
     finally:
-        if isinstance(backend, FileCaptions):
+        if isinstance(backend, CannedResponses):
             backend.close()
-    n = 0
-    # the chunks are consecutive sample_id ranges, each sorted: streamed in order, they are the part
-    with task.part_writer("captions") as out:
-        for k in range(n_chunks):
-            t = read_part(chunk_path(task, k), "captions")
-            for lang, status in zip(t.column("lang").to_pylist(), t.column("status").to_pylist()):
-                task.stats.inc(f"status/{lang}/{status}")
-            n += t.num_rows
-            out.write(t)
+
+    def count(t) -> None:
+        for lang, status in zip(t.column("lang").to_pylist(), t.column("status").to_pylist()):
+            task.stats.inc(f"status/{lang}/{status}")
+
+    n = chunks.write_part(count)
     task.stats.inc("samples", len(ids))
     task.stats.inc("captions", n)
 
 
 def finalize(cfg: RecaptionConfig, task: TaskContext) -> None:
-    import shutil
-
     from curation.recaption_report import recaption_report
+    from inference.chunked import remove_chunks
 
     recaption_report(cfg, task)
-    shutil.rmtree(task.step_dir / "chunks", ignore_errors=True)   # every rank's part is written
+    remove_chunks(task)               # every rank's part is written
 
 
 STEP = Step("recaption", RecaptionConfig, run, outputs=("captions",), finalize=finalize,

@@ -127,28 +127,29 @@ def test_file_backend_statuses_and_report(ingested_run, tmp_path):
 
 def test_kill_and_rerun_resumes_from_the_last_chunk(ingested_run, tmp_path, monkeypatch):
     import curation.recaption as rc
+    import inference.chunked as chunked
 
     ref = new_run(ingested_run, tmp_path, "ref")
     crafted_captions(ref, tmp_path / "caps.jsonl")
     assert recaption(ref, tmp_path / "caps.jsonl") == 0
 
     run = new_run(ingested_run, tmp_path, "killed")
-    real_write, real_caption = rc.write_chunk, rc.caption_chunk
+    real_write, real_caption = chunked.write_chunk, rc.caption_chunk
 
-    def dying_write(path, rows):                                           # rank 1 dies writing its 3rd chunk
-        if path.parent.name == "00001" and path.name == "chunk-000002.parquet":
+    def dying_write(path, rows, kind):                                     # rank 1 dies writing its 3rd chunk
+        if path.parent.name == "00001" and path.name.startswith("chunk-000002-"):
             raise KeyboardInterrupt("pre-empted")
-        real_write(path, rows)
+        real_write(path, rows, kind)
 
-    monkeypatch.setattr(rc, "write_chunk", dying_write)
+    monkeypatch.setattr(chunked, "write_chunk", dying_write)
     with pytest.raises(KeyboardInterrupt):
         recaption(run, tmp_path / "caps.jsonl")
     sdir = run / "recaption"
     assert (sdir / "completions" / "00000").exists() and not (sdir / "completions" / "00001").exists()
-    assert sorted(p.name for p in (sdir / "chunks" / "00001").glob("chunk-*")) == \
-        ["chunk-000000.parquet", "chunk-000001.parquet"]
+    assert [p.name[:12] for p in sorted((sdir / "chunks" / "00001").glob("chunk-*"))] == \
+        ["chunk-000000", "chunk-000001"]
 
-    monkeypatch.setattr(rc, "write_chunk", real_write)
+    monkeypatch.setattr(chunked, "write_chunk", real_write)
     rank0 = (sdir / "stats" / "00000.json").read_bytes()
     generated = []
     monkeypatch.setattr(rc, "caption_chunk", lambda s, *a: generated.append(len(s)) or real_caption(s, *a))
