@@ -18,19 +18,19 @@ Every row records the backend, the model id and the sampling parameters (JSON). 
 is unique per prompt across templates (answer-only first). Sampling is seeded per request
 (``seed ⊕ prompt_id`` + template offset), so a prompt's rollouts do not depend on which rank drew it.
 
-Resumable per rank, like ``recaption``: the rank's prompts are cut into chunks of ``chunk_size``, and each
-chunk's rollouts are written, atomically, to ``RUN/<step>/chunks/{rank:05d}/chunk-{k:06d}-{key}.parquet``
-as soon as they are generated (``key``: a hash of the chunk's prompt ids and the sampling). A rank
-restarted after a kill or a Slurm pre-emption keeps every chunk whose file is there and whole, and
-generates the rest: a pre-empted task loses one chunk, not its slice. The chunks are streamed into the
-rank's ``rollouts`` part (a task holds one chunk), and ``finalize`` removes them.
+Resumable per rank, through the chunked-generation primitive ``recaption`` shares (``inference.chunked``):
+the rank's ok prompts are cut into chunks of ``chunk_size``, and each chunk's rollouts are written,
+atomically, to ``RUN/<step>/chunks/{rank:05d}/chunk-{k:06d}-{key}.parquet`` as soon as they are generated
+(``key``: a hash of the chunk's prompt ids and of the config). A rank restarted after a kill or a Slurm
+pre-emption keeps every chunk of its plan that is there and whole, and generates the rest: a pre-empted
+task loses one chunk, not its slice. The chunks are streamed into the rank's ``rollouts`` part (a task holds
+one chunk), and ``finalize`` removes them. What stays here: the templates, a prompt → its requests, the
+``file`` backend's row → rollout, and the rows' backend, model and sampling.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
 from typing import Any, Literal
 
 from ovpipe.config import check_range
@@ -110,11 +110,10 @@ def requests_for(prompts: list[dict], cfg: RolloutConfig):
     return reqs, keys
 
 
-def load(cfg: RolloutConfig):
-    from inference.backends import load_backend
+def load(cfg: RolloutConfig, stats=None):
+    from inference.backends import load_for
 
-    return load_backend(cfg.backend, cfg.model, device=cfg.device, dtype=cfg.dtype, cpu_threads=cfg.cpu_threads,
-                        seed=cfg.seed, engine_args=cfg.vllm_engine_args)
+    return load_for(cfg, stats)
 
 
 def rollouts_generate(prompts: list[dict], cfg: RolloutConfig, stats, backend=None) -> list[dict]:
@@ -138,136 +137,80 @@ def rollouts_generate(prompts: list[dict], cfg: RolloutConfig, stats, backend=No
     return rows
 
 
-class FileRollouts:
-    """backend=file: the rollouts JSONL indexed once for the prompts still to do — each wanted line's byte
-    offset and its rollout index, not its response — and read back a chunk at a time, so a task holds one
-    chunk's responses whatever the size of its slice or of the file."""
+def open_file(cfg: RolloutConfig, want: set[str], stats):
+    """backend=file: the rollouts JSONL indexed once for the prompts ``want`` (still to do) — byte offsets,
+    not responses (``inference.backends.CannedResponses``); other prompts' lines count ``file/other_prompt``."""
+    from inference.backends import CannedResponses
 
-    def __init__(self, cfg: RolloutConfig, want: set[str], stats):
-        from inference.backends import iter_jsonl_offsets
-
-        self.path, self.at, next_idx = cfg.file, {}, {}
-        for at, r in iter_jsonl_offsets(cfg.file, stats):
-            pid = r.get("prompt_id")
-            if pid not in want:
-                stats.inc("file/other_prompt")
-                continue
-            i = r.get("rollout_idx", next_idx.get(pid, 0))
-            next_idx[pid] = max(next_idx.get(pid, 0), i + 1)
-            self.at.setdefault(pid, []).append((at, int(i)))
-
-    def __call__(self, prompts: list[dict], cfg: RolloutConfig, stats) -> list[dict]:
-        from inference.backends import read_jsonl_at
-
-        out = []
-        with open(self.path, "rb") as f:
-            for p in prompts:
-                for at, i in self.at.get(p["prompt_id"], []):
-                    r = read_jsonl_at(f, at)
-                    out.append({"prompt_id": r["prompt_id"], "rollout_idx": i,
-                                "prompt_type": r.get("prompt_type", "answer_only"),
-                                "response": str(r.get("response", "")),
-                                "tokens": int(r.get("tokens", 0)), "model": r.get("model")})
-        return out
+    return CannedResponses(cfg.file, lambda r: r.get("prompt_id") if r.get("prompt_id") in want else None,
+                           stats, other_key="file/other_prompt")
 
 
-def chunk_path(task: TaskContext, k: int, ids: list[str], cfg: RolloutConfig) -> Path:
-    """Chunk ``k``'s file; its name carries a hash of the chunk's prompt ids and of what generates them, so
-    an earlier try's chunk is reused only for the same prompts, backend, model and sampling."""
-    import xxhash
-
-    h = xxhash.xxh64()
-    for pid in ids:
-        h.update(pid.encode() + b"\0")
-    h.update(json.dumps([cfg.backend, cfg.model, cfg.file, cfg.prompt_types, cfg.sampling()]).encode())
-    return task.chunk_dir() / f"chunk-{k:06d}-{h.hexdigest()}.parquet"
-
-
-def done_chunk(path: Path) -> bool:
-    """An earlier try's chunk is kept iff its footer reads and holds the rollouts schema: chunks are renamed
-    into place whole, and its name already says which prompts and sampling it holds (read in full once,
-    when it is streamed into the part)."""
-    import pyarrow.parquet as pq
-
-    from manifests.io import check_part_schema
-
-    if not path.exists():
-        return False
-    try:
-        check_part_schema(path, pq.read_schema(path), "rollouts")
-    except Exception:
-        return False
-    return True
+def file_rollouts(canned, prompts: list[dict]) -> list[dict]:
+    """backend=file: a chunk's rollouts read back from the JSONL; a row without ``rollout_idx`` takes the one
+    after the prompt's highest so far (file order)."""
+    out = []
+    for p in prompts:
+        next_idx = 0
+        for r in canned.get(p["prompt_id"]):
+            i = r.get("rollout_idx", next_idx)
+            next_idx = max(next_idx, i + 1)
+            out.append({"prompt_id": r["prompt_id"], "rollout_idx": int(i),
+                        "prompt_type": r.get("prompt_type", "answer_only"), "response": str(r.get("response", "")),
+                        "tokens": int(r.get("tokens", 0)), "model": r.get("model")})
+    return out
 
 
-def write_chunk(path: Path, rows: list[dict]) -> None:
-    from manifests.io import write_part
-
-    write_part(rows, path, "rollouts", sort=True)
-
-
-def prompt_chunks(task: TaskContext, size: int, columns: list[str] | None = None):
-    """The ``ok`` prompts of this rank's slice of ``rl_prompts``, streamed, in chunks of ``size`` (the last
-    shorter): a task holds one chunk and one row group, not its slice (the prompts carry their images)."""
-    chunk = []
-    for b in task.iter_input_slice("rl_prompts", columns, batch_rows=size):
+def ok_prompts(task: TaskContext, columns: list[str] | None, batch_rows: int):
+    """The ``ok`` prompts of this rank's slice of ``rl_prompts``, streamed a batch of ``batch_rows`` at a time
+    (the prompts carry their images)."""
+    for b in task.iter_input_slice("rl_prompts", columns, batch_rows=batch_rows):
         for p in b.to_pylist():
             if p["status"] == "ok":
-                chunk.append(p)
-                if len(chunk) == size:
-                    yield chunk
-                    chunk = []
-    if chunk:
-        yield chunk
+                yield p
 
 
 def run(cfg: RolloutConfig, task: TaskContext) -> None:
-    from manifests.io import read_part
+    from inference.chunked import ChunkedGeneration, config_fingerprint
 
     # two passes over the slice: the ids first (two light columns: the chunks' names, and the rows the file
     # backend must find), then the prompts of the chunks still to do, images included
-    ids = [[p["prompt_id"] for p in c] for c in prompt_chunks(task, cfg.chunk_size, ["prompt_id", "status"])]
-    paths = [chunk_path(task, k, c, cfg) for k, c in enumerate(ids)]
-    n_prompts = sum(map(len, ids))
-    todo = {k for k in range(len(ids)) if not done_chunk(paths[k])}
-    task.stats.inc("chunks/resumed", len(ids) - len(todo))
-    generate = None
-    if todo:
+    ids = (p["prompt_id"] for p in ok_prompts(task, ["prompt_id", "status"], cfg.chunk_size))
+    chunks = ChunkedGeneration(task, "rollouts", ids, cfg.chunk_size, config_fingerprint(cfg),
+                               want_ids=cfg.backend == "file")
+    canned, backend = None, None
+    if chunks.todo:
         if cfg.backend == "file":
-            generate = FileRollouts(cfg, {pid for k in todo for pid in ids[k]}, task.stats)
+            canned = open_file(cfg, chunks.todo_ids, task.stats)
         else:
-            with task.stats.timer("load_model"):
-                backend = load(cfg)
-            task.stats.info["device"] = getattr(backend, "device", "cuda")
-            generate = partial(rollouts_generate, backend=backend)
+            backend = load(cfg, task.stats)
     sampling = cfg.sampling()
-    with task.stats.timer("rollout"), task.progress(n_prompts, unit="prompts") as bar:
-        bar.update(sum(len(ids[k]) for k in range(len(ids)) if k not in todo))
-        for k, prompts in enumerate(prompt_chunks(task, cfg.chunk_size) if todo else ()):
-            if k not in todo:
-                continue
-            rows = generate(prompts, cfg, task.stats)
-            for r in rows:
-                r["backend"] = cfg.backend
-                r["model"] = r.get("model") or cfg.model or None
-                r["sampling"] = sampling
-            write_chunk(paths[k], rows)
-            task.stats.inc("chunks/written")
-            bar.update(len(prompts))
-    n = 0
-    with task.part_writer("rollouts") as out:   # chunks in prompt_id order, each sorted: the part's order
-        for path in paths:
-            t = read_part(path, "rollouts")
-            n += t.num_rows
-            out.write(t)
-    task.stats.inc("prompts", n_prompts)
+
+    def generate(prompts: list[dict]) -> list[dict]:
+        rows = file_rollouts(canned, prompts) if canned is not None else \
+            rollouts_generate(prompts, cfg, task.stats, backend)
+        for r in rows:
+            r["backend"] = cfg.backend
+            r["model"] = r.get("model") or cfg.model or None
+            r["sampling"] = sampling
+        return rows
+
+    try:
+        with task.stats.timer("rollout"):
+            chunks.generate(lambda: ok_prompts(task, None, cfg.chunk_size), generate, id_field="prompt_id",
+                            unit="prompts")
+    finally:
+        if canned is not None:
+            canned.close()
+    n = chunks.write_part()      # chunks in prompt_id order, each sorted: the part's order
+    task.stats.inc("prompts", chunks.n_items)
     task.stats.inc("rollouts", n)
 
 
 def finalize(cfg: RolloutConfig, task: TaskContext) -> None:
-    import shutil
+    from inference.chunked import remove_chunks
 
-    shutil.rmtree(task.step_dir / "chunks", ignore_errors=True)   # every rank's part is written
+    remove_chunks(task)          # every rank's part is written
 
 
 STEP = Step("rollout", RolloutConfig, run, inputs={"rl_prompts": None}, outputs=("rollouts",), finalize=finalize,

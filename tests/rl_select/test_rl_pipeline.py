@@ -268,7 +268,7 @@ def test_rollout_killed_mid_slice_resumes_from_its_last_chunk(rl_run, tmp_path, 
     the finished rank alone, and gives the bytes of an uninterrupted run (and of any chunk size)."""
     import shutil
 
-    import rl_select.rollout as ro
+    import inference.chunked as chunked
 
     run, _ = rl_run
     data = run / "data" / "rollouts.jsonl"
@@ -287,14 +287,14 @@ def test_rollout_killed_mid_slice_resumes_from_its_last_chunk(rl_run, tmp_path, 
     assert not (ref / "rollout" / "chunks").exists()                     # finalize removed them
 
     killed = fresh("killed")
-    real_write = ro.write_chunk
+    real_write = chunked.write_chunk
 
-    def dying_write(path, rows):
+    def dying_write(path, rows, kind):
         if path.parent.name == "00001" and path.name.startswith("chunk-000001-"):
             raise KeyboardInterrupt("pre-empted")
-        real_write(path, rows)
+        real_write(path, rows, kind)
 
-    monkeypatch.setattr(ro, "write_chunk", dying_write)
+    monkeypatch.setattr(chunked, "write_chunk", dying_write)
     with pytest.raises(KeyboardInterrupt):
         rollout(killed, 2)
     sdir = killed / "rollout"
@@ -302,7 +302,7 @@ def test_rollout_killed_mid_slice_resumes_from_its_last_chunk(rl_run, tmp_path, 
     assert [p.name[:12] for p in sorted((sdir / "chunks" / "00001").glob("chunk-*"))] == ["chunk-000000"]
     rank0 = (sdir / "stats" / "00000.json").read_bytes()
 
-    monkeypatch.setattr(ro, "write_chunk", real_write)
+    monkeypatch.setattr(chunked, "write_chunk", real_write)
     assert rollout(killed, 2) == 0
     rank1 = json.loads((sdir / "stats" / "00001.json").read_text())["counters"]
     assert rank1["chunks/resumed"] == 1 and rank1["chunks/written"] == -(-rank1["prompts"] // 2) - 1

@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 from ovpipe.step import Stats
-from rl_select.rollout import TEMPLATES, FileRollouts, RolloutConfig, prompt_seed, requests_for, rollouts_generate
+from rl_select.rollout import (TEMPLATES, RolloutConfig, file_rollouts, open_file, prompt_seed, requests_for,
+                               rollouts_generate)
 
 
 def png(color, size=(8, 8)):
@@ -127,7 +128,8 @@ def test_file_backend_counts_bad_lines(tmp_path):
                             json.dumps({"prompt_id": "other", "response": "z"})]) + "\n")
     stats = Stats()
     cfg = RolloutConfig(backend="file", file=str(f))
-    rows = FileRollouts(cfg, {"p1"}, stats)([{"prompt_id": "p1"}], cfg, stats)
+    with open_file(cfg, {"p1"}, stats) as canned:
+        rows = file_rollouts(canned, [{"prompt_id": "p1"}])
     assert [(r["rollout_idx"], r["prompt_type"], r["response"]) for r in rows] == [
         (0, "answer_only", "x"), (1, "thinking", "y")]
     assert stats.counters["file/bad_json"] == 1 and stats.counters["file/other_prompt"] == 1
