@@ -60,7 +60,7 @@ def resolve_decode(mode: str, device: str) -> str:
 
 
 CPU_THREADS = 8      # decode threads beside the model on a CPU (the path CPU runs have always measured)
-MAX_WORKERS = 32     # decode processes at most by default: ~100 img/s each measured, 3,000+ for one GPU; a
+MAX_WORKERS = 32     # decode processes at most by default: enough to feed one GPU (docs/curation.md); a
                      # task that sees a whole unbound 200-core node must not fork 200 (each holds its units)
 
 
@@ -74,8 +74,7 @@ def usable_cpus() -> list[int]:
 def resolve_workers(workers: int | None, mode: str) -> int:
     """None: for worker processes (the GPU path), every CPU this process may run on but one, which feeds
     the GPU (the CPUs a Slurm task was given, ``--cpus-per-task``: its affinity mask), at most
-    ``MAX_WORKERS``; the decode bounds the step there (ViT-L-14 took 1,467 img/s from 15 processes on an
-    H200). For threads, ``CPU_THREADS``."""
+    ``MAX_WORKERS``; they keep the GPU fed there (docs/curation.md). For threads, ``CPU_THREADS``."""
     if workers is not None:
         return workers
     if mode != "processes":
@@ -186,7 +185,7 @@ class TensorHead:
     a port of Pillow-SIMD's separable resampling) in place of PIL's. Within two uint8 levels of PIL's
     pixels (0.003-0.05 on average), the output size by torchvision's rule; the resize takes about a
     quarter of PIL's time on one core, the whole decode + head 0.64× (``bench/results/
-    decode_worker_cpu.txt``). ``fast_resize`` (the GPU default, beside ``jpeg_draft``): a GPU's decode
+    cpu.md``). ``fast_resize`` (the GPU default, beside ``jpeg_draft``): a GPU's decode
     workers are its bottleneck."""
     size: int
     crop: tuple
@@ -513,8 +512,8 @@ def check_nvjpeg(pre: SplitPreprocess, device: str) -> None:
 def make_decoder(pre: SplitPreprocess, device: str, jpeg_decode: str = "cpu", nvjpeg_share: float = 1.0,
                  jpeg_draft: bool | None = None, fast_resize: bool | None = None) -> RowDecoder:
     """``jpeg_decode = auto``: the CPU workers (with ``jpeg_draft``, the GPU default, they kept ViT-H-14 and
-    ViT-L-14 fed on 16 cores, and nvJPEG for half the JPEGs measured 11-18% slower: ``bench/results/
-    gpu_h200.md``); ``nvjpeg`` on request, where the transform can be redone on the GPU. ``jpeg_draft`` and
+    ViT-L-14 fed on 16 cores, and nvJPEG for half the JPEGs measured slower: docs/curation.md);
+    ``nvjpeg`` on request, where the transform can be redone on the GPU. ``jpeg_draft`` and
     ``fast_resize`` left None take ``device``'s defaults (``resolve_draft``, ``resolve_fast_resize``)."""
     if jpeg_decode not in JPEG_DECODERS:
         raise ValueError(f"jpeg_decode must be one of {JPEG_DECODERS}, got {jpeg_decode!r}")
@@ -575,7 +574,7 @@ def embed_batches(batches, net, pre: SplitPreprocess, device: str, stats=None):
     forward is queued behind it; then the host waits for batch k-1 alone. Its embeddings' copy to the
     host is queued right after its own forward, into pinned memory (a copy issued after batch k's
     forward was queued would wait for that forward too, and the GPU would idle while the host wrote the
-    results and fetched the next batch: 15% of ViT-L-14's time on an H100). The host sleeps in that
+    results and fetched the next batch; docs/curation.md). The host sleeps in that
     wait (a blocking-sync event; CUDA's default wait spins a CPU that the decode workers need).
     ``stats`` gets where the host waited: ``wait_input`` (for the next decoded batch: the decode
     behind, plus the merge of its units) and ``wait_device`` (for a batch's forward): the first large

@@ -37,9 +37,9 @@ class EmbedImagesConfig:
     decode_unit: int = 256                     # processes: rows a worker decodes at a time (a batch is cut into
                                                # such units, spread over the workers). Smaller units fill the
                                                # pipeline sooner but cost the main process a merge per unit:
-                                               # 32 measured 66-79% of the model in steady state, 128-256 92-105%
+                                               # 32 measured slower than 128-256 (docs/curation.md)
     jpeg_decode: str = "auto"                  # nvjpeg: JPEGs decoded on the GPU (torchvision.io.decode_jpeg);
-                                               # auto: the CPU workers (measured faster on an H200)
+                                               # auto: the CPU workers (measured faster: docs/curation.md)
     nvjpeg_share: float = 1.0                  # with nvjpeg: the share of JPEG rows it takes (the rest: CPU workers)
     jpeg_draft: bool | None = None             # CPU decode of a JPEG at the smallest DCT scale covering the crop;
                                                # None: on with a GPU (the fastest measured path), off on a CPU
