@@ -35,7 +35,7 @@ group when the whole tree's RSS passes ``--guard-gib`` (the machine is shared) a
 line is a lower bound). GPU-hours for ``embed-images`` and ``assign`` at MetaCLIP ViT-H-14 from
 its FLOPs per image, counted here by ``torch.utils.flop_counter`` on a randomly initialised
 ``open_clip`` ViT-H-14 (no weights needed for a count or a timing), and the GPU rates: measured
-(``--gpu-json bench/results/bench_curation_gpu.json``, written by ``python -m bench.bench_curation
+(``--gpu-json bench/results/h100/embed_vith_102400.json``, written by ``python -m bench.bench_curation
 --gpu``: ViT-H-14 images/s end to end through the ``embed-images`` step (else ``embed_rows``) and assign's effective FLOP/s, with the
 card and command) or, without it, assumed (``--gpu-tflops``, ``--gpu-mfu``, ``--assign-eff``: stated
 in the table; ``--gpu-measured`` gives the ViT's images/s alone). The CPU forward of the image tower at
