@@ -22,7 +22,8 @@
   with the fp32 CPU path on the first ``--cpu-check`` queries.
 
 ``--before DIR`` times the previous ``embed_rows`` / ``topk_torch`` too, loaded from ``DIR/curation/``
-(e.g. ``git show main:curation/embed.py``), in the same process on the same card.
+(e.g. ``git show main:curation/embed.py``), in the same process on the same card. The previous
+``embed_rows`` runs over this tree's ``curation.decode``, so it must take a ``DecodeConfig`` as this one does.
 """
 from __future__ import annotations
 
@@ -120,9 +121,10 @@ def make_jpegs(folder: Path, distinct: int, rows: int) -> tuple[list[dict], dict
 def embed_variant(spec: str) -> dict:
     """``threads`` | ``processes`` | ``nvjpeg[:share]`` | ``step``, each ``+draft`` (libjpeg's reduced-scale
     decode) and ``+fast`` (torch's uint8 resize) optionally, then ``@unit`` optionally (a decode unit other
-    than ``--decode-unit``): ``embed_rows`` keywords (``step``: the same, for the ``embed-images`` step's
-    config, with ``"step": True``), then ``/workers`` optionally (decode workers other than
-    ``--decode-workers``: ``step+draft+fast@256/7`` asks whether the rate follows the worker count)."""
+    than ``--decode-unit``): ``DecodeConfig`` fields, the ``embed-images`` step's of the same names
+    (``step``: with ``"step": True``, for the step over a manifest of the rows), then ``/workers``
+    optionally (decode workers other than ``--decode-workers``: ``step+draft+fast@256/7`` asks whether the
+    rate follows the worker count)."""
     spec, _, workers = spec.partition("/")
     spec, _, unit = spec.partition("@")
     base, *flags = spec.split("+")
@@ -171,33 +173,23 @@ def ingested_run(rows: list[dict], work: Path) -> Path:
     return run
 
 
-def embed_step(run: Path, model: str, net, preprocess, device: str, batch: int, workers: int, kw: dict,
-               on_batch=None):
+def embed_step(run: Path, model: str, net, preprocess, device: str, batch: int, decode):
     """``ovpipe embed-images`` over ``run``'s ingest step, in this process (one task), with the model the
     bench holds in place of ``load_clip``'s (a timing needs no weights, and loading a checkpoint is a
-    per-task cost outside the rate): (embeddings in the manifest's order, per-row errors).
-    ``on_batch(b, rows)`` as each batch's embeddings reach the host, as ``embed_rows`` calls it."""
+    per-task cost outside the rate) and ``decode`` (a ``DecodeConfig``) as the step's fields of the same
+    names: (embeddings in the manifest's order, per-row errors)."""
+    import dataclasses
     import shutil
     from unittest import mock
 
-    from curation import decode
     from manifests import read_manifest
     from ovpipe.cli import main as ovpipe
 
-    real = decode.embed_batches
-
-    def counted(*a, **k):     # the step's own loop, each batch counted as it leaves the GPU
-        for b, item in enumerate(real(*a, **k)):
-            if on_batch is not None:
-                on_batch(b, len(item[1]))
-            yield item
-
     shutil.rmtree(run / "embed-images", ignore_errors=True)     # completed tasks are never redone
-    sets = {"model": model, "device": device, "batch_size": batch, "decode_workers": workers,
-            **{k: v for k, v in kw.items() if k != "step"}}
-    args = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v) if isinstance(v, bool) else v}")]
-    with mock.patch("curation.clip.load_clip", lambda *a, **k: (net, preprocess, None, device)), \
-            mock.patch.object(decode, "embed_batches", counted):
+    sets = {"model": model, "device": device, "batch_size": batch, **dataclasses.asdict(decode)}
+    args = [a for k, v in sets.items() if v is not None
+            for a in ("--set", f"{k}={json.dumps(v) if isinstance(v, bool) else v}")]
+    with mock.patch("curation.clip.load_clip", lambda *a, **k: (net, preprocess, None, device)):
         if ovpipe(["embed-images", "--run-dir", str(run), "--tasks", "1", *args, "--quiet"]) != 0:
             raise RuntimeError("the embed-images step failed")
     out = read_manifest(run, "image_embeddings", "embed-images")
@@ -213,6 +205,7 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
     import torch
 
     from curation.clip import autocast
+    from curation.decode import DecodeConfig
     from curation.embed import embed_rows
 
     torch.manual_seed(0)
@@ -242,26 +235,27 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
     _save(json_path)
     runs = []
     if before is not None:
-        runs.append(("before: threads (main)",
-                     lambda on_batch: before.embed_rows(rows, net, preprocess, device, batch, workers), 1))
+        runs.append(("before: (main)", lambda: before.embed_rows(rows, net, preprocess, device, batch,
+                                                                 DecodeConfig(decode_workers=workers)), 1))
     for spec in variants:
-        kw = {"decode_unit": unit, **embed_variant(spec)}
-        w = kw.pop("decode_workers", workers)
-        procs = kw["decode"] == "processes"
-        fill = max(1, -(-w * 2 * kw["decode_unit"] // batch)) if procs else 1   # (prefetch 2: the default)
-        if kw.get("step"):          # the whole step: manifest in, .npy shard and manifest part out
+        kw = {"decode_unit": unit, "decode_workers": workers, **embed_variant(spec)}
+        step = kw.pop("step", False)
+        decode = DecodeConfig(**kw)
+        w, procs = decode.decode_workers, decode.decode == "processes"
+        fill = max(1, -(-w * decode.prefetch * decode.decode_unit // batch)) if procs else 1
+        if step:          # the whole step: manifest in, .npy shard and manifest part out
             run = ingested_run(rows, work or Path("/tmp/bench-curation-gpu"))
-            runs.append((f"step: {spec}, {w} workers, units of {kw['decode_unit']}",
-                         lambda on_batch, kw=kw, run=run, w=w: embed_step(run, model, net, preprocess, device,
-                                                                          batch, w, kw, on_batch), fill))
+            runs.append((f"step: {spec}, {w} workers, units of {decode.decode_unit}",
+                         lambda decode=decode, run=run: embed_step(run, model, net, preprocess, device, batch,
+                                                                   decode), fill))
             continue
-        runs.append((f"after: {spec}, {w} workers" + (f", units of {kw['decode_unit']}" if procs else ""),
-                     lambda on_batch, kw=kw, w=w: embed_rows(rows, net, preprocess, device, batch, w,
-                                                             on_batch=on_batch, **kw), fill))
+        runs.append((f"after: {spec}, {w} workers" + (f", units of {decode.decode_unit}" if procs else ""),
+                     lambda decode=decode: embed_rows(rows, net, preprocess, device, batch, decode), fill))
     ref = None
     for name, fn, fill in runs:
         try:
-            embed_rows(rows[:2 * batch], net, preprocess, device, batch, 2, decode="threads")   # warm
+            embed_rows(rows[:2 * batch], net, preprocess, device, batch,
+                       DecodeConfig(decode="threads", decode_workers=2))   # warm
             times, steady = [], []
             for _ in range(reps_e):       # best of reps_e: on a shared machine the least disturbed run
                 first = {"rows": 0}
@@ -274,8 +268,8 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
                 _sync()
                 cpu0 = cpu_seconds()
                 t0 = time.perf_counter()
-                with host_waits() as waits:
-                    emb, errors = fn(on_batch)
+                with host_waits() as waits, batches_reaching_the_host(on_batch):
+                    emb, errors = fn()
                 _sync()
                 t1 = time.perf_counter()
                 cpu1 = cpu_seconds()
@@ -329,6 +323,25 @@ def bench_embed(model: str, rows: list[dict], device: str, batch: int, workers: 
     _save(json_path)
     del net
     torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def batches_reaching_the_host(on_batch):
+    """``on_batch(b, rows)`` as batch ``b``'s embeddings reach the host, in the embedding loop
+    (``curation.decode.embed_batches``) that ``embed_rows`` and the step share, over the block."""
+    from unittest import mock
+
+    from curation import decode
+
+    real = decode.embed_batches
+
+    def counted(*a, **k):
+        for b, item in enumerate(real(*a, **k)):
+            on_batch(b, len(item[0]["rows"]))
+            yield item
+
+    with mock.patch.object(decode, "embed_batches", counted):
+        yield
 
 
 @contextlib.contextmanager
@@ -431,7 +444,7 @@ def startup_probe(rows: list[dict], preprocess, device: str, workers: int, unit:
     from curation.decode import make_decoder, prepare_batch, split_preprocess
 
     pre = split_preprocess(preprocess)
-    decoder = make_decoder(pre, device, "cpu")           # the device's defaults, as the step decodes
+    decoder = make_decoder(pre, device)           # the device's defaults, as the step decodes
     t0 = time.perf_counter()
     prepare_batch(rows[:unit], decoder)
     decode_s = time.perf_counter() - t0
@@ -592,11 +605,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--distinct", type=int, default=2048, help="distinct JPEGs among them")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--decode-workers", type=int, help="default: the embed-images step's (curation.decode."
-                    "resolve_workers: the CPUs this process may use but one, at most 32)")
+                    "DecodeConfig.resolve: the CPUs this process may use but one, at most 32)")
     ap.add_argument("--decode-unit", type=int, default=256, help="rows a decode worker prepares at a time")
     ap.add_argument("--embed", nargs="+", default=["processes", "nvjpeg", "processes+draft", "nvjpeg:0.5",
                                                     "nvjpeg:0.5+draft"],
-                    help="embed_rows paths to time: threads | processes | nvjpeg[:share], or step (the embed-images "
+                    help="decode paths to time: threads | processes | nvjpeg[:share], or step (the embed-images "
                          "step over an ingested manifest of the same rows), each +draft and +fast optionally, "
                          "then @unit optionally (a decode unit other than --decode-unit)")
     ap.add_argument("--layouts", nargs="+", default=["strided"], choices=["strided", "contiguous"],
@@ -621,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from curation.clip import register_configs
-    from curation.decode import resolve_workers
+    from curation.decode import DecodeConfig
 
     register_configs()
     RESULTS.update({"card": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
@@ -635,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, RESULTS["jpegs"] = make_jpegs(a.work / "jpegs", a.distinct, a.images)
         print(RESULTS["jpegs"], flush=True)
         before = _load_before(a.before, "embed")
-        workers = resolve_workers(a.decode_workers, "processes")
+        workers = DecodeConfig(decode="processes", decode_workers=a.decode_workers).resolve(a.device).decode_workers
         for m in a.models:
             try:
                 bench_embed(m, rows, a.device, a.batch_size, workers, before, a.json, a.reps, a.embed,

@@ -8,7 +8,7 @@ Each batch is prepared by one of:
   batches ahead of the model (PIL releases the GIL while it decodes; the model's forward has the
   cores anyway).
 * ``processes`` (the default on a GPU): a ``torch.utils.data.DataLoader`` with ``workers`` processes.
-  Each batch is cut into decode units of ``unit`` rows (``decode_unit``, 32 by default); worker ``w`` of
+  Each batch is cut into decode units of ``decode_unit`` rows (256 by default); worker ``w`` of
   ``W`` prepares the units ``u ≡ w (mod W)`` (numbered across batches), which the loader hands back
   round-robin, i.e. in order, and the main process reassembles each batch from its units (positions
   shifted, pixel stacks concatenated into pinned memory when the model is on a GPU): the same batch a
@@ -42,21 +42,13 @@ import io
 import itertools
 import zlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
 import numpy as np
 
 DECODE_MODES = ("auto", "threads", "processes")
 JPEG_DECODERS = ("auto", "cpu", "nvjpeg")
-
-
-def resolve_decode(mode: str, device: str) -> str:
-    if mode not in DECODE_MODES:
-        raise ValueError(f"decode must be one of {DECODE_MODES}, got {mode!r}")
-    if mode == "auto":
-        return "processes" if device.startswith("cuda") else "threads"
-    return mode
 
 
 CPU_THREADS = 8      # decode threads beside the model on a CPU (the path CPU runs have always measured)
@@ -71,26 +63,59 @@ def usable_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
-def resolve_workers(workers: int | None, mode: str) -> int:
-    """None: for worker processes (the GPU path), every CPU this process may run on but one, which feeds
-    the GPU (the CPUs a Slurm task was given, ``--cpus-per-task``: its affinity mask), at most
-    ``MAX_WORKERS``; they keep the GPU fed there (docs/curation.md). For threads, ``CPU_THREADS``."""
-    if workers is not None:
-        return workers
-    if mode != "processes":
-        return CPU_THREADS
-    return max(1, min(len(usable_cpus()) - 1, MAX_WORKERS))
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The decoder's knobs, one value passed whole from the config (``embed-images``' fields of the same
+    names) to ``make_decoder`` and ``decoded_batches``. Checked as it is made (a ``ValueError`` naming the
+    field); ``resolve(device)`` is the one place where ``auto`` and None become the device's values."""
+    decode: str = "auto"                # threads | processes; auto: processes on a GPU, threads on a CPU
+    decode_workers: int | None = None   # None: processes on every CPU the task may use but one (at most
+                                        # MAX_WORKERS), threads: CPU_THREADS
+    prefetch: int = 2                   # decode units ahead, per worker process (batches, per pool, for threads)
+    decode_unit: int = 256              # processes: rows a worker decodes at a time
+    jpeg_decode: str = "auto"           # cpu | nvjpeg; auto: cpu
+    nvjpeg_share: float = 1.0           # with nvjpeg: the share of JPEG rows it takes (the rest: CPU workers)
+    jpeg_draft: bool | None = None      # libjpeg's reduced-scale decode; None: on with a GPU, off on a CPU
+    fast_resize: bool | None = None     # torch's uint8 resize + crop; None: on with a GPU, off on a CPU
 
+    def __post_init__(self):
+        if self.decode_workers is not None and self.decode_workers < 1:
+            raise ValueError(f"decode_workers must be >= 1 (or unset: the CPUs this task may use), "
+                             f"got {self.decode_workers}")
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {self.prefetch}")
+        if self.decode_unit < 1:
+            raise ValueError(f"decode_unit must be >= 1, got {self.decode_unit}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
+        if self.jpeg_decode not in JPEG_DECODERS:
+            raise ValueError(f"jpeg_decode must be one of {JPEG_DECODERS}, got {self.jpeg_decode!r}")
+        if not 0 <= self.nvjpeg_share <= 1:
+            raise ValueError(f"nvjpeg_share must be in [0, 1], got {self.nvjpeg_share}")
 
-def resolve_fast_resize(fast_resize: bool | None, device: str) -> bool:
-    """None: torch's uint8 resize on a GPU (where the decode workers bound the step), PIL's on a CPU
-    (bit-identical to open_clip's transform)."""
-    return device.startswith("cuda") if fast_resize is None else fast_resize
+    def resolve(self, device: str) -> "DecodeConfig":
+        """This config with every ``auto`` / None made concrete for ``device`` (resolving a resolved one
+        changes nothing):
 
-
-def resolve_draft(jpeg_draft: bool | None, device: str) -> bool:
-    """None: libjpeg's draft decode on a GPU (the fastest measured path there), the full decode on a CPU."""
-    return device.startswith("cuda") if jpeg_draft is None else jpeg_draft
+        * ``decode``: processes on a GPU, threads on a CPU;
+        * ``decode_workers``: for worker processes (the GPU path), every CPU this process may run on but
+          one, which feeds the GPU (a Slurm task's ``--cpus-per-task``: its affinity mask), at most
+          ``MAX_WORKERS``: they keep the GPU fed there (docs/curation.md); for threads, ``CPU_THREADS``;
+        * ``jpeg_decode``: the CPU workers (with ``jpeg_draft`` they kept ViT-H-14 and ViT-L-14 fed on 16
+          cores, and nvJPEG for half the JPEGs measured slower: docs/curation.md);
+        * ``jpeg_draft``: libjpeg's draft decode on a GPU (the fastest measured path there), the full
+          decode on a CPU;
+        * ``fast_resize``: torch's uint8 resize on a GPU (where the decode workers bound the step), PIL's
+          on a CPU (bit-identical to open_clip's transform)."""
+        gpu = str(device).startswith("cuda")
+        mode = ("processes" if gpu else "threads") if self.decode == "auto" else self.decode
+        workers = self.decode_workers
+        if workers is None:
+            workers = max(1, min(len(usable_cpus()) - 1, MAX_WORKERS)) if mode == "processes" else CPU_THREADS
+        return replace(self, decode=mode, decode_workers=workers,
+                       jpeg_decode="cpu" if self.jpeg_decode == "auto" else self.jpeg_decode,
+                       jpeg_draft=gpu if self.jpeg_draft is None else self.jpeg_draft,
+                       fast_resize=gpu if self.fast_resize is None else self.fast_resize)
 
 
 @dataclass(frozen=True)
@@ -433,15 +458,18 @@ def _merge(units: list[dict], pin_memory: bool = False) -> dict:
     return {"rows": rows, "pos": pos, "x": x, "jpeg_pos": jpeg_pos, "jpeg": jpeg, "errors": errors}
 
 
-def decoded_batches(source, decoder: RowDecoder, mode: str, workers: int, prefetch: int = 2,
-                    pin_memory: bool = False, unit: int | None = None):
-    """Prepared batches of ``source()`` (a picklable callable yielding row batches), in order, with at
-    most ``workers × prefetch`` decode units (processes: ``unit`` rows each, the whole batch if None) or
-    ``prefetch`` batches (threads) in flight."""
+def decoded_batches(source, decoder: RowDecoder, decode: DecodeConfig, device: str = "cpu"):
+    """Prepared batches of ``source()`` (a picklable callable yielding row batches), in order, decoded as
+    ``decode`` says (resolved for ``device`` here): ``decode_workers`` processes with at most
+    ``decode_workers × prefetch`` decode units of ``decode_unit`` rows in flight, reassembled into pinned
+    memory for a CUDA ``device``; or a pool of ``decode_workers`` threads, ``prefetch`` batches ahead."""
+    decode = decode.resolve(device)
+    mode, workers, prefetch = decode.decode, decode.decode_workers, decode.prefetch
+    pin_memory = str(device).startswith("cuda")
     if mode == "processes":
         import torch
 
-        ds = _iterable_dataset()(source, partial(prepare_batch, decoder=decoder), unit or (1 << 62))
+        ds = _iterable_dataset()(source, partial(prepare_batch, decoder=decoder), decode.decode_unit)
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, prefetch_factor=prefetch)
         units = []
         for u in loader:
@@ -509,22 +537,24 @@ def check_nvjpeg(pre: SplitPreprocess, device: str) -> None:
                          "ToTensor, Normalize) to redo on the GPU; this model's preprocess has another shape")
 
 
-def make_decoder(pre: SplitPreprocess, device: str, jpeg_decode: str = "cpu", nvjpeg_share: float = 1.0,
-                 jpeg_draft: bool | None = None, fast_resize: bool | None = None) -> RowDecoder:
-    """``jpeg_decode = auto``: the CPU workers (with ``jpeg_draft``, the GPU default, they kept ViT-H-14 and
-    ViT-L-14 fed on 16 cores, and nvJPEG for half the JPEGs measured slower: docs/curation.md);
-    ``nvjpeg`` on request, where the transform can be redone on the GPU. ``jpeg_draft`` and
-    ``fast_resize`` left None take ``device``'s defaults (``resolve_draft``, ``resolve_fast_resize``)."""
-    if jpeg_decode not in JPEG_DECODERS:
-        raise ValueError(f"jpeg_decode must be one of {JPEG_DECODERS}, got {jpeg_decode!r}")
-    if jpeg_decode == "auto":
-        jpeg_decode = "cpu"
-    if jpeg_decode == "nvjpeg":
+def make_decoder(pre: SplitPreprocess, device: str, decode: DecodeConfig = DecodeConfig()) -> RowDecoder:
+    """What a worker does with a row, for ``decode`` (resolved for ``device`` here: ``DecodeConfig.resolve``):
+    the CPU decode, drafted with ``jpeg_draft``, then the transform's head (``TensorHead`` with
+    ``fast_resize``, where the transform has that shape); with ``jpeg_decode = nvjpeg``, where the transform
+    can be redone on the GPU, ``nvjpeg_share`` of the JPEGs left to nvJPEG."""
+    decode = decode.resolve(device)
+    if decode.jpeg_decode == "nvjpeg":
         check_nvjpeg(pre, device)
-    jpeg_draft, fast_resize = resolve_draft(jpeg_draft, device), resolve_fast_resize(fast_resize, device)
-    draft = min(pre.crop) if jpeg_draft and pre.crop else (pre.resize if jpeg_draft else None)
-    head = (tensor_head(pre) if fast_resize else None) or pre.to_uint8
-    return RowDecoder(head, draft, nvjpeg_share if jpeg_decode == "nvjpeg" else 0.0)
+    draft = min(pre.crop) if decode.jpeg_draft and pre.crop else (pre.resize if decode.jpeg_draft else None)
+    head = (tensor_head(pre) if decode.fast_resize else None) or pre.to_uint8
+    return RowDecoder(head, draft, decode.nvjpeg_share if decode.jpeg_decode == "nvjpeg" else 0.0)
+
+
+def describe(decode: DecodeConfig, decoder: RowDecoder) -> str:
+    """One line for a task's stats: ``processes x15, jpeg cpu (draft), torch resize``."""
+    return (f"{decode.decode} x{decode.decode_workers}, jpeg {'nvjpeg' if decoder.nvjpeg_share else 'cpu'}"
+            + (" (draft)" if decoder.draft else "")
+            + (", torch resize" if isinstance(decoder.to_uint8, TensorHead) else ""))
 
 
 def model_input(batch: dict, pre: SplitPreprocess, device: str, upload=None):

@@ -15,12 +15,12 @@ to decode here becomes ``status = decode_error`` with the message.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 
 import numpy as np
 
-from curation.decode import DECODE_MODES, JPEG_DECODERS
+from curation.decode import DecodeConfig
 from ovpipe.config import check_step_folder
 from ovpipe.step import Step, TaskContext
 
@@ -52,46 +52,46 @@ class EmbedImagesConfig:
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.decode_workers is not None and self.decode_workers < 1:
-            raise ValueError(f"decode_workers must be >= 1 (or unset: the CPUs this task may use), "
-                             f"got {self.decode_workers}")
-        if self.prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {self.prefetch}")
-        if self.decode_unit < 1:
-            raise ValueError(f"decode_unit must be >= 1, got {self.decode_unit}")
-        if self.decode not in DECODE_MODES:
-            raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
-        if self.jpeg_decode not in JPEG_DECODERS:
-            raise ValueError(f"jpeg_decode must be one of {JPEG_DECODERS}, got {self.jpeg_decode!r}")
-        if not 0 <= self.nvjpeg_share <= 1:
-            raise ValueError(f"nvjpeg_share must be in [0, 1], got {self.nvjpeg_share}")
+        self.decode_config()      # the decoder's fields, checked by DecodeConfig (it names the field)
         if self.jpeg_decode == "nvjpeg" and self.device == "cpu":
             raise ValueError("jpeg_decode='nvjpeg' needs a CUDA device, got device='cpu'")
         check_step_folder("samples_step", self.samples_step)
 
+    def decode_config(self) -> DecodeConfig:
+        """The decoder's knobs (this config's fields of the same names), as one value."""
+        return DecodeConfig(**{f.name: getattr(self, f.name) for f in fields(DecodeConfig)})
 
-def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int, workers: int, stats=None,
-               decode: str = "auto", prefetch: int = 2, jpeg_decode: str = "auto", nvjpeg_share: float = 1.0,
-               jpeg_draft: bool | None = None, decode_unit: int = 256, on_batch=None,
-               fast_resize: bool | None = None):
-    """Embeddings (float32, L2-normalised) of the rows that decode, in order, plus per-row errors
-    (None where the row was embedded). ``on_batch(b, rows)``, if given, is called as each batch's
-    embeddings reach the host (a bench times the steady state from the first call)."""
-    from curation.decode import (decoded_batches, embed_batches, list_batches, make_decoder, resolve_decode,
-                                 split_preprocess)
 
-    pre = split_preprocess(preprocess)
-    decoder = make_decoder(pre, device, jpeg_decode, nvjpeg_share, jpeg_draft, fast_resize)
-    batches = decoded_batches(partial(list_batches, rows, batch_size), decoder, resolve_decode(decode, device), workers,
-                              prefetch, pin_memory=device.startswith("cuda"), unit=decode_unit)
+def embedded_batches(source, net, preprocess, device: str, decode: DecodeConfig, stats=None):
+    """The embedding pipeline, the step's and every caller's: the batches of ``source()`` (a picklable
+    callable yielding row batches) decoded ahead as ``decode`` says (resolved here for ``device``), then
+    embedded: (prepared batch, positions embedded, float32 [n, d] L2-normalised embeddings or None), per
+    batch, in order. ``stats`` gets the decode's description (``info["decode"]``) and the embedding
+    loop's counters and host waits."""
+    from curation import decode as dec
+
+    pre = dec.split_preprocess(preprocess)
+    decode = decode.resolve(device)
+    decoder = dec.make_decoder(pre, device, decode)
+    if stats is not None:
+        stats.info["decode"] = dec.describe(decode, decoder)
+    yield from dec.embed_batches(dec.decoded_batches(source, decoder, decode, device), net, pre, device, stats)
+
+
+def embed_rows(rows: list[dict], net, preprocess, device: str, batch_size: int,
+               decode: DecodeConfig = DecodeConfig(), stats=None):
+    """``embedded_batches`` over in-memory ``rows`` (tests, benches): the embeddings (float32,
+    L2-normalised) of the rows that decode, in order, and per-row errors (None where the row was
+    embedded)."""
+    from curation.decode import list_batches
+
     out, errors = [], [None] * len(rows)
-    for b, (batch, pos, e) in enumerate(embed_batches(batches, net, pre, device, stats)):
+    for b, (batch, _, e) in enumerate(embedded_batches(partial(list_batches, rows, batch_size), net, preprocess,
+                                                       device, decode, stats)):
         for j, err in batch["errors"].items():
             errors[b * batch_size + j] = err
         if e is not None:
             out.append(e)
-        if on_batch is not None:
-            on_batch(b, len(batch["rows"]))
     d = net.visual.output_dim if hasattr(net.visual, "output_dim") else (out[0].shape[1] if out else 0)
     emb = np.concatenate(out) if out else np.zeros((0, d), np.float32)
     return emb, errors
@@ -156,32 +156,23 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
     import pyarrow as pa
 
     from curation.clip import load_clip
-    from curation.decode import (TensorHead, decoded_batches, embed_batches, make_decoder, manifest_batches,
-                                 resolve_decode, resolve_workers, split_preprocess)
+    from curation.decode import manifest_batches
     from manifests.schemas import schema_for
     from ovpipe.step import slice_bounds
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     lo, hi = slice_bounds(task.input_num_rows("samples"), task.rank, task.world_size)
     net, preprocess, _, device = load_clip(cfg.model, cfg.pretrained, cfg.device)
-    pre = split_preprocess(preprocess)
-    decoder = make_decoder(pre, device, cfg.jpeg_decode, cfg.nvjpeg_share, cfg.jpeg_draft, cfg.fast_resize)
-    mode = resolve_decode(cfg.decode, device)
-    workers = resolve_workers(cfg.decode_workers, mode)
-    task.stats.info["decode"] = (f"{mode} x{workers}, jpeg {'nvjpeg' if decoder.nvjpeg_share else 'cpu'}"
-                                 + (" (draft)" if decoder.draft else "")
-                                 + (", torch resize" if isinstance(decoder.to_uint8, TensorHead) else ""))
     files = [str(f) for f in task.input_files("samples")]     # plain paths: the decode workers read them too
     source = partial(manifest_batches, files, SAMPLE_COLUMNS, lo, hi, cfg.batch_size, str(task.step_dir))
-    batches = decoded_batches(source, decoder, mode, workers, cfg.prefetch,
-                              pin_memory=device.startswith("cuda"), unit=cfg.decode_unit)
     name = f"emb-{task.rank:05d}.npy"
     rel = f"{task.step}/data/{name}"
     vecs = NpyRowWriter(task.data_path(name))
     try:
         with task.part_writer("image_embeddings") as out:
             with task.stats.timer("embed"):
-                for batch, pos, emb in embed_batches(batches, net, pre, device, task.stats):
+                for batch, pos, emb in embedded_batches(source, net, preprocess, device, cfg.decode_config(),
+                                                        task.stats):
                     at = dict(zip(pos, range(vecs.rows, vecs.rows + len(pos))))
                     rows = []
                     for j, r in enumerate(batch["rows"]):

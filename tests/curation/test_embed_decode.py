@@ -118,6 +118,7 @@ def test_threads_and_worker_processes_give_the_same_step_output_at_any_task_coun
 
 
 def test_embed_rows_keeps_a_corrupt_image_as_an_error_row(tmp_path):
+    from curation.decode import DecodeConfig
     from curation.embed import embed_rows
 
     net, preprocess = _tiny_clip_model()
@@ -131,8 +132,8 @@ def test_embed_rows_keeps_a_corrupt_image_as_an_error_row(tmp_path):
             _photo(rng, 120 + 10 * i, 90).save(p, "JPEG", quality=90)
         rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
     for mode, unit in (("threads", 32), ("processes", 32), ("processes", 2), ("processes", 1)):
-        emb, errors = embed_rows(rows, net, preprocess, "cpu", batch_size=3, workers=2, decode=mode, prefetch=1,
-                                 decode_unit=unit)
+        emb, errors = embed_rows(rows, net, preprocess, "cpu", 3,
+                                 DecodeConfig(decode=mode, decode_workers=2, prefetch=1, decode_unit=unit))
         assert [e is None for e in errors] == [i != 3 for i in range(7)], errors
         assert emb.shape == (6, net.visual.output_dim)
         np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
@@ -151,14 +152,14 @@ def _same_batch(got, want):
     assert len(got["jpeg"]) == len(want["jpeg"]) and all(torch.equal(a, b) for a, b in zip(got["jpeg"], want["jpeg"]))
 
 
-@pytest.mark.parametrize("unit,workers", [(3, 2), (1, 3), (8, 2), (64, 2), (None, 2)])
+@pytest.mark.parametrize("unit,workers", [(3, 2), (1, 3), (8, 2), (64, 2)])
 def test_decode_units_reassemble_into_the_batches_one_worker_prepares(tmp_path, unit, workers):
     """Worker processes decoding units of a batch give back, batch by batch, exactly what
     ``prepare_batch`` makes of the whole batch: rows, positions, pixels, JPEG bytes, errors (corrupt
     files, text-only samples and rows not ``ok`` included), also for the short last batch."""
     import open_clip
 
-    from curation.decode import RowDecoder, decoded_batches, list_batches, prepare_batch, split_preprocess
+    from curation.decode import DecodeConfig, RowDecoder, decoded_batches, list_batches, prepare_batch, split_preprocess
 
     pre = split_preprocess(open_clip.image_transform(32, is_train=False))
     dec = RowDecoder(pre.to_uint8, None, 0.5)           # some rows left as JPEG bytes, the others decoded
@@ -183,7 +184,8 @@ def test_decode_units_reassemble_into_the_batches_one_worker_prepares(tmp_path, 
         return [dict(r) for r in rows]
 
     want = [prepare_batch(b, dec) for b in list_batches(fresh(), 8)]
-    got = list(decoded_batches(lambda: list_batches(fresh(), 8), dec, "processes", workers, prefetch=1, unit=unit))
+    got = list(decoded_batches(lambda: list_batches(fresh(), 8), dec,
+                               DecodeConfig(decode="processes", decode_workers=workers, prefetch=1, decode_unit=unit)))
     assert len(got) == len(want) == 3
     assert any(w["errors"] for w in want) and any(w["jpeg"] for w in want) and any(w["pos"] for w in want)
     for g, w in zip(got, want):
@@ -205,29 +207,75 @@ def test_decode_workers_default_to_the_cpus_the_task_may_use_but_one(monkeypatch
     kept."""
     import os
 
-    from curation.decode import CPU_THREADS, MAX_WORKERS, resolve_workers
+    from curation.decode import CPU_THREADS, MAX_WORKERS, DecodeConfig
     from curation.embed import EmbedImagesConfig
 
+    def workers(device, **kw):
+        return DecodeConfig(**kw).resolve(device).decode_workers
+
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert resolve_workers(None, "processes") == 15
+    assert workers("cuda") == workers("cpu", decode="processes") == 15
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(224)))     # a whole node, unbound
-    assert resolve_workers(None, "processes") == MAX_WORKERS == 32
+    assert workers("cuda") == MAX_WORKERS == 32
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
-    assert resolve_workers(None, "processes") == 1
-    assert resolve_workers(None, "threads") == CPU_THREADS == 8
-    assert resolve_workers(5, "processes") == 5
+    assert workers("cuda") == 1
+    assert workers("cpu") == workers("cuda", decode="threads") == CPU_THREADS == 8
+    assert workers("cuda", decode_workers=5) == 5
     assert EmbedImagesConfig().decode_workers is None
     with pytest.raises(ValueError, match="decode_workers"):
         EmbedImagesConfig(decode_workers=0)
 
 
+def test_the_decode_config_resolves_every_auto_value_in_one_place(monkeypatch):
+    """``DecodeConfig.resolve(device)``: a GPU's defaults (worker processes, the CPU JPEG decode, drafted,
+    torch's resize), a CPU's (threads, PIL's full decode and resize, bit-identical to open_clip), set
+    values kept, and a resolved config resolved again unchanged. The step's config builds the same
+    value from its fields of the same names."""
+    import dataclasses
+    import os
+
+    from curation.decode import DecodeConfig
+    from curation.embed import EmbedImagesConfig
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    gpu, cpu = DecodeConfig().resolve("cuda:0"), DecodeConfig().resolve("cpu")
+    assert gpu == DecodeConfig("processes", 15, 2, 256, "cpu", 1.0, True, True)
+    assert cpu == DecodeConfig("threads", 8, 2, 256, "cpu", 1.0, False, False)
+    assert gpu.resolve("cpu") == gpu and cpu.resolve("cuda") == cpu
+    mine = DecodeConfig("processes", 3, 4, 16, "nvjpeg", 0.5, False, False)
+    assert mine.resolve("cuda") == mine
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gpu.decode = "threads"
+    cfg = EmbedImagesConfig(decode="threads", decode_workers=3, prefetch=4, decode_unit=16, jpeg_draft=True)
+    assert cfg.decode_config() == DecodeConfig("threads", 3, 4, 16, "auto", 1.0, True, None)
+    assert [f.name for f in dataclasses.fields(DecodeConfig)] == [
+        "decode", "decode_workers", "prefetch", "decode_unit", "jpeg_decode", "nvjpeg_share", "jpeg_draft",
+        "fast_resize"]
+
+
+@pytest.mark.parametrize("field, value", [("decode", "gpu"), ("decode_workers", 0), ("prefetch", 0),
+                                          ("decode_unit", 0), ("jpeg_decode", "pil"), ("nvjpeg_share", 1.5)])
+def test_a_bad_decode_field_is_refused_before_any_work_naming_it(tmp_path, capsys, field, value):
+    from curation.decode import DecodeConfig
+
+    with pytest.raises(ValueError, match=field):
+        DecodeConfig(**{field: value})
+    run = tmp_path / "run"
+    assert main(["embed-images", "--set", f"{field}={value}", "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert field in err and str(value) in err
+    assert not run.exists()
+
+
 def test_jpeg_draft_stays_within_bf16_of_the_full_decode(tmp_path):
+    from curation.decode import DecodeConfig
     from curation.embed import embed_rows
 
     net, preprocess = _tiny_clip_model()
     rows = _jpeg_rows(tmp_path, np.random.default_rng(4), [(640, 480), (1024, 768), (300, 500), (90, 60)])
-    full, _ = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="threads")
-    draft, _ = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="threads", jpeg_draft=True)
+    full, _ = embed_rows(rows, net, preprocess, "cpu", 4, DecodeConfig(decode="threads", decode_workers=2))
+    draft, _ = embed_rows(rows, net, preprocess, "cpu", 4,
+                          DecodeConfig(decode="threads", decode_workers=2, jpeg_draft=True))
     assert (full * draft).sum(1).min() > 0.99
     assert np.array_equal(full[3], draft[3])          # smaller than the crop: no DCT scaling
 
@@ -255,19 +303,20 @@ def test_the_tensor_head_is_within_two_levels_of_pils(size):
 
 
 def test_fast_resize_stays_within_bf16_of_pils_and_is_the_gpu_default(tmp_path):
-    from curation.decode import TensorHead, make_decoder, resolve_fast_resize, split_preprocess
+    from curation.decode import DecodeConfig, TensorHead, make_decoder, split_preprocess
     from curation.embed import embed_rows
 
-    assert resolve_fast_resize(None, "cuda") and not resolve_fast_resize(None, "cpu")
+    assert DecodeConfig().resolve("cuda").fast_resize and not DecodeConfig().resolve("cpu").fast_resize
     net, preprocess = _tiny_clip_model()
     pre = split_preprocess(preprocess)
-    assert isinstance(make_decoder(pre, "cpu", fast_resize=True).to_uint8, TensorHead)
+    assert isinstance(make_decoder(pre, "cpu", DecodeConfig(fast_resize=True)).to_uint8, TensorHead)
     assert make_decoder(pre, "cpu").to_uint8 is pre.to_uint8
+    assert isinstance(make_decoder(pre, "cuda").to_uint8, TensorHead)       # (building it needs no GPU)
     rows = _jpeg_rows(tmp_path, np.random.default_rng(6), [(640, 480), (1024, 768), (300, 500), (90, 60)])
     rows.append({"sample_id": "broken", "images": [{"container": "file", "file": str(tmp_path / "missing.jpg")}]})
-    full, err = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="threads")
-    fast, err_fast = embed_rows(rows, net, preprocess, "cpu", batch_size=4, workers=2, decode="processes",
-                                jpeg_draft=True, fast_resize=True)
+    full, err = embed_rows(rows, net, preprocess, "cpu", 4, DecodeConfig(decode="threads", decode_workers=2))
+    fast, err_fast = embed_rows(rows, net, preprocess, "cpu", 4, DecodeConfig(
+        decode="processes", decode_workers=2, jpeg_draft=True, fast_resize=True))
     assert (full * fast).sum(1).min() > 0.99 and len(fast) == 4
     assert err_fast[:4] == [None] * 4 and err_fast[4] is not None and err[4] is not None
 
@@ -285,6 +334,7 @@ def test_nvjpeg_share_splits_rows_by_sample_id():
 
 @pytest.mark.gpu
 def test_nvjpeg_decode_matches_the_cpu_decode_within_bf16(tmp_path):
+    from curation.decode import DecodeConfig
     from curation.embed import embed_rows
 
     net, preprocess = _tiny_clip_model("cuda")
@@ -297,12 +347,12 @@ def test_nvjpeg_decode_matches_the_cpu_decode_within_bf16(tmp_path):
         rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
     rows.append({"sample_id": "bad", "images": [{"container": "file", "file": str(tmp_path / "bad.jpg")}]})
-    cpu, err_cpu = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="threads",
-                              jpeg_decode="cpu")
-    gpu, err_gpu = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="processes",
-                              jpeg_decode="nvjpeg")
-    half, err_half = embed_rows(rows, net, preprocess, "cuda", batch_size=8, workers=2, decode="processes",
-                                jpeg_decode="nvjpeg", nvjpeg_share=0.5)
+    cpu, err_cpu = embed_rows(rows, net, preprocess, "cuda", 8,
+                              DecodeConfig(decode="threads", decode_workers=2, jpeg_decode="cpu"))
+    gpu, err_gpu = embed_rows(rows, net, preprocess, "cuda", 8,
+                              DecodeConfig(decode="processes", decode_workers=2, jpeg_decode="nvjpeg"))
+    half, err_half = embed_rows(rows, net, preprocess, "cuda", 8, DecodeConfig(
+        decode="processes", decode_workers=2, jpeg_decode="nvjpeg", nvjpeg_share=0.5))
     assert [e is None for e in err_cpu] == [e is None for e in err_gpu] == [e is None for e in err_half] \
         == [True] * 18 + [False]
     for got in (gpu, half):
@@ -314,7 +364,7 @@ def test_nvjpeg_decode_matches_the_cpu_decode_within_bf16(tmp_path):
 def test_a_batch_split_between_nvjpeg_and_cpu_workers_keeps_row_order(tmp_path):
     """The nvJPEG path's assembly, run with torchvision's CPU JPEG decoder in nvJPEG's place: every row
     of a half-and-half run equals the same row of the all-CPU or the all-'GPU' run, whichever decoded it."""
-    from curation.decode import RowDecoder, decoded_batches, embed_batches, list_batches, split_preprocess
+    from curation.decode import DecodeConfig, RowDecoder, decoded_batches, embed_batches, list_batches, split_preprocess
 
     net, preprocess = _tiny_clip_model()
     pre = split_preprocess(preprocess)
@@ -328,7 +378,8 @@ def test_a_batch_split_between_nvjpeg_and_cpu_workers_keeps_row_order(tmp_path):
 
     def run(share):
         dec = RowDecoder(pre.to_uint8, None, share)
-        out = [e for _, _, e in embed_batches(decoded_batches(lambda: list_batches(rows, 8), dec, "threads", 2), net,
+        threads = DecodeConfig(decode="threads", decode_workers=2)
+        out = [e for _, _, e in embed_batches(decoded_batches(lambda: list_batches(rows, 8), dec, threads), net,
                                               pre, "cpu")]
         return np.concatenate(out), dec
 
@@ -346,7 +397,7 @@ def test_a_batch_split_between_nvjpeg_and_cpu_workers_keeps_row_order(tmp_path):
 def test_reassembled_batches_are_pinned_for_the_gpu(tmp_path):
     import open_clip
 
-    from curation.decode import RowDecoder, decoded_batches, list_batches, prepare_batch, split_preprocess
+    from curation.decode import DecodeConfig, RowDecoder, decoded_batches, list_batches, prepare_batch, split_preprocess
 
     pre = split_preprocess(open_clip.image_transform(32, is_train=False))
     dec = RowDecoder(pre.to_uint8)
@@ -357,8 +408,8 @@ def test_reassembled_batches_are_pinned_for_the_gpu(tmp_path):
         _photo(rng, 50 + i, 40).save(p, "JPEG", quality=90)
         rows.append({"sample_id": f"{i:016x}", "images": [{"container": "file", "file": str(p)}]})
     want = [prepare_batch(b, dec) for b in list_batches([dict(r) for r in rows], 8)]
-    got = list(decoded_batches(lambda: list_batches([dict(r) for r in rows], 8), dec, "processes", 2, 1,
-                               pin_memory=True, unit=3))
+    got = list(decoded_batches(lambda: list_batches([dict(r) for r in rows], 8), dec,
+                               DecodeConfig(decode="processes", decode_workers=2, prefetch=1, decode_unit=3), "cuda"))
     for g, w in zip(got, want):
         assert g["x"].is_pinned()
         _same_batch(g, w)
@@ -393,16 +444,20 @@ def _alone(net, pre, x, device):
     return torch.nn.functional.normalize(e.float(), dim=-1).cpu().numpy()
 
 
-def test_the_embedding_loop_records_where_the_host_waited(tmp_path):
-    from curation.decode import RowDecoder, decoded_batches, embed_batches, list_batches, split_preprocess
+def test_the_embedding_pipeline_records_the_decode_and_where_the_host_waited(tmp_path):
+    from functools import partial
+
+    from curation.decode import DecodeConfig, list_batches, split_preprocess
+    from curation.embed import embedded_batches
     from ovpipe.step import Stats
 
     net, preprocess = _tiny_clip_model()
     pre = split_preprocess(preprocess)
     rows = _jpeg_rows(tmp_path, np.random.default_rng(11), [(120 + 7 * i, 90 + 5 * i) for i in range(12)])
     stats = Stats()
-    got = list(embed_batches(decoded_batches(lambda: list_batches(rows, 4), RowDecoder(pre.to_uint8), "threads", 2),
-                             net, pre, "cpu", stats))
+    got = list(embedded_batches(partial(list_batches, rows, 4), net, preprocess, "cpu",
+                                DecodeConfig(decode="threads", decode_workers=2), stats))
+    assert stats.info["decode"] == "threads x2, jpeg cpu"
     assert [len(pos) for _, pos, _ in got] == [4, 4, 4] and stats.counters["embedded"] == 12
     assert stats.timings["wait_input"] > 0 and stats.timings["wait_device"] >= 0
     for batch, _, e in got:
@@ -415,13 +470,14 @@ def test_the_pipelined_gpu_loop_returns_each_batchs_own_embeddings(tmp_path):
     embeddings are copied into pinned memory behind its own forward: every batch's result equals that
     batch embedded alone, synchronously, bit for bit (a missing stream wait would hand back another
     batch's pixels or a half-copied result)."""
-    from curation.decode import RowDecoder, decoded_batches, embed_batches, list_batches, split_preprocess
+    from curation.decode import DecodeConfig, RowDecoder, decoded_batches, embed_batches, list_batches, split_preprocess
 
     net, preprocess = _tiny_clip_model("cuda")
     pre = split_preprocess(preprocess)
     rows = _jpeg_rows(tmp_path, np.random.default_rng(12), [(120 + 7 * i, 90 + 5 * i) for i in range(40)])
-    got = list(embed_batches(decoded_batches(lambda: list_batches(rows, 4), RowDecoder(pre.to_uint8), "processes", 2,
-                                             pin_memory=True), net, pre, "cuda"))
+    got = list(embed_batches(decoded_batches(lambda: list_batches(rows, 4), RowDecoder(pre.to_uint8),
+                                             DecodeConfig(decode="processes", decode_workers=2), "cuda"),
+                             net, pre, "cuda"))
     assert len(got) == 10
     for batch, pos, e in got:
         assert batch["x"].is_pinned() and pos == [0, 1, 2, 3]
