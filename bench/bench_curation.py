@@ -98,6 +98,7 @@ def bench_assign(n: int, V: int, d: int, k: int) -> None:
 def _balance_child(n, V, k, q):
     from curation.balance import BalanceConfig, balance, uniform_draws
     from manifests.ids import splitmix64
+    from ovpipe.mapreduce import vmhwm_bytes
     import pyarrow as pa
 
     rng = np.random.default_rng(0)
@@ -107,8 +108,7 @@ def _balance_child(n, V, k, q):
     u = uniform_draws(ids, 0)
     w, copies, before, after, _ = balance(concepts, u, V, BalanceConfig())
     dt = time.perf_counter() - t0
-    hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
-    q.put((dt, hwm / 1024 ** 2, int(copies.sum())))
+    q.put((dt, (vmhwm_bytes() or 0) / 1024 ** 3, int(copies.sum())))
 
 
 def bench_balance(n: int, V: int, k: int) -> None:

@@ -23,12 +23,13 @@ no ``executor.json``, so the steps accept them as given):
   ``smart_resize`` on every image size — only the texts repeat (its word cache is warm: the
   "words all known" regime a task reaches deep into a slice of millions).
 
-**Measured**, per step, by polling (``--poll`` s) the step's ``running/`` markers (the pid of the
-process running each map / reduce / apply task): per-task peak RSS (``VmHWM``, reset through
-``/proc/<pid>/clear_refs`` when the task starts, so a pool worker's earlier tasks do not count),
-wall time and CPU time (``utime + stime`` of that process over the task); the CLI process's peak
-after the last task (finalize) and the step's wall time. A memory guard kills the step's process
-group when the whole tree's RSS passes ``--guard-gib`` (the machine is shared) and reports it.
+**Measured**, per step: per-task peak RSS as every task records it (``ovpipe.executors.task.
+recorded_peaks``: VmHWM of the process running the task, reset as the task starts, so a pool worker's
+earlier tasks do not count; the finalize's too) and, by polling (``--poll`` s) the step's ``running/``
+markers (the pid of the process running each map / reduce / apply task), wall time and CPU time
+(``utime + stime`` of that process over the task); the step's wall time. A memory guard kills the
+step's process group when the whole tree's RSS passes ``--guard-gib`` (the machine is shared) and
+reports it (a killed task records no peak).
 
 **Projection**: CPU core-seconds per sample of each step, measured here, × 85M and 500M samples
 (linear: every map task's cost is linear in its share; a reduce that sorts is n log n, so its
@@ -269,17 +270,16 @@ def synthesise(run: Path, n: int, vocab: int, k: int, seed: int = 0, chunk: int 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _proc_status(pid: int) -> dict[str, int]:
-    out = {}
+def _rss(pid: int) -> int:
+    """The resident bytes of ``pid`` now (0 if it is gone): for the memory guard."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    out[key] = int(rest.split()[0]) * 1024
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError):
         pass
-    return out
+    return 0
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -289,15 +289,6 @@ def _cpu_s(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / CLK_TCK     # utime, stime
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _reset_hwm(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/clear_refs", "w") as f:
-            f.write("5")                                          # resets VmHWM to the current RSS
-        return True
-    except OSError:
-        return False
 
 
 def _tree(root: int) -> list[int]:
@@ -315,34 +306,34 @@ def _tree(root: int) -> list[int]:
 
 
 class _Task:
+    """One task seen running: its wall and CPU time, polled; its peak memory, what it recorded."""
+
     def __init__(self, name: str, pid: int, now: float):
         self.name, self.pid, self.start, self.end = name, pid, now, now
-        self.reset = _reset_hwm(pid)
         self.cpu0 = _cpu_s(pid) or 0.0
         self.cpu1 = self.cpu0
-        self.hwm = _proc_status(pid).get("VmHWM", 0)
+        self.peak = None
 
     def poll(self, now: float) -> None:
-        st = _proc_status(self.pid)
-        if "VmHWM" in st:
-            self.hwm = max(self.hwm, st["VmHWM"])
-            c = _cpu_s(self.pid)
-            self.cpu1 = c if c is not None else self.cpu1
+        c = _cpu_s(self.pid)
+        self.cpu1 = c if c is not None else self.cpu1
         self.end = now
 
-    @property
-    def phase(self) -> str:
-        return "reduce" if self.name == "reduce" else self.name.split("-")[0] if "-" in self.name else "map"
-
     def as_dict(self) -> dict:
-        return {"task": self.name, "phase": self.phase, "pid": self.pid, "peak_bytes": self.hwm,
-                "wall_s": round(self.end - self.start, 3), "cpu_s": round(self.cpu1 - self.cpu0, 3),
-                "hwm_reset": self.reset}
+        return {"task": self.name, "phase": _phase_of(self.name), "pid": self.pid, "peak_bytes": self.peak,
+                "wall_s": round(self.end - self.start, 3), "cpu_s": round(self.cpu1 - self.cpu0, 3)}
+
+
+def _phase_of(task: str) -> str:
+    """``00003`` → map, ``apply-00003`` → apply, ``reduce`` → reduce (the ``running/`` marker names)."""
+    return "reduce" if task == "reduce" else task.split("-")[0] if "-" in task else "map"
 
 
 def run_step(argv: list[str], sdir: Path, log: Path, guard_bytes: int, poll_s: float) -> dict:
     """Run ``python -m ovpipe *argv`` in its own process group, polling the step's ``running/``
-    markers; returns per-task figures, the CLI's own peak after the tasks, wall, rc."""
+    markers; returns per-task figures (peaks: what each task recorded), the finalize's, wall, rc."""
+    from ovpipe.executors.task import recorded_peaks
+
     t0 = time.perf_counter()
     with open(log, "w") as lf:
         proc = subprocess.Popen([sys.executable, "-m", "ovpipe", *argv], stdout=lf, stderr=subprocess.STDOUT,
@@ -372,18 +363,17 @@ def run_step(argv: list[str], sdir: Path, log: Path, guard_bytes: int, poll_s: f
         for t in active.values():
             t.poll(now)
         if done and not active and not markers and tail is None and rc is None:
-            tail = {"start": now, "reset": _reset_hwm(proc.pid)}    # the tasks are over: finalize
+            tail = {"start": now}                                    # the tasks are over: finalize
             cli_cpu0 = _cpu_s(proc.pid) or 0.0
         elif markers and tail is not None:
             tail = None                                              # a later phase started
         if tail is not None and rc is None:
-            tail["hwm"] = max(tail.get("hwm", 0), _proc_status(proc.pid).get("VmHWM", 0))
             c = _cpu_s(proc.pid)
             tail["cpu_s"] = max(tail.get("cpu_s", 0.0), (c - cli_cpu0) if c is not None else 0.0)
             tail["end"] = now
         if rc is not None:
             break
-        rss = sum(_proc_status(p).get("VmRSS", 0) for p in _tree(proc.pid))
+        rss = sum(_rss(p) for p in _tree(proc.pid))
         tree_peak = max(tree_peak, rss)
         if rss > guard_bytes:
             killed = f"memory guard: the step's processes held {rss / GIB:.1f} GiB > {guard_bytes / GIB:.1f} GiB"
@@ -394,11 +384,18 @@ def run_step(argv: list[str], sdir: Path, log: Path, guard_bytes: int, poll_s: f
         time.sleep(poll_s)
     wall = time.perf_counter() - t0
     done.extend(active.values())
+    peaks = recorded_peaks(sdir)
+    for t in done:
+        t.peak = peaks.get(t.name)
+    seen = {t.name for t in done}
+    unseen = [{"task": name, "phase": _phase_of(name), "pid": None, "peak_bytes": peak, "wall_s": None,
+               "cpu_s": None} for name, peak in peaks.items() if name != "finalize" and name not in seen]
     return {"argv": argv, "rc": rc, "killed": killed, "wall_s": round(wall, 2), "tree_peak_bytes": tree_peak,
             "started_utc": time.strftime("%H:%M", time.gmtime(time.time() - wall)), "load_end": os.getloadavg()[0],
-            "tasks": [t.as_dict() for t in sorted(done, key=lambda t: (t.start, t.name))],
+            "tasks": [t.as_dict() for t in sorted(done, key=lambda t: (t.start, t.name))] + unseen,
             "finalize": None if tail is None else {"wall_s": round(tail.get("end", tail["start"]) - tail["start"], 2),
-                                                   "peak_bytes": tail.get("hwm", 0), "cpu_s": tail.get("cpu_s", 0.0)},
+                                                   "peak_bytes": peaks.get("finalize"),
+                                                   "cpu_s": tail.get("cpu_s", 0.0)},
             "log_tail": log.read_text()[-1500:] if rc else ""}
 
 
@@ -454,25 +451,29 @@ def _step_line(step: str, r: dict) -> str:
     ap = _phase(r, "apply")
     parts = [f"{step}: {r['wall_s']:.1f} s, rc {r['rc']}"]
     if m:
-        parts.append(f"map max peak {_gib(max(t['peak_bytes'] for t in m))} GiB")
+        parts.append(f"map max peak {_gib(_most(m, 'peak_bytes'))} GiB")
     if red:
-        parts.append(f"reduce {red[0]['wall_s']:.1f} s / {_gib(red[0]['peak_bytes'])} GiB")
+        parts.append(f"reduce {_s(red[0]['wall_s'])} s / {_gib(red[0]['peak_bytes'])} GiB")
     if ap:
-        parts.append(f"apply max peak {_gib(max(t['peak_bytes'] for t in ap))} GiB")
+        parts.append(f"apply max peak {_gib(_most(ap, 'peak_bytes'))} GiB")
     return ", ".join(parts)
+
+
+def _most(tasks: list[dict], key: str):
+    """The largest ``key`` among ``tasks`` that have it (None: none has; a task the poller did not see
+    running has a recorded peak but no wall or CPU time, a killed one no peak)."""
+    return max((t[key] for t in tasks if t.get(key) is not None), default=None)
 
 
 def step_figures(r: dict) -> dict:
     """The table's figures of one step run (None where a phase did not happen)."""
     m, red, ap = _phase(r, "map"), _phase(r, "reduce"), _phase(r, "apply")
     fin = r.get("finalize") or {}
-    cpu = sum(t["cpu_s"] for t in r["tasks"]) + fin.get("cpu_s", 0.0)
+    cpu = sum(t["cpu_s"] or 0.0 for t in r["tasks"]) + fin.get("cpu_s", 0.0)
     return {
-        "map_peak": max((t["peak_bytes"] for t in m), default=None),
-        "map_wall_max": max((t["wall_s"] for t in m), default=None),
+        "map_peak": _most(m, "peak_bytes"), "map_wall_max": _most(m, "wall_s"),
         "reduce_peak": red[0]["peak_bytes"] if red else None, "reduce_wall": red[0]["wall_s"] if red else None,
-        "apply_peak": max((t["peak_bytes"] for t in ap), default=None),
-        "apply_wall_max": max((t["wall_s"] for t in ap), default=None),
+        "apply_peak": _most(ap, "peak_bytes"), "apply_wall_max": _most(ap, "wall_s"),
         "finalize_peak": fin.get("peak_bytes"), "finalize_wall": fin.get("wall_s"),
         "wall": r["wall_s"], "cpu_s": cpu, "rc": r["rc"], "killed": r["killed"],
         "when": f"{r.get('started_utc', '?')} UTC, load {r['load_end']:.1f}" if "load_end" in r else "",
@@ -509,10 +510,11 @@ def print_tables(results: list[dict], a) -> None:
         print("\n*lengths not run*: its manifest was synthesised from the same draws (each pool caption's text "
               "and target tokens counted once by `compute_lengths`, + each image's tokens from its size).")
     goals = "goals: every map task ≤ 2 GiB at any size; reduce ≤ 8 GiB at 85M; chain ≤ 15 min on 2 cores"
-    print(f"\n{goals}. Peaks are VmHWM of the process running the task (reset at task start); "
-          "'finalize' is the CLI process after the last task (pack's report, merged stats). Wall times are on "
+    print(f"\n{goals}. Peaks are what each task recorded in its stats (`peak_rss_bytes/*`: VmHWM of the process "
+          "running it, reset at task start); 'finalize' is the step's finalize in the CLI process (pack's report), "
+          "its time the CLI's after the last task (merged stats too). Wall times are on "
           "this shared 2-core machine at the load average shown (other jobs ran beside it): CPU s is the "
-          "steadier figure. A phase faster than the polling interval shows '—'.")
+          "steadier figure. A phase faster than the polling interval shows '—' for its times.")
     if len(results) > 1:
         print("\nflatness — largest map / apply task peak (GiB) per corpus size:\n")
         print("| step | " + " | ".join(f"{r['samples']:,}" for r in results) + " |")

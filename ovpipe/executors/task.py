@@ -141,6 +141,9 @@ def _task_scope(sdir: Path, rank: int, phase: str, who: str):
         handler.close()
 
 
+PEAK_RSS = "peak_rss_bytes/"      # + the task's name: the key of its peak in its stats' ``info``
+
+
 def _reset_peak_rss() -> None:
     """Reset this process's VmHWM to its current RSS (Linux ``clear_refs`` 5), so the peak a task
     records is its own and not an earlier task's in the same pool worker."""
@@ -149,13 +152,27 @@ def _reset_peak_rss() -> None:
 
 
 def _record_peak_rss(task: TaskContext, who: str) -> None:
-    """``info["peak_rss_bytes/<rank or reduce>"]`` in the task's stats (merged into ``stats.json``):
+    """``info["peak_rss_bytes/<rank, reduce or finalize>"]`` in the task's stats (merged into ``stats.json``):
     what each task of a step needed, for sizing the cluster's memory per task."""
     from ovpipe.mapreduce import vmhwm_bytes
 
     peak = vmhwm_bytes()
     if peak is not None:
-        task.stats.info[f"peak_rss_bytes/{who}"] = peak
+        task.stats.info[f"{PEAK_RSS}{who}"] = peak
+
+
+def recorded_peaks(sdir: Path) -> dict[str, int]:
+    """{task: peak resident bytes} of the tasks of step folder ``sdir`` that have finished so far, as each
+    recorded it in ``stats/`` (VmHWM of the process that ran it, reset as it started): map ranks
+    ``00003``, apply ranks ``apply-00003`` and ``reduce`` (the names of their ``running/`` markers), and
+    ``finalize``. The one peak-memory figure: a benchmark reads it here rather than polling the processes."""
+    peaks = {}
+    for f in sorted((Path(sdir) / "stats").glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            for k, v in json.loads(f.read_text()).get("info", {}).items():
+                if k.startswith(PEAK_RSS):
+                    peaks[k[len(PEAK_RSS):]] = v
+    return peaks
 
 
 def _after_map_ranks(step_name: str, run_dir, name: str | None):
@@ -213,9 +230,11 @@ def finalize_step(step_name: str, run_dir: str | Path, name: str | None = None) 
             with console.task_output(sdir / "logs" / "finalize.log"):
                 cfg = load_step_config(step, sdir)
                 task = TaskContext.for_step(step, cfg, run_dir, 0, meta["tasks"], name, phase="finalize")
+                _reset_peak_rss()    # (this process may have run tasks before: the local executor)
                 t0 = time.perf_counter()
                 step.finalize(cfg, task)
                 task.stats.timings["finalize"] += time.perf_counter() - t0
+                _record_peak_rss(task, "finalize")
                 save_json(sdir / "stats" / "finalize.json", task.stats.to_dict())
         finally:
             logging.getLogger().removeHandler(handler)

@@ -161,7 +161,7 @@ def test_apply_rank_refuses_without_the_reduce(tmp_path):
 
 
 def test_every_task_records_its_peak_memory(tmp_path):
-    """stats.json says what each map rank, the reduce and each apply rank needed (VmHWM, reset at the
+    """stats.json says what each map rank, the reduce, each apply rank and the finalize needed (VmHWM, reset at the
     start of each task so a pool worker's earlier tasks do not count) — the figure to size a
     cluster's memory per task."""
     import json
@@ -174,9 +174,13 @@ def test_every_task_records_its_peak_memory(tmp_path):
     assert main(["balance", "--run-dir", str(run), "--tasks", "2", "--workers", "2", "--quiet"]) == 0
     info = json.loads((run / "balance" / "stats.json").read_text())["info"]
     keys = {"peak_rss_bytes/00000", "peak_rss_bytes/00001", "peak_rss_bytes/reduce",
-            "peak_rss_bytes/apply-00000", "peak_rss_bytes/apply-00001"}
+            "peak_rss_bytes/apply-00000", "peak_rss_bytes/apply-00001", "peak_rss_bytes/finalize"}
     assert keys <= set(info)
     assert all(10 * 2**20 < info[k] < 4 * 2**30 for k in keys)
+    # what a benchmark reads (bench/bench_scale.py): the same figures, by the tasks' marker names
+    from ovpipe.executors.task import recorded_peaks
+
+    assert recorded_peaks(run / "balance") == {k.split("/", 1)[1]: info[k] for k in keys}
 
 
 def test_prefetch_keeps_order_raises_and_stops_early():
