@@ -113,14 +113,6 @@ def inverse_frequency_weights(concepts: np.ndarray, counts: np.ndarray, alpha: f
     return (np.maximum(counts, 1).astype(np.float64) ** -alpha)[concepts].mean(axis=1)
 
 
-def scale_to_target(w: np.ndarray, target: float) -> np.ndarray:
-    """p = min(1, s·w) with Σ p = target (s by bisection)."""
-    if target >= len(w):
-        return np.ones_like(w)
-    s = _solve_scale(lambda m: np.minimum(1.0, m * w).sum(), float(w[w > 0].min()), target)
-    return np.minimum(1.0, s * w)
-
-
 def _solve_scale(total: Callable[[float], float], w_min: float, target: float) -> float:
     lo, hi = 0.0, 1.0 / max(w_min, 1e-300)
     for _ in range(100):

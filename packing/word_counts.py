@@ -138,10 +138,6 @@ class WordCounter:
         return uniq, list(map(cache.get, uniq)), enc.indices.to_numpy(zero_copy_only=False)
 
 
-def _whole(s: str) -> tuple:
-    return s, ()
-
-
 # Pre-tokenizer regexes under which a pre-token holding a space holds only whitespace before it,
 # and every character is matched: so the regex never joins a non-space character with the space
 # after it, and cutting a text before such a space changes no token (the scan restarts there in
