@@ -87,25 +87,49 @@ def test_second_identical_command_refuses_naming_the_holder(tmp_path, capsys):
                  "--set", f"flag={flag}"]) == 0
 
 
-def test_wait_lock_waits_for_the_holder(tmp_path):
+def test_wait_lock_waits_for_the_holder(tmp_path, monkeypatch, capsys):
+    """With ``wait=True`` a locked step blocks in ``flock`` until the holder lets go, then holds the lock.
+    The holder lets go only when told, and it is told exactly as the waiter blocks: no timing involved."""
+    import fcntl
+    import types
+
     sdir = tmp_path / "run" / "t-slow"
-    code = ("import sys, time; from ovpipe.runfolder import lock\n"
+    letting_go = tmp_path / "letting-go"
+    code = ("import sys; from pathlib import Path; from ovpipe.runfolder import lock\n"
             f"with lock.step_lock({str(sdir)!r}):\n"
-            "    print('held', flush=True); time.sleep(1.5)\n")
-    holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+            "    print('held', flush=True)\n"
+            "    sys.stdin.readline()\n"
+            f"    Path({str(letting_go)!r}).write_text('yes')\n")     # still inside: written before the release
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    blocked = []
+
+    def flock(fd, op):
+        if op == fcntl.LOCK_EX:                 # the waiter's blocking call: now let the holder go
+            blocked.append(fd)
+            holder.stdin.write("go\n")
+            holder.stdin.flush()
+        return fcntl.flock(fd, op)
+
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(lock.StepLocked, match=f"pid {holder.pid}"):
             with lock.step_lock(sdir):
                 pass
-        t0 = time.time()
+        monkeypatch.setattr(lock, "fcntl", types.SimpleNamespace(
+            flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB, LOCK_UN=fcntl.LOCK_UN))
         with lock.step_lock(sdir, wait=True):
-            assert holder.poll() is not None or time.time() - t0 > 0.3
+            assert len(blocked) == 1                        # it waited, once
+            assert letting_go.read_text() == "yes"          # and got the lock only after the holder let go
             assert json.loads((sdir / ".lock").read_text())["pid"] == os.getpid()
             with lock.step_lock(sdir):    # re-entrant in one process
                 pass
+        err = capsys.readouterr().err
+        assert f"is locked by pid {holder.pid}" in err and "waiting for it" in err
     finally:
+        holder.stdin.close()
         holder.wait(timeout=30)
+    assert holder.returncode == 0
     assert (sdir / ".lock").read_text() == ""  # released: no holder recorded
 
 
