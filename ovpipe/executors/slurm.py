@@ -274,9 +274,7 @@ def _phase_ranks(record: dict, phase: str) -> list[int]:
 
 
 def _slurm_log(sdir: Path, phase: str, job: str, rank: int) -> Path:
-    if phase == "train":         # a pretrain stage's job (pretrain/slurm.py)
-        return sdir / "logs" / f"slurm-{job}.out"
-    if phase == "map":
+    if phase == "map":          # a distributed step's one job writes the same name (rank 0)
         return sdir / "logs" / f"slurm-{job}_{rank}.out"
     if phase == "apply":
         return sdir / "logs" / f"slurm-apply-{job}_{rank}.out"

@@ -26,11 +26,14 @@ from ovpipe.runfolder import markers
 from ovpipe.runfolder.cleanup import clean_temp_files
 from ovpipe.runfolder.heartbeat import RunningMarker
 from ovpipe.runfolder.upstream import check_inputs_current
-from ovpipe.step import TaskContext, save_json
+from ovpipe.step import Stopped, TaskContext, save_json
 
 # Fault injection for resume tests and drills: OVPIPE_FAIL_RANKS="ingest:2,pack:0" makes
 # those ranks raise after their work but before their completion marker (a killed task).
 FAIL_ENV = "OVPIPE_FAIL_RANKS"
+
+
+STOPPED = "stopped"       # a task saved and stopped on a signal (``ovpipe.step.Stopped``): holds the signal
 
 
 class TaskFailed(RuntimeError):
@@ -74,6 +77,9 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         raise ValueError(f"step {step_name!r} has no {phase} phase (its phases: {' → '.join(step.phases)})")
     name = name or step_name  # the step folder: a step can run twice in one run under two names
     sdir = run_dir / name
+    proc = int(os.environ.get("RANK", "0")) if step.distributed else 0
+    if proc != 0:
+        return _run_process(step, run_dir, sdir, name, proc)
     who = f"{name} rank {rank}" if phase == "map" else f"{name} apply rank {rank}"
     log = logging.getLogger("ovpipe")
     with _task_scope(sdir, rank, phase, who):
@@ -109,6 +115,16 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         return stats
 
 
+def _run_process(step, run_dir: Path, sdir: Path, name: str, proc: int) -> dict:
+    """Process ``proc`` > 0 of a distributed step's one task: the same body, its output in
+    ``logs/process_{proc:05d}.log``; markers, stats and failures are process 0's (an exception here ends
+    this process non-zero, and the launcher — torchrun, srun ``--kill-on-bad-exit`` — stops the group)."""
+    with console.task_output(sdir / "logs" / f"process_{proc:05d}.log"):
+        cfg = load_step_config(step, sdir)
+        step.run(cfg, TaskContext.for_step(step, cfg, run_dir, 0, 1, name))
+    return {}
+
+
 @contextlib.contextmanager
 def _task_scope(sdir: Path, rank: int, phase: str, who: str):
     """What every task of a step (a map or apply rank, the reduce) runs inside: its log file, its
@@ -125,8 +141,13 @@ def _task_scope(sdir: Path, rank: int, phase: str, who: str):
         # (entering catch_warnings resets the once-per-location registries), and a task's filters end with it.
         output.enter_context(warnings.catch_warnings())
         marker.__enter__()
+        (sdir / STOPPED).unlink(missing_ok=True)
         _reset_peak_rss()    # a pool worker runs several tasks: each records its own peak
         yield
+    except Stopped as e:      # saved and stopped on a signal: neither done nor failed; a rerun resumes
+        logging.getLogger("ovpipe").info("%s: %s", who, e)
+        (sdir / STOPPED).write_text(f"{e.signum}\n")    # what the launcher (torchrun) cannot pass on
+        raise
     except BaseException as e:
         tb = traceback.format_exc()
         logging.getLogger("ovpipe").error("%s failed:\n%s", who, tb)
