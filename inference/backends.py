@@ -57,7 +57,7 @@ def check_backend_runtime(cfg) -> None:
     remote code that exported LLaVA-OneVision-1.5 folders carry — one line naming the installed
     version and the supported range, not a ``ModuleNotFoundError`` in a task log."""
     if cfg.backend != "file":
-        from pretrain.official import check_transformers
+        from llava_ov.official import check_transformers
 
         check_transformers(f"the {cfg.backend} backend (remote-code folders such as ovpipe's export)")
 
@@ -118,11 +118,11 @@ def load_model(model: str, dtype, trust_remote_code: bool = True):
     class's own ``_checkpoint_conversion_mapping`` is applied as ``key_mapping`` (transformers >= 5.9 no
     longer does this for remote code, so the published LLaVA-OneVision-1.5 layout would otherwise load
     its language model as random weights), and if parameters are still missing it raises, naming them.
-    ``pretrain.official.repair_buffers`` then recomputes the RICE tower's rotary buffers, which
+    ``llava_ov.official.repair_buffers`` then recomputes the RICE tower's rotary buffers, which
     transformers 5 leaves uninitialised for that remote class (a no-op for any other model)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from pretrain.official import repair_buffers
+    from llava_ov.official import repair_buffers
 
     errors = []
     for auto in (AutoModelForImageTextToText, AutoModelForCausalLM):

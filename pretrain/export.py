@@ -115,6 +115,11 @@ def check(cfg: ExportConfig, run_dir: Path) -> None:
     from pretrain.trainer.checkpoint import is_complete
 
     check_transformers("the exported folder's official modeling file")
+    rec_name, tok_path, _ = training_inputs(Path(run_dir), cfg.stage)
+    if (cfg.recipe or rec_name) is None:
+        raise ValueError(f"stage {cfg.stage}: no stage.json names the recipe — give --recipe")
+    if (cfg.tokenizer or tok_path) is None:
+        raise ValueError(f"stage {cfg.stage}: no tokenizer found through the run folder — give --tokenizer")
     ckpt = Path(run_dir) / cfg.stage_folder / "dist_ckpt"
     if not is_complete(ckpt):
         raise ValueError(f"stage {cfg.stage}: no complete dist checkpoint at {ckpt}; train or import the stage first")

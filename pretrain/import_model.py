@@ -164,27 +164,29 @@ class ImportConfig:
     vit: str | None = None                   # ... and a saved MLCDVisionModel folder
 
     def __post_init__(self):
-        from pretrain.recipes import RECIPES
-
         if self.llava_ov and (self.llm or self.vit):
             raise ValueError("llava_ov imports a whole model; llm / vit assemble stage 0 from parts — not both")
         if not (self.llava_ov or self.llm or self.vit):
             raise ValueError("give llava_ov, or llm and/or vit")
         if (self.llm or self.vit) and self.stage != "0":
             raise ValueError(f"stage: parts (llm / vit) make stage 0's starting weights, got stage={self.stage!r}")
-        if self.recipe not in RECIPES:
-            raise ValueError(f"recipe: {self.recipe!r} is not one of {sorted(RECIPES)}")
 
 
 def check(cfg: ImportConfig, run_dir: Path) -> None:
-    """Before the stage folder is touched: the transformers range and the folder's config against the recipe."""
+    """Before the stage folder is touched: the transformers range (first: nothing heavy is imported before
+    it), the recipe, and the folder's config against the recipe."""
+    from llava_ov.official import check_transformers
+
+    if cfg.llava_ov:
+        check_transformers("importing a LLaVA-OneVision-1.5 folder")
+    from pretrain.recipes import RECIPES
+
+    if cfg.recipe not in RECIPES:
+        raise ValueError(f"recipe: {cfg.recipe!r} is not one of {sorted(RECIPES)}")
     if not cfg.llava_ov:
         return
     from llava_ov.convert import check_config
-    from llava_ov.official import check_transformers
-    from pretrain.recipes import RECIPES
 
-    check_transformers("importing a LLaVA-OneVision-1.5 folder")
     cfg_path = Path(cfg.llava_ov) / "config.json"
     if not cfg_path.exists():
         raise ValueError(f"{cfg.llava_ov}: no config.json")

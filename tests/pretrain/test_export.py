@@ -81,7 +81,7 @@ def test_export_from_a_pipeline_parallel_checkpoint(conversation_run, tmp_path):
     shutil.copytree(src, run)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ovpipe = [sys.executable, "-m", "ovpipe.cli"]
-    subprocess.run([*ovpipe, "pretrain", "--recipe", "tiny", "--stage", "2", "--run-dir", str(run), "--pp", "2",
+    subprocess.run([*ovpipe, "pretrain", "--recipe", "tiny", "--stage", "2", "--init", "scratch", "--run-dir", str(run), "--pp", "2",
                     "--steps", "1", "--micro-batch", "1", "--data", "pack-conv", "--distributed-optimizer", "off"],
                    check=True, env=env, timeout=300, capture_output=True)
     assert json.loads((run / "pretrain" / "stage-2" / "stage.json").read_text())["pp"] == 2

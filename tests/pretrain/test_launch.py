@@ -82,3 +82,32 @@ def test_a_stage_without_its_start_refuses_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "pretrain/stage-1.5" in err and "--init scratch" in err and "import-model" in err
     assert not (tmp_path / "pretrain" / "stage-2" / "executor.json").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_through_the_step_match_one(packed_demo, tmp_path):
+    """`ovpipe pretrain --nproc 2` goes through the core's local executor: torchrun starts two processes of
+    `ovpipe _task pretrain` (gloo, DP=2 at the same global batch); process 0 keeps the markers and stats,
+    process 1 its own log; the losses are the one-process run's."""
+    import shutil
+    import sys
+
+    from ovpipe.summary import stage_metrics
+
+    runs = {}
+    for n in (1, 2):
+        run = tmp_path / f"n{n}"
+        shutil.copytree(packed_demo, run)
+        args = [sys.executable, "-m", "ovpipe.cli", "pretrain", "--stage", "1.5", "--init", "scratch", "--steps", "2",
+                "--micro-batch", "1", "--global-batch", "2", "--lr", "0.003", "--run-dir", str(run), "--nproc", str(n)]
+        res = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                             env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        sdir = run / "pretrain" / "stage-1.5"
+        assert (sdir / "completions" / "finalized").exists() and (sdir / "stats.json").exists()
+        meta = json.loads((sdir / "executor.json").read_text())
+        assert meta["step"] == "pretrain" and meta["tasks"] == 1
+        runs[n] = [(m["loss"], m["grad_norm"]) for m in stage_metrics(sdir / "metrics.jsonl")]
+    assert (tmp_path / "n2" / "pretrain" / "stage-1.5" / "logs" / "process_00001.log").exists()
+    assert json.loads((tmp_path / "n2" / "pretrain" / "stage-1.5" / "stage.json").read_text())["dp"] == 2
+    assert len(runs[2]) == 2 and all(abs(a[0] - b[0]) <= 1e-5 * abs(a[0]) for a, b in zip(runs[1], runs[2])), runs

@@ -146,9 +146,9 @@ def published_llava_ov_folder(out):
 
     from packing.image_tokens import ImageTokenConfig
     from packing.tiny_tokenizer import build_tiny_tokenizer
-    from pretrain import official
-    from pretrain.export import save_processor
-    from pretrain.hf_llava_ov import config_dict
+    from llava_ov import official
+    from llava_ov.convert import config_dict
+    from llava_ov.export import save_processor
     from pretrain.recipes import RECIPES
 
     out.mkdir(parents=True)
@@ -167,7 +167,7 @@ def published_llava_ov_folder(out):
     for f in official.files():
         shutil.copy2(f, folder / f.name)
     (folder / "config.json").write_text(json.dumps({**cfg, "auto_map": dict(official.AUTO_MAP)}))
-    save_processor(folder, str(out / "tok"), ImageTokenConfig(min_pixels=56 * 56, max_pixels=224 * 224))
+    save_processor(folder, tok, ImageTokenConfig(min_pixels=56 * 56, max_pixels=224 * 224))
     return folder
 
 
@@ -177,7 +177,7 @@ def test_transformers_backend_loads_the_published_llava_onevision_layout(tmp_pat
     the image through the processor."""
     import torch
 
-    from pretrain import official
+    from llava_ov import official
 
     if official.files() is None:
         pytest.skip("lmms-engine (the official modeling files) is not installed")
