@@ -43,9 +43,40 @@ def connect(run_dir: str | Path, database: str = ":memory:", lock: bool = False)
     for kind, dirs in find_manifest_dirs(run_dir).items():
         globs = ", ".join(_sql_str((d / "part-*.parquet").as_posix()) for d in dirs)
         con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet([{globs}], union_by_name=true)")
+    steps = step_table(run_dir)
+    if steps.num_rows:
+        con.register("steps", steps)
     if lock:
         lock_down(con, run_dir)
     return con
+
+
+def step_table(run_dir: str | Path):
+    """One row per step folder of the run (``RUN/<step>/`` and one level down, ``pretrain/stage-<S>``): the
+    ``steps`` table of ``ovpipe sql``. ``folder``, ``step`` (what ran there), ``tasks``, ``tasks_done`` (map
+    ranks with a completion marker), ``finalized``, ``config_hash`` and ``inputs`` (the folders it read, as
+    its ``executor.json`` recorded them), read from the files the executors write — so a training stage is a
+    row like ``ingest``."""
+    import json
+
+    import pyarrow as pa
+
+    run_dir = Path(run_dir)
+    rows = []
+    for meta in sorted([*run_dir.glob("*/executor.json"), *run_dir.glob("*/*/executor.json")]):
+        try:
+            m = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        comp = meta.parent / "completions"
+        done = sum(1 for p in comp.iterdir() if p.name.isdigit()) if comp.is_dir() else 0
+        rows.append({"folder": meta.parent.relative_to(run_dir).as_posix(), "step": m.get("step"),
+                     "tasks": m.get("tasks"), "tasks_done": done, "finalized": (comp / "finalized").exists(),
+                     "config_hash": m.get("config_hash"), "inputs": sorted(m.get("inputs") or {})})
+    schema = pa.schema([("folder", pa.string()), ("step", pa.string()), ("tasks", pa.int64()),
+                        ("tasks_done", pa.int64()), ("finalized", pa.bool_()), ("config_hash", pa.string()),
+                        ("inputs", pa.list_(pa.string()))])
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def lock_down(con, run_dir: str | Path) -> None:

@@ -74,6 +74,11 @@ def test_second_command_lock_config_change_status_and_export(packed_demo, tmp_pa
     assert line.split()[1] == "1/1" and line.split()[-1] == "yes"
     cfg = json.loads((sdir / "executor.json").read_text())
     assert cfg["inputs"] == {"pack": json.loads((run / "pack" / "executor.json").read_text())["config_hash"]}
+    capsys.readouterr()                      # and in SQL, a row of the steps table like any step's
+    assert main(["sql", str(run), "SELECT step, tasks_done, finalized, inputs FROM steps "
+                 "WHERE folder = 'pretrain/stage-1.5'", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"step": "pretrain", "tasks_done": 1, "finalized": True,
+                                                   "inputs": ["pack"]}
     capsys.readouterr()
     assert main(["pretrain", *ARGS, "--run-dir", str(run)]) == 0          # same config: a no-op
     assert "already done" in capsys.readouterr().out
