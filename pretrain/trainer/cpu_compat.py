@@ -1,4 +1,10 @@
-"""CPU accommodations for megatron-core — used only when no CUDA device exists, never on GPU.
+"""CPU accommodations for megatron-core — the one place that says what is replaced on a CPU, and why.
+
+**Scope.** ``apply()`` is called by ``pretrain.trainer.build.setup_distributed`` only in a process that has no
+CUDA device (``torch.cuda.is_available()`` is False), and refuses to run in one that has: a GPU run never
+sees any of it, and its kernels, streams, RNG and optimizer are megatron's own. Within a CPU process it holds
+until the process ends (megatron keeps references to the RNG tracker and the clip function it was given, so
+undoing the patches mid-process would leave half a CPU setup behind).
 
 megatron-core assumes CUDA in a few places that a CPU run (this machine, CI, laptops) reaches:
 
