@@ -309,8 +309,15 @@ def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
         print(f"ovpipe pretrain: {err}", file=sys.stderr)
         return 1
     if a.executor == "slurm":
-        if rc == 0:
-            print(f"pretrain stage {cfg.stage}: submitted ({run_dir / name}/slurm_jobs.json)")
+        jobs = run_dir / name / "slurm_jobs.json"
+        if rc == 0 and jobs.exists() and not done_before:
+            from ovpipe.executors.slurm import describe_jobs
+
+            rec = json.loads(jobs.read_text())
+            print(f"Submitted batch job {rec.get('array')}  (pretrain stage {cfg.stage}: {describe_jobs(rec)}; "
+                  f"{jobs})", flush=True)
+        elif rc == 0 and done_before:
+            print(f"pretrain stage {cfg.stage}: already done (same config and inputs) → {run_dir / name}")
         return rc
     if rc == 0 and done_before and _finalized(run_dir / name):
         print(f"pretrain stage {cfg.stage}: already done (same config and inputs) → {run_dir / name}")
