@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         return 2
     if rc == 0:
         out = Path(cfg.out)
-        print(f"export-model: stage {a.stage} as a LLaVA-OneVision-1.5 folder → {out}  "
+        print(f"pretrain/export-{a.stage}: stage {a.stage} as a LLaVA-OneVision-1.5 folder → {out}  "
               f"(evaluate it: {lmms_eval_command(out)})")
     return rc
 

@@ -234,7 +234,8 @@ def main(argv=None) -> int:
         print(f"ovpipe import-model: {e}", file=sys.stderr)
         return 2
     if rc == 0:
-        print(f"import-model: {run_dir / 'pretrain' / f'stage-{stage}' / 'dist_ckpt'}")
+        print(f"pretrain/stage-{stage}: imported {cfg.llava_ov or ' + '.join(x for x in (cfg.llm, cfg.vit) if x)} → "
+              f"{run_dir / 'pretrain' / f'stage-{stage}' / 'dist_ckpt'}")
     return rc
 
 

@@ -317,10 +317,10 @@ def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
             print(f"Submitted batch job {rec.get('array')}  (pretrain stage {cfg.stage}: {describe_jobs(rec)}; "
                   f"{jobs})", flush=True)
         elif rc == 0 and done_before:
-            print(f"pretrain stage {cfg.stage}: already done (same config and inputs) → {run_dir / name}")
+            print(f"{name}: already done (same config and inputs) → {run_dir / name}")
         return rc
     if rc == 0 and done_before and _finalized(run_dir / name):
-        print(f"pretrain stage {cfg.stage}: already done (same config and inputs) → {run_dir / name}")
+        print(f"{name}: already done (same config and inputs) → {run_dir / name}")
         return 0
     print(stage_line(run_dir / name, cfg.stage, rc, time.perf_counter() - t0))
     return rc
@@ -344,7 +344,8 @@ def write_script(run_dir: Path, name: str, a, per_node: int) -> Path:
 
 
 def stage_line(sdir: Path, stage: str, rc: int, seconds: float) -> str:
-    """``pretrain stage 1.5: 30 steps, loss 6.260 → 4.102, 60 packs, data wait 1.2% — 12.3 s → RUN/pretrain/stage-1.5``
+    """``pretrain/stage-1.5: 30 steps, loss 6.260 → 4.102, 60 packs, data wait 1.2% — 12.3 s → RUN/pretrain/stage-1.5``
+    (the step folder first, as every step's summary line)
     (data wait: the share of the step time spent waiting for the loader; a large one means the loader, not
     the model, sets the pace — more ``--loader-workers``)."""
     from ovpipe.summary import stage_metrics
@@ -356,7 +357,7 @@ def stage_line(sdir: Path, stage: str, rc: int, seconds: float) -> str:
             f"{sum(r.get('packs', 0) for r in rows):,} packs" + (f", data wait {wait:.1%}" if wait is not None else "")
             if rows else "no steps")
     state = "" if rc == 0 else f" (exit {rc}: see {sdir / 'logs'})"
-    return f"pretrain stage {stage}: {what}{state} — {seconds:.1f} s → {sdir}"
+    return f"{stage_folder(stage)}: {what}{state} — {seconds:.1f} s → {sdir}"
 
 
 if __name__ == "__main__":

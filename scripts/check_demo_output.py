@@ -22,7 +22,8 @@ def problems(text: str, run_dir: Path) -> list[str]:
     lines = [seg for ln in text.splitlines() for seg in ln.split("\r")]
     out = [f"noise: {ln.strip()[:200]}" for ln in lines if any(p.search(ln) for p in NOISE)]
     for folder, _ in step_folders(run_dir):
-        if not any(re.match(rf"{re.escape(folder.name)}: .* → ", ln) for ln in lines):
+        name = folder.relative_to(run_dir).as_posix()        # pretrain/stage-1.5 for a nested step folder
+        if not any(re.match(rf"{re.escape(name)}: .* → ", ln) for ln in lines):
             out.append(f"no summary line for step {folder.relative_to(run_dir)}")
     return out
 
