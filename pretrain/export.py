@@ -143,26 +143,35 @@ def main(argv=None) -> int:
     ap.add_argument("--wait-lock", action="store_true",
                     help="wait for a command holding the export's lock instead of refusing")
     a = ap.parse_args(argv)
-    from ovpipe.cli import UsageError, execute
-    from ovpipe.config import ConfigError, load_config
+    from ovpipe import console
+    from ovpipe.cli import UsageError
+    from ovpipe.config import ConfigError
     from ovpipe.runfolder import RunFolderError
 
     run_dir = Path(a.run_dir).expanduser().resolve()
     try:
-        cfg = load_config(ExportConfig, {"out": str(Path(a.out).expanduser().resolve()), "stage": a.stage,
-                                         "recipe": a.recipe, "tokenizer": a.tokenizer, "dtype": a.dtype,
-                                         "max_shard_size": a.max_shard_size})
-        args = argparse.Namespace(run_dir=str(run_dir), name=f"pretrain/export-{a.stage}", executor="local", tasks=1,
-                                  workers=1, overwrite=a.overwrite, quiet=True, wait_lock=a.wait_lock)
-        rc = execute(STEP, cfg, args)
+        with console.warnings_to(run_dir / "pretrain" / f"export-{a.stage}" / "logs" / "launch.log"):
+            rc = _run(a, run_dir)
     except (UsageError, ConfigError, RunFolderError, ValueError) as e:
         print(f"ovpipe export-model: {e}", file=sys.stderr)
         return 2
     if rc == 0:
-        out = Path(cfg.out)
+        out = Path(a.out).expanduser().resolve()
         print(f"pretrain/export-{a.stage}: stage {a.stage} as a LLaVA-OneVision-1.5 folder → {out}  "
               f"(evaluate it: {lmms_eval_command(out)})")
     return rc
+
+
+def _run(a, run_dir: Path) -> int:
+    from ovpipe.cli import execute
+    from ovpipe.config import load_config
+
+    cfg = load_config(ExportConfig, {"out": str(Path(a.out).expanduser().resolve()), "stage": a.stage,
+                                     "recipe": a.recipe, "tokenizer": a.tokenizer, "dtype": a.dtype,
+                                     "max_shard_size": a.max_shard_size})
+    args = argparse.Namespace(run_dir=str(run_dir), name=f"pretrain/export-{a.stage}", executor="local", tasks=1,
+                              workers=1, overwrite=a.overwrite, quiet=True, wait_lock=a.wait_lock)
+    return execute(STEP, cfg, args)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pretrain.model.llm import LLM_SIZES, LLMSize
-from pretrain.model.vision import VIT_SIZES, ViTSize
+from pretrain.model.sizes import LLM_SIZES, VIT_SIZES, LLMSize, ViTSize
 
 
 @dataclass(frozen=True)

@@ -239,18 +239,18 @@ def main(argv=None) -> int:
     from ovpipe import console
 
     console.set_verbose(a.verbose)
-    try:
-        cfg = _config(a)
-    except ValueError as err:
-        ap.error(str(err))
-    per_node = a.tasks_per_node or a.gpus_per_node or 1
-    world = a.nodes * per_node if a.executor == "slurm" else (a.nproc or a.tp * a.pp * a.cp)
-    try:
-        _check_layout(cfg, world)
-    except ValueError as err:
-        ap.error(str(err))
-    # megatron's import-time notices go to the stage's log, not the terminal
+    # megatron's and torch's import-time notices go to the stage's log, not the terminal
     with console.warnings_to(Path(a.run_dir) / stage_folder(a.stage) / "logs" / "launch.log"):
+        try:
+            cfg = _config(a)
+        except ValueError as err:
+            ap.error(str(err))
+        per_node = a.tasks_per_node or a.gpus_per_node or 1
+        world = a.nodes * per_node if a.executor == "slurm" else (a.nproc or a.tp * a.pp * a.cp)
+        try:
+            _check_layout(cfg, world)
+        except ValueError as err:
+            ap.error(str(err))
         return _execute(a, cfg, world, per_node)
 
 
@@ -299,7 +299,7 @@ def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
         wait_timeout=a.wait_timeout, nproc=world, nodes=a.nodes, tasks_per_node=per_node,
         gpus_per_node=a.gpus_per_node)
     t0 = time.perf_counter()
-    done_before = _finalized(run_dir / name)
+    done_before = _finalized(run_dir / name)      # its marker's time: unchanged after → nothing ran
     try:
         rc = execute(STEP, cfg, args)
     except (UsageError, ConfigError, RunFolderError, CheckpointError) as err:
@@ -310,24 +310,27 @@ def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
         return 1
     if a.executor == "slurm":
         jobs = run_dir / name / "slurm_jobs.json"
-        if rc == 0 and jobs.exists() and not done_before:
+        if rc == 0 and jobs.exists() and _finalized(run_dir / name) is None:
             from ovpipe.executors.slurm import describe_jobs
 
             rec = json.loads(jobs.read_text())
             print(f"Submitted batch job {rec.get('array')}  (pretrain stage {cfg.stage}: {describe_jobs(rec)}; "
                   f"{jobs})", flush=True)
-        elif rc == 0 and done_before:
+        elif rc == 0 and done_before is not None and _finalized(run_dir / name) == done_before:
             print(f"{name}: already done (same config and inputs) → {run_dir / name}")
         return rc
-    if rc == 0 and done_before and _finalized(run_dir / name):
+    if rc == 0 and done_before is not None and _finalized(run_dir / name) == done_before:
         print(f"{name}: already done (same config and inputs) → {run_dir / name}")
         return 0
     print(stage_line(run_dir / name, cfg.stage, rc, time.perf_counter() - t0))
     return rc
 
 
-def _finalized(sdir: Path) -> bool:
-    return (sdir / "completions" / "finalized").exists()
+def _finalized(sdir: Path) -> int | None:
+    try:
+        return (sdir / "completions" / "finalized").stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def write_script(run_dir: Path, name: str, a, per_node: int) -> Path:

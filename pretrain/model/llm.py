@@ -13,25 +13,7 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass(frozen=True)
-class LLMSize:
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    kv_channels: int
-    vocab_size: int
-    rope_theta: float = 1_000_000.0
-    tie_embeddings: bool = False
-
-
-# Qwen3-4B / 8B as published (config.json of the released checkpoints); `tiny` for tests and the demo.
-LLM_SIZES = {
-    "tiny": LLMSize(2, 64, 128, 4, 2, 16, 512, tie_embeddings=True),
-    "qwen3-4b": LLMSize(36, 2560, 9728, 32, 8, 128, 151936, tie_embeddings=True),
-    "qwen3-8b": LLMSize(36, 4096, 12288, 32, 8, 128, 151936, tie_embeddings=False),
-}
+from pretrain.model.sizes import LLM_SIZES, LLMSize  # noqa: F401  (the tables live with no torch import)
 
 
 def transformer_config(size: LLMSize, tp: int = 1, dtype: torch.dtype = torch.float32, **overrides):

@@ -36,21 +36,7 @@ from pretrain.model import fused
 from pretrain.model.attention import packed_attention
 
 
-@dataclass(frozen=True)
-class ViTSize:
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    intermediate_size: int
-    patch_size: int = 14
-    rope_theta: float = 10000.0
-    layer_norm_eps: float = 1e-5
-
-
-VIT_SIZES = {
-    "tiny": ViTSize(2, 32, 4, 64),
-    "rice-vit-l-14": ViTSize(24, 1024, 16, 4096),
-}
+from pretrain.model.sizes import VIT_SIZES, ViTSize  # noqa: F401  (the tables live with no torch import)
 
 
 def merge_window_order(gh: int, gw: int) -> torch.Tensor:
