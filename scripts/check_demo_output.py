@@ -22,8 +22,10 @@ def problems(text: str, run_dir: Path) -> list[str]:
     lines = [seg for ln in text.splitlines() for seg in ln.split("\r")]
     out = [f"noise: {ln.strip()[:200]}" for ln in lines if any(p.search(ln) for p in NOISE)]
     for folder, _ in step_folders(run_dir):
-        name = folder.relative_to(run_dir).as_posix()        # pretrain/stage-1.5 for a nested step folder
-        if not any(re.match(rf"{re.escape(name)}: .* → ", ln) for ln in lines):
+        # a nested step folder prints its path (pretrain/stage-1.5); a step run in a sub-run (gym/2048/rl-gym,
+        # its own --run-dir) its folder name
+        names = "|".join(re.escape(n) for n in (folder.relative_to(run_dir).as_posix(), folder.name))
+        if not any(re.match(rf"(?:{names}): .* → ", ln) for ln in lines):
             out.append(f"no summary line for step {folder.relative_to(run_dir)}")
     return out
 
