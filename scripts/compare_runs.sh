@@ -16,6 +16,7 @@ dump() { "$OVPIPE" sql "$1" "$2" --format csv | sed "s#$3\b#ROOT#g" | sha256sum 
 tables() { "$OVPIPE" sql "$1" "SHOW TABLES" --format csv | tail -n +2 | sort; }
 for t in $(comm -12 <(tables "$A") <(tables "$B")); do
   case $t in
+    steps) continue ;;    # the executors' records (config hashes, task counts), like executor.json: not outputs
     train_metrics) q="SELECT stage, step, loss, grad_norm, lr, tokens, images, packs, samples FROM train_metrics ORDER BY ALL" ;;
     *) q="SELECT * FROM $t ORDER BY ALL" ;;
   esac
