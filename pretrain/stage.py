@@ -300,6 +300,8 @@ def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
         gpus_per_node=a.gpus_per_node)
     t0 = time.perf_counter()
     done_before = _finalized(run_dir / name)      # its marker's time: unchanged after → nothing ran
+    jobs = run_dir / name / "slurm_jobs.json"
+    jobs_before = _mtime(jobs)
     try:
         rc = execute(STEP, cfg, args)
     except (UsageError, ConfigError, RunFolderError, CheckpointError) as err:
@@ -309,13 +311,15 @@ def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
         print(f"ovpipe pretrain: {err}", file=sys.stderr)
         return 1
     if a.executor == "slurm":
-        jobs = run_dir / name / "slurm_jobs.json"
-        if rc == 0 and jobs.exists() and _finalized(run_dir / name) is None:
+        if rc == 0 and _mtime(jobs) != jobs_before:
             from ovpipe.executors.slurm import describe_jobs
 
             rec = json.loads(jobs.read_text())
             print(f"Submitted batch job {rec.get('array')}  (pretrain stage {cfg.stage}: {describe_jobs(rec)}; "
                   f"{jobs})", flush=True)
+            if a.wait:
+                print(stage_line(run_dir / name, cfg.stage, rc, time.perf_counter() - t0).replace(
+                    " s → ", " s on Slurm → ", 1))
         elif rc == 0 and done_before is not None and _finalized(run_dir / name) == done_before:
             print(f"{name}: already done (same config and inputs) → {run_dir / name}")
         return rc
@@ -327,8 +331,12 @@ def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
 
 
 def _finalized(sdir: Path) -> int | None:
+    return _mtime(sdir / "completions" / "finalized")
+
+
+def _mtime(path: Path) -> int | None:
     try:
-        return (sdir / "completions" / "finalized").stat().st_mtime_ns
+        return path.stat().st_mtime_ns
     except OSError:
         return None
 
