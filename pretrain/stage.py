@@ -179,41 +179,11 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe", default="tiny")
     ap.add_argument("--stage", choices=["1", "1.5", "2"], required=True)
     ap.add_argument("--run-dir", required=True)
-    length = ap.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, help="optimizer steps (default 30)")
-    length.add_argument("--epochs", type=float, help="passes over the data step's packs: steps = "
-                        "ceil(E × packs / global batch), global batch = micro_batch × grad_accum × dp")
-    ap.add_argument("--data", help="pack step to read (default: the stage's: 1 pack-align, 1.5 pack, 2 pack-instruct)")
-    ap.add_argument("--init", choices=["previous", "scratch"], default="previous",
-                    help="previous (default): start from the checkpoint of --start-from; scratch: random "
-                         "initialisation (refused silently never: without a start checkpoint the stage refuses)")
+    from pretrain.train import add_stage_args
+
+    add_stage_args(ap)
     ap.add_argument("--start-from", help="step folder of the checkpoint to start from (default: the previous "
                                          "stage's, pretrain/stage-<S>; an import-model folder works too)")
-    ap.add_argument("--micro-batch", type=int, default=2)
-    batch = ap.add_mutually_exclusive_group()
-    batch.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step and DP rank")
-    batch.add_argument("--global-batch", type=int, help="packs per optimizer step over all DP ranks (megatron's "
-                       "--global-batch-size): grad_accum = global_batch / (micro_batch × dp)")
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tokenizer")
-    g = ap.add_argument_group("layout (not part of the config hash: checkpoints reshard)")
-    g.add_argument("--tp", type=int, default=1)
-    g.add_argument("--pp", type=int, default=1)
-    g.add_argument("--cp", type=int, default=1)
-    g.add_argument("--sequence-parallel", action="store_true")
-    g.add_argument("--distributed-optimizer", choices=["auto", "on", "off"], default="auto")
-    g.add_argument("--fp32", action="store_true", help="train in fp32 even on GPU")
-    g.add_argument("--recompute", help="full | selective | mlp | none | auto (default: auto on GPU, none on CPU)")
-    g.add_argument("--vision-recompute", help="full | selective | none (default: follows --recompute)")
-    g.add_argument("--loader-workers", type=int)
-    g.add_argument("--kernels", help="eager | fused (default: fused on GPU)")
-    g.add_argument("--loss-kernel", help="megatron | liger | torch")
-    g.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (besides the end and "
-                   "SIGTERM/SIGUSR1)")
-    g.add_argument("--save-every-minutes", type=float, default=0.0)
-    g.add_argument("--keep", type=int, default=2, help="checkpoints kept (the newest K)")
-    g.add_argument("--stop-after", type=int, help="checkpoint and stop after this many steps (drills)")
     e = ap.add_argument_group("executor")
     e.add_argument("--executor", choices=["local", "slurm"], default="local")
     e.add_argument("--nproc", type=int, help="local: processes under torchrun (default tp·pp·cp)")

@@ -57,18 +57,17 @@ def train(cfg: TrainConfig, log=print, on_step=None) -> dict:
         trainer.close()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--recipe", default="tiny", choices=sorted(RECIPES))
-    ap.add_argument("--stage", choices=sorted(STAGES), required=True)
+def add_stage_args(ap: argparse.ArgumentParser) -> None:
+    """The flags of one stage's training, ``TrainConfig``'s fields one for one: this bare trainer's command
+    line and ``ovpipe pretrain``'s (``pretrain.stage``) share them."""
     length = ap.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="optimizer steps (default 30)")
     length.add_argument("--epochs", type=float, help="passes over the data step's packs: steps = "
                         "ceil(E × packs / (micro_batch × grad_accum × dp))")
     ap.add_argument("--data", help="pack step to read (default: the stage's, see pretrain.recipes.STAGES)")
     ap.add_argument("--init", choices=["previous", "scratch"], default="previous",
-                    help="previous: start from the previous stage's checkpoint when there is one; scratch: never")
+                    help="previous: start from the checkpoint of the stage before (`ovpipe pretrain` refuses to "
+                         "start without one); scratch: from random initialisation")
     ap.add_argument("--micro-batch", type=int, default=2, help="packs per micro-batch (one THD sequence)")
     batch = ap.add_mutually_exclusive_group()
     batch.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step and DP rank")
@@ -100,6 +99,14 @@ def main(argv=None) -> int:
                     "fused SwiGLU on CUDA (default on GPU; pretrain.model.fused)")
     ap.add_argument("--loss-kernel", choices=["megatron", "liger", "torch"], help="output layer + cross-entropy "
                     "(default megatron; liger: the fused linear cross-entropy, less memory, mostly slower)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--recipe", default="tiny", choices=sorted(RECIPES))
+    ap.add_argument("--stage", choices=sorted(STAGES), required=True)
+    add_stage_args(ap)
     ap.add_argument("--metrics-out", help="also write this run's per-step metrics here (JSON), from rank 0")
     a = ap.parse_args(argv)
     try:                                     # a wrong value fails here, naming the field, before any work

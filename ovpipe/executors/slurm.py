@@ -70,6 +70,23 @@ def _dependency_lines(after: list[str] | None) -> list[str]:
     return [f"#SBATCH --dependency=afterok:{':'.join(after)}", "#SBATCH --kill-on-invalid-dep=yes"] if after else []
 
 
+def _requeueable_lines(opts: SlurmOptions, output: str, after: list[str] | None) -> list[str]:
+    """The ``#SBATCH`` lines of a job that requeues itself on the time-limit warning (an array or a distributed
+    step's job): its log, limits, ``USR1`` lead, dependencies, partition, memory and the user's extra lines."""
+    lines = [f"#SBATCH --output={output}",
+             "#SBATCH --open-mode=append",
+             f"#SBATCH --time={opts.time}",
+             f"#SBATCH --cpus-per-task={opts.cpus_per_task}",
+             f"#SBATCH --signal=B:USR1@{opts.requeue_grace_s}",
+             "#SBATCH --requeue",
+             *_dependency_lines(after)]
+    if opts.partition:
+        lines.append(f"#SBATCH --partition={opts.partition}")
+    if opts.mem:
+        lines.append(f"#SBATCH --mem={opts.mem}")
+    return lines + [f"#SBATCH {x}" for x in opts.extra]
+
+
 def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[int], workers: int,
                          opts: SlurmOptions, python: str | None = None, name: str | None = None,
                          after: list[str] | None = None, phase: str = "map") -> str:
@@ -85,19 +102,8 @@ def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[
         "#!/bin/bash",
         f"#SBATCH --job-name=ovpipe-{job}",
         f"#SBATCH --array={compress_ranks(ranks)}%{max(1, workers)}",
-        f"#SBATCH --output={sdir}/logs/{out}",
-        "#SBATCH --open-mode=append",
-        f"#SBATCH --time={opts.time}",
-        f"#SBATCH --cpus-per-task={opts.cpus_per_task}",
-        f"#SBATCH --signal=B:USR1@{opts.requeue_grace_s}",
-        "#SBATCH --requeue",
-        *_dependency_lines(after),
+        *_requeueable_lines(opts, f"{sdir}/logs/{out}", after),
     ]
-    if opts.partition:
-        lines.append(f"#SBATCH --partition={opts.partition}")
-    if opts.mem:
-        lines.append(f"#SBATCH --mem={opts.mem}")
-    lines += [f"#SBATCH {x}" for x in opts.extra]
     what = "" if phase == "map" else f" ({phase} phase: after the reduce, per rank)"
     lines += [
         "",
@@ -185,18 +191,8 @@ def render_distributed_job(step_name: str, run_dir: Path, opts: SlurmOptions, py
              f"#SBATCH --ntasks-per-node={opts.tasks_per_node}"]
     if opts.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={opts.gpus_per_node}")
-    lines += [f"#SBATCH --time={opts.time}",
-              f"#SBATCH --cpus-per-task={opts.cpus_per_task}",
-              f"#SBATCH --output={sdir}/logs/slurm-%j_0.out",     # the rank-0 name status and --wait look for
-              "#SBATCH --open-mode=append",
-              f"#SBATCH --signal=B:USR1@{opts.requeue_grace_s}",
-              "#SBATCH --requeue",
-              *_dependency_lines(after)]
-    if opts.partition:
-        lines.append(f"#SBATCH --partition={opts.partition}")
-    if opts.mem:
-        lines.append(f"#SBATCH --mem={opts.mem}")
-    lines += [f"#SBATCH {x}" for x in opts.extra]
+    # the rank-0 log name status and --wait look for
+    lines += _requeueable_lines(opts, f"{sdir}/logs/slurm-%j_0.out", after)
     task = (f"exec {shlex.quote(python)} -m ovpipe.cli _task {shlex.quote(step_name)} --run-dir "
             f"{shlex.quote(str(run_dir))} --rank 0 --world-size 1 --name {shlex.quote(name)}")
     rank_env = "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS; "
