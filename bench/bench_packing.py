@@ -89,9 +89,11 @@ def _ours_end_to_end(lengths_path: str, out_path: str, C: int, q) -> None:
     table = packs_table(sid, L, idx, P, 0, P.n_bins, None)
     pq.write_table(table, out_path, compression="zstd")
     dt = time.perf_counter() - t0
-    # VmHWM, not ru_maxrss: ru_maxrss survives exec and would include the parent's RSS at fork.
-    hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
-    q.put((dt, P.n_bins, hwm / 1024 ** 2))
+    # VmHWM (the one reader every task's peak uses), not ru_maxrss: ru_maxrss survives exec and would include
+    # the parent's RSS at fork.
+    from ovpipe.mapreduce import vmhwm_bytes
+
+    q.put((dt, P.n_bins, (vmhwm_bytes() or 0) / 1024 ** 2))
 
 
 def ours(L: np.ndarray, C: int, tmp: Path) -> dict:
