@@ -201,8 +201,10 @@ def render_distributed_job(step_name: str, run_dir: Path, opts: SlurmOptions, py
               "set -uo pipefail",
               "export PYTHONUNBUFFERED=1"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(opts.env.items())]
-    lines += ['MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-              "export MASTER_ADDR",
+    lines += ['FIRST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              # the first node's address as Slurm reaches it (NodeAddr; its name where none is set)
+              'MASTER_ADDR=$(scontrol show node "$FIRST" | sed -n "s/.*NodeAddr=\\([^ ]*\\).*/\\1/p" | head -n 1)',
+              'export MASTER_ADDR=${MASTER_ADDR:-$FIRST}',
               # a port per job (two jobs may share a node): from the job id unless given
               f"export MASTER_PORT={port}" if port else "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
               "export CUDA_DEVICE_MAX_CONNECTIONS=1   # megatron-core: ordered TP comm/compute overlap",

@@ -1,5 +1,10 @@
-"""A real single-node Slurm on loopback: for trying the Slurm executor on a laptop (``make slurm-up``)
-and for the Slurm tests (the same class, as a context manager).
+"""A real Slurm on loopback, one node or several: for trying the Slurm executor on a laptop (``make slurm-up``,
+``SLURM_NODES=2``) and for the Slurm tests (the same class, as a context manager).
+
+Several nodes are several ``slurmd -N nodeK`` on 127.0.0.1, each with its own port, spool folder, pid file
+and log (``%n`` in slurm.conf); Debian's Slurm runs them as they are. A job over two of them is a real
+two-node allocation: ``srun`` starts a task on each, ``SLURM_JOB_NODELIST`` names both, and the first node's
+``NodeAddr`` is where its ranks meet.
 
 ``SlurmCluster`` writes a ``slurm.conf`` into its folder, starts a private ``munged`` (own key,
 socket, pid file), ``slurmctld -D`` and ``slurmd -D`` from that folder, waits for the node to be idle,
@@ -58,7 +63,8 @@ class SlurmCluster:
     """A loopback cluster in ``dir`` (a new temp folder if None). ``cpus`` is what slurmd announces
     (``SlurmdParameters=config_overrides``), so a 2-core laptop can hold a few array tasks at once."""
 
-    def __init__(self, dir: Path | str | None = None, cpus: int = 4, memory_mb: int = 2000):
+    def __init__(self, dir: Path | str | None = None, cpus: int = 4, memory_mb: int = 2000, nodes: int = 1):
+        self.nodes = nodes
         self.cpus = cpus
         self.memory_mb = memory_mb
         self._own_dir = dir is None
@@ -71,13 +77,22 @@ class SlurmCluster:
         return self.dir / "slurm.conf"
 
     # -- set-up -------------------------------------------------------------------------
+    @property
+    def node_names(self) -> list[str]:
+        """``localhost`` for one node; ``node1``.. ``nodeN`` for several, every one a slurmd on 127.0.0.1 with its
+        own port, spool folder, pid file and log (``%n`` in slurm.conf)."""
+        return ["localhost"] if self.nodes == 1 else [f"node{i + 1}" for i in range(self.nodes)]
+
     def _conf(self) -> str:
         d = self.dir
+        self._ports = [_free_port() for _ in self.node_names]
+        nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={port} CPUs={self.cpus} "
+                          f"RealMemory={self.memory_mb} State=UNKNOWN" for n, port in zip(self.node_names, self._ports))
         return f"""\
 ClusterName=ovpipe
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmdPort={self._ports[0]}
 CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 AuthType=auth/munge
 AuthInfo=socket={d}/munge/munge.socket
@@ -85,11 +100,11 @@ CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool/%n
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd.log
+SlurmdLogFile={d}/slurmd-%n.log
 SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -109,8 +124,8 @@ SlurmdTimeout=10
 InactiveLimit=0
 KillWait=2
 MinJobAge=30
-NodeName=localhost NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+{nodes}
+PartitionName=debug Nodes={",".join(self.node_names)} Default=YES MaxTime=INFINITE State=UP
 """
 
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen:
@@ -123,7 +138,11 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         return p
 
     def _save_pids(self) -> None:
-        pids = {Path(p.args[0]).name: p.pid for p in self.procs}
+        # one key per daemon: "slurmd" for the first node's, "slurmd@node2" for another's
+        pids = {}
+        for p in self.procs:
+            name = Path(p.args[0]).name
+            pids[name if name not in pids else f"{name}@{p.args[p.args.index('-N') + 1]}"] = p.pid
         from manifests.io import atomic_write
 
         with atomic_write(self.dir / "pids.json") as tmp:
@@ -137,7 +156,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 
     def running(self) -> dict[str, int]:
         """The daemons of ``pids.json`` that are still alive."""
-        return {n: pid for n, pid in self.pids().items() if _proc_alive(pid, n)}
+        return {n: pid for n, pid in self.pids().items() if _proc_alive(pid, n.split("@")[0])}
 
     def start(self, timeout_s: float = 60) -> "SlurmCluster":
         missing = missing_binaries()
@@ -151,6 +170,8 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         for sub in ("state", "spool", "munge"):
             shutil.rmtree(d / sub, ignore_errors=True)
             (d / sub).mkdir()
+        for n in self.node_names:
+            (d / "spool" / n).mkdir()
         os.chmod(d / "munge", 0o711)
         key = d / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
@@ -161,7 +182,8 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
                      f"--seed-file={d}/munge/munged.seed"], "munged.out")
         self._wait(lambda: (d / "munge" / "munge.socket").exists(), 10, "munged socket")
         self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld.out")
-        self._spawn(["slurmd", "-D", "-N", "localhost", "-f", str(self.conf)], "slurmd.out")
+        for n in self.node_names:
+            self._spawn(["slurmd", "-D", "-N", n, "-f", str(self.conf)], f"slurmd-{n}.out")
         self._wait(self._node_idle, timeout_s, "node idle in sinfo")
         return self
 
@@ -171,7 +193,8 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
                 raise RuntimeError(f"{p.args[0]} exited with {p.returncode}:\n{self.logs()}")
         r = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True,
                            env={**os.environ, **self.env})
-        return r.returncode == 0 and r.stdout.strip().startswith("idle")
+        states = r.stdout.split()
+        return r.returncode == 0 and len(states) == len(self.node_names) and all(s.startswith("idle") for s in states)
 
     def _wait(self, cond, timeout_s: float, what: str) -> None:
         t0 = time.time()
@@ -201,10 +224,9 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
                     break
                 time.sleep(0.3)
         stopped = []
-        for name in reversed(DAEMONS):     # slurmd, slurmctld, then munged, which both authenticate with
-            pid = live.get(name)
-            if pid is None:
-                continue
+        order = [n for d in reversed(DAEMONS) for n in sorted(live) if n.split("@")[0] == d]
+        for key in order:                  # slurmd(s), slurmctld, then munged, which both authenticate with
+            pid, name = live[key], key.split("@")[0]
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -219,7 +241,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
                 os.kill(pid, signal.SIGKILL)
             if own is not None:
                 own.wait()
-            stopped.append(f"{name} (pid {pid})")
+            stopped.append(f"{key} (pid {pid})")
         self.procs.clear()
         (self.dir / "pids.json").unlink(missing_ok=True)
         if self._own_dir if remove is None else remove:
@@ -239,13 +261,14 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ovpipe.executors.slurm_cluster",
-                                 description="a single-node Slurm on 127.0.0.1 (private munge, slurmctld, slurmd)")
+                                 description="a Slurm on 127.0.0.1 (private munge, slurmctld, one slurmd per node)")
     ap.add_argument("action", choices=["up", "down", "status"])
     ap.add_argument("--dir", required=True, help="the cluster's folder: slurm.conf, state, logs, pids.json")
     ap.add_argument("--cpus", type=int, default=max(4, os.cpu_count() or 1),
-                    help="CPUs slurmd announces (default: max(4, this machine's))")
+                    help="CPUs each slurmd announces (default: max(4, this machine's))")
+    ap.add_argument("--nodes", type=int, default=1, help="slurmd nodes, all on 127.0.0.1 (node1..nodeN when > 1)")
     a = ap.parse_args(argv)
-    c = SlurmCluster(Path(a.dir), cpus=a.cpus)
+    c = SlurmCluster(Path(a.dir), cpus=a.cpus, nodes=a.nodes)
     if a.action == "up":
         try:
             c.start()
@@ -255,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 c.stop(remove=False)
             return 1
         pids = ", ".join(f"{n} {p}" for n, p in c.pids().items())
-        print(f"loopback slurm up in {c.dir} ({pids}); node idle, {a.cpus} CPUs on 127.0.0.1", file=sys.stderr)
+        print(f"loopback slurm up in {c.dir} ({pids}); {a.nodes} node(s) idle, {a.cpus} CPUs each on 127.0.0.1",
+              file=sys.stderr)
         print(f"export SLURM_CONF={c.conf}")
         return 0
     if a.action == "status":

@@ -101,7 +101,7 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         if phase == "map":
             (sdir / "completions" / markers.REDUCED).unlink(missing_ok=True)
         task = TaskContext.for_step(step, cfg, run_dir, rank, world_size, name, workers=workers, phase=phase)
-        log.info("start %s %s rank %d/%d", step_name, phase, rank, world_size)
+        log.info("start %s %s rank %d/%d on %s", step_name, phase, rank, world_size, _node())
         t0 = time.perf_counter()
         (step.run if phase == "map" else step.apply)(cfg, task)
         task.stats.timings["total" if phase == "map" else "apply"] += time.perf_counter() - t0
@@ -115,11 +115,19 @@ def run_task(step_name: str, run_dir: str | Path, rank: int, world_size: int, wo
         return stats
 
 
+def _node() -> str:
+    """Where this process runs: the Slurm node's name (two nodes may share a host), else the host's."""
+    import socket
+
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def _run_process(step, run_dir: Path, sdir: Path, name: str, proc: int) -> dict:
     """Process ``proc`` > 0 of a distributed step's one task: the same body, its output in
     ``logs/process_{proc:05d}.log``; markers, stats and failures are process 0's (an exception here ends
     this process non-zero, and the launcher — torchrun, srun ``--kill-on-bad-exit`` — stops the group)."""
     with console.task_output(sdir / "logs" / f"process_{proc:05d}.log"):
+        print(f"{name}: process {proc} of {os.environ.get('WORLD_SIZE', '?')} on {_node()}", flush=True)
         cfg = load_step_config(step, sdir)
         step.run(cfg, TaskContext.for_step(step, cfg, run_dir, 0, 1, name))
     return {}

@@ -40,20 +40,28 @@ def _wait(cond, timeout, what, info=lambda: ""):
     raise TimeoutError(f"no {what} after {timeout}s\n{info()}")
 
 
-def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeypatch, capsys, nodes):
+    """One node with one CPU rank; two loopback nodes with one rank each (DP=2 at the same global batch,
+    against two local processes)."""
     from ovpipe.cli import main
     from pretrain.trainer import checkpoint
 
     ref, run = tmp_path / "ref", tmp_path / "run"
     shutil.copytree(packed_demo, ref)
     shutil.copytree(packed_demo, run)
-    assert main(["pretrain", *ARGS, "--run-dir", str(ref)]) == 0          # the uninterrupted run, locally
-    with SlurmCluster() as slurm:
+    args = [*ARGS, "--global-batch", "2"] if nodes == 2 else ARGS
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "ovpipe.cli", "pretrain", *args, "--run-dir", str(ref), "--nproc",
+                          str(nodes)], capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]                       # the uninterrupted run, locally
+    with SlurmCluster(nodes=nodes, cpus=2 if nodes == 2 else 4) as slurm:
         env = {**os.environ, **slurm.env}
         monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
         capsys.readouterr()
-        assert main(["pretrain", *ARGS, "--run-dir", str(run), "--executor", "slurm", "--nodes", "1",
-                     "--gpus-per-node", "0", "--slurm-time", "00:20:00"]) == 0
+        assert main(["pretrain", *args, "--run-dir", str(run), "--executor", "slurm", "--nodes", str(nodes),
+                     "--gpus-per-node", "0", "--tasks-per-node", "1", "--slurm-time", "00:20:00"]) == 0
         out = capsys.readouterr().out
         job = re.search(r"Submitted batch job (\d+)", out).group(1)
         sdir = run / "pretrain" / "stage-1.5"
