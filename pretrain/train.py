@@ -78,8 +78,9 @@ def add_stage_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tokenizer")
     ap.add_argument("--save-every", type=int, default=0, help="save a checkpoint every N steps (0: only at "
                     "the end and on SIGTERM/SIGUSR1)")
-    ap.add_argument("--save-every-minutes", type=float, default=0.0, help="also save when M minutes have "
-                    "passed since the last save")
+    ap.add_argument("--save-every-minutes", type=float, help="also save when M minutes have passed since the "
+                    "last save (default: off on this machine; on Slurm 30 — a node lost without a signal, a "
+                    "hardware fault or a collective's timeout, then costs at most that much training)")
     ap.add_argument("--keep", type=int, default=2, help="checkpoints kept (the newest K)")
     ap.add_argument("--stop-after", type=int, help="checkpoint and stop after this many steps (drills)")
     ap.add_argument("--tp", type=int, default=1)
@@ -131,7 +132,7 @@ def config_from_args(a) -> TrainConfig:
                        distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
                        bf16=False if a.fp32 else None, recompute=a.recompute, loader_workers=a.loader_workers,
                        kernels=a.kernels, loss_kernel=a.loss_kernel, vision_recompute=a.vision_recompute,
-                       save_every=a.save_every, save_every_minutes=a.save_every_minutes, keep=a.keep,
+                       save_every=a.save_every, save_every_minutes=a.save_every_minutes or 0.0, keep=a.keep,
                        stop_after=a.stop_after, init=a.init)
 
 

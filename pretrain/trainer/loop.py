@@ -210,8 +210,11 @@ class Trainer:
             due, preempted = self.policy.decide(step + 1, self.device)
             stopping = preempted or (bool(cfg.stop_after) and step + 1 - self.start >= cfg.stop_after)
             if (due or stopping) and step + 1 < self.steps:
+                t0 = time.perf_counter()
                 self.ckpt.save(self.model, self.opt, step + 1, self.packs_consumed(step + 1))
                 self.policy.saved()
+                if self.rank0:
+                    self.log(f"checkpoint: step {step + 1} saved in {time.perf_counter() - t0:.1f} s")
             if stopping and step + 1 < self.steps:
                 return self._result(self.policy.signalled or (signal.SIGTERM if preempted else None))
         self.close()

@@ -111,3 +111,19 @@ def test_two_processes_through_the_step_match_one(packed_demo, tmp_path):
     assert (tmp_path / "n2" / "pretrain" / "stage-1.5" / "logs" / "process_00001.log").exists()
     assert json.loads((tmp_path / "n2" / "pretrain" / "stage-1.5" / "stage.json").read_text())["dp"] == 2
     assert len(runs[2]) == 2 and all(abs(a[0] - b[0]) <= 1e-5 * abs(a[0]) for a, b in zip(runs[1], runs[2])), runs
+
+
+def test_a_cluster_stage_saves_on_a_clock_by_default(tmp_path, capsys):
+    """On Slurm a stage saves every 30 minutes unless told otherwise (a node lost without a signal costs at most
+    that); locally the clock is off; an explicit --save-every-minutes wins. The dry run shows the config."""
+    def dry(*extra):
+        assert main(["pretrain", "--recipe", "llava-ov-1.5-8b", "--stage", "1.5", "--run-dir", str(tmp_path),
+                     "--executor", "slurm", "--nodes", "16", "--dry-run", *extra]) == 0
+        out = capsys.readouterr().out
+        return json.loads(out[out.index("{"):])
+
+    assert dry()["save_every_minutes"] == 30.0
+    assert dry("--save-every-minutes", "0")["save_every_minutes"] == 0.0
+    from pretrain.stage import StageConfig
+
+    assert StageConfig(stage="1.5").save_every_minutes == 0.0
