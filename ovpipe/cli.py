@@ -8,6 +8,7 @@
     ovpipe pretrain --recipe tiny --stage 1 --run-dir RUN
     ovpipe export-model --run-dir RUN --stage 2 --out DIR
     ovpipe import-model --run-dir RUN --recipe R --llava-ov DIR --stage 1.5
+    ovpipe plan --recipe R --stage 1.5 --samples N --gpus 128xA800
 """
 from __future__ import annotations
 
@@ -366,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("rest", nargs=argparse.REMAINDER)
     sp.set_defaults(func=_forward("import-model"))
 
+    sp = sub.add_parser("plan", help=command_help("plan"), add_help=False)
+    sp.add_argument("rest", nargs=argparse.REMAINDER)
+    sp.set_defaults(func=_forward("plan"))
+
     sp = sub.add_parser("_task")          # internal: no help, not listed
     sp.add_argument("step")
     sp.add_argument("--run-dir", required=True)
@@ -405,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. A user error is one line on stderr and exit code 2; anything else
     unexpected is one line and exit code 1. ``--debug`` re-raises, with the traceback."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] and argv[0] in ("pretrain", "export-model", "import-model"):  # their own argument parsers
+    if argv[:1] and argv[0] in ("pretrain", "export-model", "import-model", "plan"):  # their own argument parsers
         from ovpipe.registry import get_command
 
         return int(get_command(argv[0])(argv[1:]) or 0)

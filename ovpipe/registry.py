@@ -50,6 +50,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                      "a trained stage → a HF folder (its own --help)"),
     "import-model": ("pretrain.import_model:main",
                      "a HF folder → a stage's dist checkpoint (its own --help)"),
+    "plan": ("pretrain.plan:main",
+             "a stage's layouts, memory and hours on N GPUs"),
     "demo-data": ("demo:write_demo_data",
                   "write the synthetic demo corpus"),
 }

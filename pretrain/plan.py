@@ -1,0 +1,231 @@
+"""``ovpipe plan``: what a cluster gets for one stage, before a GPU-hour is spent.
+
+    ovpipe plan --recipe llava-ov-1.5-8b --stage 1.5 --samples 85000000 --tokens-per-sample 1000 --gpus 128xA800
+    ovpipe plan --recipe llava-ov-1.5-4b --stage 1 --steps 23000 --global-batch 5888 --gpus 184xA800
+
+Every layout of the GPU count (TP within a node, PP, CP, DP the rest) that passes the trainer's own checks
+(``pretrain.recipes.validate``, the global batch split over DP) is weighed:
+
+* **memory** per GPU and the recompute that fits it: ``pretrain.trainer.memory.choose``, the estimate
+  ``recompute: auto`` runs on (calibrated on one H200; its error is ``ERROR_GIB``);
+* **compute**: the stage's hardware FLOPs of a pack (``pretrain.trainer.flops.model_flops``) at the measured
+  single-GPU efficiency ``MEASURED_MFU`` of the card's generation, split over TP × CP × PP;
+* **communication**, from the card table ``GPUS`` (NVLink within a node of 8, the network across nodes,
+  per GPU and direction), ring collectives: TP's four all-reduces per layer and micro-batch (not
+  overlapped), CP's all-gather of keys and values forward and reduce-scatter backward (not overlapped), DP's
+  gradient reduce-scatter and parameter all-gather of the distributed optimizer (overlapped with one
+  micro-batch's compute, the rest exposed), and PP's 1F1B bubble, (pp − 1) / micro-batches of the step;
+* **time**: steps × step time, as hours and GPU-hours, and tokens/s per GPU.
+
+What it cannot know is said with the figure: the efficiency of a card generation never measured here (A100,
+A800: Hopper's measured MFU is taken, a bound from above), the network a lab actually has, stragglers,
+data-loading stalls and checkpoint time. ``docs/plan.md`` sets its predictions against published runs.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_gib: float          # what torch reports as total memory
+    peak_tflops: float         # dense bf16
+    nvlink_gbs: float          # per GPU and direction, within a node
+    network_gbs: float         # per GPU and direction, across nodes (8 NICs a node)
+    per_node: int = 8
+
+
+GPUS = {
+    "H100": Gpu("H100", 79.2, 989.0, 450.0, 50.0),     # NVLink 4 (900 GB/s both ways), 8 × 400 Gb/s NDR
+    "H200": Gpu("H200", 139.8, 989.0, 450.0, 50.0),
+    "A100": Gpu("A100", 79.2, 312.0, 300.0, 25.0),     # NVLink 3 (600 GB/s both ways), 8 × 200 Gb/s HDR
+    "A800": Gpu("A800", 79.2, 312.0, 200.0, 25.0),     # the export A100: NVLink cut to 400 GB/s both ways
+}
+# Model FLOPs utilisation measured on one card by bench/bench_mfu.py (bench/results/h200.md: the 4B stage 1.5,
+# four packs a step, commit cdf4d0d). The H200's figure stands for the cards whose stage 1.5 was never measured
+# (an upper bound: the same kernels on a card with less memory bandwidth rarely keep a larger share of its peak).
+MEASURED_MFU = {"H100": 0.410, "H200": 0.410, "A100": 0.410, "A800": 0.410}
+MEASURED = {"H100": False, "H200": True, "A100": False, "A800": False}
+PACK_FILL = 0.97           # tokens per pack / seq_len that ovpipe's packing reaches (docs/packing.md)
+IMAGE_SHARE = 0.75         # share of a caption pack's tokens that are image tokens (--image-share)
+
+
+@dataclass(frozen=True)
+class Plan:
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    micro_batch: int
+    grad_accum: int
+    recompute: str
+    vision_recompute: str
+    loss_kernel: str
+    peak_gib: float
+    step_s: float
+    parts: dict                # seconds of the step: compute, bubble, tp, cp, dp (exposed)
+    tokens_per_s_per_gpu: float
+    mfu: float
+    hours: float
+    gpu_hours: float
+
+
+def parse_gpus(text: str) -> tuple[int, Gpu]:
+    """``128xA800`` → (128, the A800)."""
+    count, _, kind = text.lower().partition("x")
+    gpu = GPUS.get(kind.upper())
+    if not count.isdigit() or int(count) < 1 or gpu is None:
+        raise ValueError(f"--gpus {text!r}: give COUNTxKIND with KIND one of {', '.join(GPUS)} (e.g. 128xA800)")
+    return int(count), gpu
+
+
+def layouts(recipe, n_gpus: int, gpu: Gpu, seq_len: int, global_batch: int, micro_batch: int = 1):
+    """(tp, pp, cp, dp, grad_accum) of every layout the trainer accepts: TP and CP within a node, PP a divisor of
+    the layers' split, DP the rest, the global batch split evenly over DP."""
+    from pretrain.recipes import Parallelism, validate
+    from pretrain.trainer.config import accumulation
+
+    for tp in (1, 2, 4, 8):
+        for cp in (1, 2, 4):
+            if tp * cp > gpu.per_node:
+                continue
+            for pp in (1, 2, 4, 8):
+                if n_gpus % (tp * cp * pp):
+                    continue
+                dp = n_gpus // (tp * cp * pp)
+                try:
+                    validate(recipe, Parallelism(tp=tp, pp=pp, cp=cp, sequence_parallel=tp > 1,
+                                                 distributed_optimizer=True, seq_len=seq_len, world_size=n_gpus))
+                    accum = accumulation(global_batch, micro_batch, dp)
+                except ValueError:
+                    continue
+                yield tp, pp, cp, dp, accum
+
+
+def _ring(bytes_: float, n: int, gbs: float) -> float:
+    """Seconds of a ring all-gather or reduce-scatter of ``bytes_`` (the whole tensor) over ``n`` ranks."""
+    return 0.0 if n <= 1 else bytes_ * (n - 1) / n / (gbs * 1e9)
+
+
+def predict(recipe, stage: str, gpu: Gpu, n_gpus: int, tp: int, pp: int, cp: int, dp: int, grad_accum: int,
+            micro_batch: int, seq_len: int, sample_len: float, steps: int,
+            image_share: float = IMAGE_SHARE) -> Plan | None:
+    """One layout's plan; None where nothing fits the card's memory. Memory is weighed at the worst pack
+    (every token an image token, as ``recompute: auto`` does); compute at ``image_share`` of the tokens
+    from images (each a merged 2×2 of tower patches, images of ~1,024 patches)."""
+    from pretrain.recipes import STAGES
+    from pretrain.trainer.flops import model_flops
+    from pretrain.trainer.memory import Layout, choose, loss_kernels_for, param_counts
+
+    trainable = STAGES[stage].trainable
+    tokens = micro_batch * seq_len
+    lay = Layout(tp=tp, pp=pp, cp=cp, dp=dp, sequence_parallel=tp > 1, grad_accum=grad_accum)
+    c = choose(recipe, trainable, loss_kernels_for(tp), tokens, tokens * sample_len, lay, gpu.memory_gib)
+    if not c.fits:
+        return None
+    merged = image_share * tokens
+    stats = {"tokens": tokens, "attn_sq": tokens * sample_len, "vit_tokens": 4 * merged,
+             "vit_sq": 4 * merged * 1024, "merged": merged}
+    mf, hf = model_flops(recipe, trainable, stats, c.recompute, c.vision_recompute)
+    eff = MEASURED_MFU[gpu.name] * gpu.peak_tflops * 1e12
+    micro = hf / (tp * cp * pp) / eff                      # one micro-batch's compute on one GPU (its stage)
+    compute = grad_accum * micro
+    bubble = (pp - 1) * micro                              # 1F1B: pp − 1 micro-batches of idle per step
+    llm = recipe.llm
+    layers = llm.num_layers / pp
+    act = tokens / cp * llm.hidden_size * 2                # bf16 activations of a micro-batch
+    link_tp = gpu.nvlink_gbs
+    t_tp = grad_accum * layers * 4 * 2 * _ring(act, tp, link_tp)      # all-reduce = reduce-scatter + all-gather
+    kv = tokens / cp * 2 * llm.num_query_groups * llm.kv_channels * 2
+    link_cp = gpu.nvlink_gbs if tp * cp <= gpu.per_node else gpu.network_gbs
+    t_cp = grad_accum * layers * 3 * _ring(kv * cp, cp, link_cp)      # gather forward, gather + scatter backward
+    n_params = sum(param_counts(recipe).values()) if trainable == "all" else param_counts(recipe)["projector"]
+    shard = n_params / (tp * pp) * 2                       # bf16 gradients out, bf16 parameters back
+    link_dp = gpu.nvlink_gbs if tp * cp * pp * dp <= gpu.per_node else gpu.network_gbs
+    t_dp = 2 * _ring(shard, dp * cp, link_dp)
+    exposed_dp = max(0.0, t_dp - micro)                    # overlapped with one micro-batch's compute
+    step = compute + bubble + t_tp + t_cp + exposed_dp
+    step_tokens = grad_accum * micro_batch * dp * seq_len * PACK_FILL
+    return Plan(tp, pp, cp, dp, micro_batch, grad_accum, c.recompute, c.vision_recompute, c.loss_kernel,
+                c.peak_gib, step, {"compute": compute, "bubble": bubble, "tp": t_tp, "cp": t_cp, "dp": exposed_dp},
+                step_tokens / step / n_gpus, mf * grad_accum * dp / step / (n_gpus * gpu.peak_tflops * 1e12),
+                steps * step / 3600, steps * step / 3600 * n_gpus)
+
+
+def plan(recipe_name: str, stage: str, gpus: str, steps: int, global_batch: int, seq_len: int = 8192,
+         sample_len: float = 1000.0, micro_batch: int = 1, image_share: float = IMAGE_SHARE) -> list[Plan]:
+    """Every layout that fits, fastest first."""
+    from pretrain.recipes import RECIPES
+
+    n, gpu = parse_gpus(gpus)
+    recipe = RECIPES[recipe_name]
+    out = [p for tp, pp, cp, dp, ga in layouts(recipe, n, gpu, seq_len, global_batch, micro_batch)
+           if (p := predict(recipe, stage, gpu, n, tp, pp, cp, dp, ga, micro_batch, seq_len, sample_len, steps,
+                            image_share))]
+    return sorted(out, key=lambda p: (p.hours, p.tp * p.pp * p.cp))
+
+
+def main(argv=None) -> int:
+    from pretrain.recipes import RECIPES, STAGES
+
+    ap = argparse.ArgumentParser(prog="ovpipe plan", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", default="llava-ov-1.5-8b", choices=sorted(RECIPES))
+    ap.add_argument("--stage", default="1.5", choices=sorted(STAGES))
+    ap.add_argument("--gpus", required=True, help=f"COUNTxKIND, KIND one of {', '.join(GPUS)} (e.g. 128xA800)")
+    data = ap.add_mutually_exclusive_group(required=True)
+    data.add_argument("--samples", type=int, help="samples in the stage (with --tokens-per-sample)")
+    data.add_argument("--steps", type=int, help="optimizer steps of the stage (with --global-batch)")
+    ap.add_argument("--tokens-per-sample", type=float, default=1000.0,
+                    help="mean tokens of a sample, text and image (default 1000); also the attention's sample length")
+    ap.add_argument("--global-batch", type=int, help="packs per optimizer step (default: 8 per GPU)")
+    ap.add_argument("--seq-len", type=int, default=8192, help="tokens per pack")
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--image-share", type=float, default=IMAGE_SHARE,
+                    help=f"share of a pack's tokens that are image tokens (default {IMAGE_SHARE})")
+    ap.add_argument("--top", type=int, default=8, help="layouts printed, fastest first")
+    a = ap.parse_args(argv)
+    try:
+        n, gpu = parse_gpus(a.gpus)
+    except ValueError as e:
+        ap.error(str(e))
+    gbs = a.global_batch or 8 * n
+    if a.steps is not None:
+        steps = a.steps
+    else:
+        packs = a.samples * a.tokens_per_sample / (a.seq_len * PACK_FILL)
+        steps = math.ceil(packs / gbs)
+    if not 0 <= a.image_share <= 1:
+        ap.error(f"--image-share must be within [0, 1], got {a.image_share}")
+    plans = plan(a.recipe, a.stage, a.gpus, steps, gbs, a.seq_len, a.tokens_per_sample, a.micro_batch, a.image_share)
+    tokens = steps * gbs * a.seq_len * PACK_FILL
+    print(f"{a.recipe} stage {a.stage} on {n} × {gpu.name} ({gpu.memory_gib:.0f} GiB, {gpu.peak_tflops:.0f} TFLOP/s "
+          f"bf16): {steps:,} steps × {gbs:,} packs of {a.seq_len:,} tokens ≈ {tokens / 1e9:,.1f}B tokens; "
+          f"compute at {MEASURED_MFU[gpu.name]:.0%} MFU ("
+          + ("measured on this card" if MEASURED[gpu.name] else "the H200's measured figure, not this card's: an "
+             "upper bound") + ")")
+    if not plans:
+        print("no layout fits: more GPUs, a shorter --seq-len, or a smaller --micro-batch")
+        return 1
+    print(f"{'tp':>3} {'pp':>3} {'cp':>3} {'dp':>5} {'accum':>6} {'recompute':>10} {'tower':>10} {'loss':>8} "
+          f"{'GiB':>6} {'step s':>8} {'tok/s/GPU':>10} {'MFU':>6} {'hours':>8} {'GPU-hours':>10}  exposed comm")
+    for p in plans[:a.top]:
+        comm = ", ".join(f"{k} {v / p.step_s:.0%}" for k, v in p.parts.items() if k != "compute" and v / p.step_s >= 0.005)
+        print(f"{p.tp:>3} {p.pp:>3} {p.cp:>3} {p.dp:>5} {p.grad_accum:>6} {p.recompute:>10} {p.vision_recompute:>10} "
+              f"{p.loss_kernel:>8} {p.peak_gib:>6.1f} {p.step_s:>8.2f} {p.tokens_per_s_per_gpu:>10,.0f} {p.mfu:>6.1%} "
+              f"{p.hours:>8.1f} {p.gpu_hours:>10,.0f}  {comm or '-'}")
+    best = plans[0]
+    print(f"best: tp={best.tp} pp={best.pp} cp={best.cp} dp={best.dp}, {best.hours:.1f} h ({best.hours / 24:.1f} days), "
+          f"{best.gpu_hours:,.0f} GPU-hours: ovpipe pretrain --recipe {a.recipe} --stage {a.stage} --tp {best.tp} "
+          f"--pp {best.pp} --cp {best.cp}{' --sequence-parallel' if best.tp > 1 else ''} --micro-batch "
+          f"{best.micro_batch} --global-batch {gbs} --steps {steps} --executor slurm --nodes "
+          f"{math.ceil(n / gpu.per_node)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
