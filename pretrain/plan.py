@@ -169,6 +169,25 @@ def plan(recipe_name: str, stage: str, gpus: str, steps: int, global_batch: int,
     return sorted(out, key=lambda p: (p.hours, p.tp * p.pp * p.cp))
 
 
+def run_data(run_dir, step: str) -> tuple[int, float, float, int]:
+    """(packs, mean sample length, image-token share, seq_len) of a run's pack step: what the plan needs from
+    real data, read from its ``packs`` manifest (the columns only) and its config."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from manifests.io import manifest_files
+    from pretrain.data import pack_shape
+
+    packs = samples = tokens = 0
+    for f in manifest_files(run_dir, "packs", step):
+        t = pq.read_table(f, columns=["lengths", "total_tokens"])
+        packs += t.num_rows
+        samples += len(pc.list_flatten(t.column("lengths")))
+        tokens += pc.sum(t.column("total_tokens")).as_py() or 0
+    seq_len, _ = pack_shape(run_dir, step)
+    return packs, tokens / max(samples, 1), IMAGE_SHARE, seq_len
+
+
 def main(argv=None) -> int:
     from pretrain.recipes import RECIPES, STAGES
 
@@ -180,6 +199,10 @@ def main(argv=None) -> int:
     data = ap.add_mutually_exclusive_group(required=True)
     data.add_argument("--samples", type=int, help="samples in the stage (with --tokens-per-sample)")
     data.add_argument("--steps", type=int, help="optimizer steps of the stage (with --global-batch)")
+    data.add_argument("--run-dir", help="a run whose pack step (--data) holds the stage's packs: their count, "
+                                        "sample length and seq_len are read from it")
+    ap.add_argument("--data", default="pack", help="with --run-dir: the pack step (default pack)")
+    ap.add_argument("--epochs", type=float, default=1.0, help="with --run-dir: passes over the packs (default 1)")
     ap.add_argument("--tokens-per-sample", type=float, default=1000.0,
                     help="mean tokens of a sample, text and image (default 1000); also the attention's sample length")
     ap.add_argument("--global-batch", type=int, help="packs per optimizer step (default: 8 per GPU)")
@@ -194,7 +217,13 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
     gbs = a.global_batch or 8 * n
-    if a.steps is not None:
+    if a.run_dir:
+        try:
+            packs, a.tokens_per_sample, _, a.seq_len = run_data(a.run_dir, a.data)
+        except (FileNotFoundError, ValueError) as e:
+            ap.error(str(e))
+        steps = math.ceil(a.epochs * packs / gbs)
+    elif a.steps is not None:
         steps = a.steps
     else:
         packs = a.samples * a.tokens_per_sample / (a.seq_len * PACK_FILL)

@@ -87,3 +87,18 @@ def test_the_command_prints_layouts_and_a_time(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--gpus", "8xB200", "--samples", "10"])
     assert "KIND one of H100, H200, A100, A800" in capsys.readouterr().err
+
+
+def test_the_data_of_a_run(packed_demo, capsys):
+    """--run-dir reads the pack step's count, sample length and seq_len: the demo's tiny packs."""
+    import pyarrow.parquet as pq
+
+    from ovpipe.cli import main
+    from pretrain.plan import run_data
+
+    packs, sample_len, _, seq_len = run_data(packed_demo, "pack")
+    rows = sum(pq.read_metadata(f).num_rows for f in (packed_demo / "pack" / "packs").glob("part-*.parquet"))
+    assert packs == rows and 0 < sample_len <= seq_len == 512
+    assert main(["plan", "--recipe", "tiny", "--stage", "1.5", "--run-dir", str(packed_demo), "--gpus", "2xH100",
+                 "--global-batch", "2"]) == 0
+    assert f"{math.ceil(rows / 2):,} steps × 2 packs of 512 tokens" in capsys.readouterr().out
