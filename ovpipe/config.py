@@ -204,8 +204,12 @@ def to_dict(cfg) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
+def _dump(d: dict) -> str:
+    return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+
 def config_json(cfg) -> str:
-    return json.dumps(to_dict(cfg), indent=2, sort_keys=True) + "\n"
+    return _dump(to_dict(cfg))
 
 
 # A field declared ``field(..., metadata=NOT_HASHED)`` is saved in config.json but left out of the config
@@ -221,4 +225,4 @@ def config_hash(cfg) -> str:
         for f in dataclasses.fields(cfg):
             if f.metadata.get("hash") is False:
                 d.pop(f.name, None)
-    return hashlib.sha256((json.dumps(d, indent=2, sort_keys=True) + "\n").encode()).hexdigest()[:16]
+    return hashlib.sha256(_dump(d).encode()).hexdigest()[:16]

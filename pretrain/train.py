@@ -7,8 +7,9 @@ markers or status), for probes and benches::
     python -m pretrain.train --run-dir RUN --recipe tiny --stage 1 --steps 30     (or under torchrun)
 
 Stage 1 trains the projector alone (vision tower and LLM frozen), 1.5 and 2 train everything; each
-stage starts from the previous stage's checkpoint (or, ``init: scratch``, from random initialisation) (``RUN/pretrain/stage-<S>/dist_ckpt/iter_<step>/``,
-megatron-core distributed checkpointing, see ``pretrain/trainer/checkpoint.py``) and resumes from its own
+stage starts from the previous stage's checkpoint (``RUN/pretrain/stage-<S>/dist_ckpt/iter_<step>/``,
+megatron-core distributed checkpointing, see ``pretrain/trainer/checkpoint.py``; ``init: scratch``: from random
+initialisation) and resumes from its own
 newest complete one if any, skipping the batches already seen, so an interrupted stage continues
 with the same losses as an uninterrupted one. Saves are atomic and rotate (``pretrain/trainer/checkpoint.py``):
 ``--save-every N`` steps, ``--save-every-minutes M``, at the end, and at the next step boundary after

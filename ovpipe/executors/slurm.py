@@ -171,7 +171,7 @@ def render_single_job(step_name: str, run_dir: Path, phase: str, opts: SlurmOpti
 
 
 def render_distributed_job(step_name: str, run_dir: Path, opts: SlurmOptions, python: str | None = None,
-                           name: str | None = None, after: list[str] | None = None, port: int | None = None) -> str:
+                           name: str | None = None, after: list[str] | None = None) -> str:
     """The one job of a distributed step's task: ``opts.nodes`` × ``opts.tasks_per_node`` processes.
 
     ``srun`` starts every process itself (``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from Slurm's
@@ -205,8 +205,7 @@ def render_distributed_job(step_name: str, run_dir: Path, opts: SlurmOptions, py
               # the first node's address as Slurm reaches it (NodeAddr; its name where none is set)
               'MASTER_ADDR=$(scontrol show node "$FIRST" | sed -n "s/.*NodeAddr=\\([^ ]*\\).*/\\1/p" | head -n 1)',
               'export MASTER_ADDR=${MASTER_ADDR:-$FIRST}',
-              # a port per job (two jobs may share a node): from the job id unless given
-              f"export MASTER_PORT={port}" if port else "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+              "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))   # a port per job: two jobs may share a node",
               "export CUDA_DEVICE_MAX_CONNECTIONS=1   # megatron-core: ordered TP comm/compute overlap",
               f"DONE={shlex.quote(str(sdir / 'completions' / '00000'))}",
               "preempted=0",

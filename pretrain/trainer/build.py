@@ -98,10 +98,11 @@ def build_model(cfg, sizes: dict, dtype: torch.dtype):
     """The VLM for this rank (its PP stage, TP shard) under the resolved ``TrainConfig`` ``cfg``, on the
     device, in the training dtype, with its kernels (``pretrain.model.fused``: ``cfg.kernels`` process-wide,
     megatron's fused SwiGLU in the config)."""
-    recipe, recompute, kernels = cfg.recipe, cfg.recompute, cfg.kernels
     from pretrain.model import fused
-    from pretrain.recipes import RECIPES, pipeline_overrides
     from pretrain.model.vlm import VLM
+    from pretrain.recipes import RECIPES, pipeline_overrides
+
+    recipe, recompute, kernels = cfg.recipe, cfg.recompute, cfg.kernels
 
     cuda = torch.cuda.is_available()
     fused.set_kernels(kernels)
