@@ -21,6 +21,11 @@ from pathlib import Path
 from ovpipe.registry import COMMANDS, all_steps, command_help, step_help
 
 
+# Commands with their own argument parser (the stage's layout and launch options, an export's, a plan's):
+# ``main`` hands them their arguments whole; ``--help`` lists them with their one line.
+OWN_PARSERS = ("pretrain", "export-model", "import-model", "plan")
+
+
 class UsageError(Exception):
     """A user error: printed as one line, exit code 2 (a traceback only with ``--debug``)."""
 
@@ -82,15 +87,26 @@ def cmd_step(args) -> int:
     return execute(step, cfg, args)
 
 
-def execute(step, cfg, args) -> int:
+def slurm_options(args):
+    """The ``SlurmOptions`` of a command's arguments (a distributed step's also ``nodes``, ``tasks_per_node``,
+    ``gpus_per_node``)."""
+    from ovpipe.executors import SlurmOptions
+
+    return SlurmOptions(partition=args.partition, time=args.slurm_time, cpus_per_task=args.cpus_per_task,
+                        mem=args.mem, nodes=getattr(args, "nodes", 1), tasks_per_node=getattr(args, "tasks_per_node", 1),
+                        gpus_per_node=getattr(args, "gpus_per_node", 0))
+
+
+def execute(step, cfg, args, summary=None) -> int:
     """Run ``step`` under ``cfg`` with the executor options in ``args`` (``run_dir``, ``name``, ``executor``,
     ``tasks``, ``workers``, ``overwrite``, ``quiet``, ``wait_lock``, the Slurm options; a distributed step
     also ``nproc`` locally and ``nodes`` / ``tasks_per_node`` / ``gpus_per_node`` on Slurm): the up-to-date
     check, the pre-start check, the step folder under its lock, then the executor — the one lifecycle
-    every step goes through, ``ovpipe pretrain``'s stages included."""
+    every step goes through, ``ovpipe pretrain``'s stages included. ``summary(seconds, where)``: the step's
+    own last line once it ran (``where``: "" or " on Slurm"), instead of the counters' ``step_line``."""
     from ovpipe.runfolder import RunFolderError
     from ovpipe.runfolder.prepare import prepare, up_to_date
-    from ovpipe.executors import LocalExecutor, SlurmExecutor, SlurmOptions
+    from ovpipe.executors import LocalExecutor, SlurmExecutor
     from ovpipe.step import Stopped, preflight
 
     tasks = args.tasks
@@ -118,13 +134,9 @@ def execute(step, cfg, args) -> int:
         raise UsageError(f"cannot write the step folder {run_dir / name}: "
                          f"{e.strerror or e}{f' ({e.filename})' if e.filename else ''}") from e
     if args.executor == "slurm":
-        opts = SlurmOptions(partition=args.partition, time=args.slurm_time, cpus_per_task=args.cpus_per_task,
-                            mem=args.mem, nodes=getattr(args, "nodes", 1),
-                            tasks_per_node=getattr(args, "tasks_per_node", 1),
-                            gpus_per_node=getattr(args, "gpus_per_node", 0))
         from ovpipe.executors.slurm import SlurmChainFailed, describe_jobs
 
-        ex = SlurmExecutor(workers=args.workers, options=opts, dependency=args.dependency,
+        ex = SlurmExecutor(workers=args.workers, options=slurm_options(args), dependency=args.dependency,
                            wait_lock=args.wait_lock, progress=not args.quiet)
         t0 = time.perf_counter()
         result = ex.run(step, run_dir, tasks, name=args.name)
@@ -138,7 +150,9 @@ def execute(step, cfg, args) -> int:
             except SlurmChainFailed as e:
                 print(f"ovpipe {step.name}: {e}", file=sys.stderr)
                 return 1
-            if not args.quiet:
+            if not args.quiet and summary is not None:
+                print(summary(time.perf_counter() - t0, " on Slurm"))
+            elif not args.quiet:
                 from ovpipe.summary import step_line
 
                 merged = json.loads((run_dir / name / "stats.json").read_text())
@@ -157,7 +171,9 @@ def execute(step, cfg, args) -> int:
     except Stopped as e:
         print(f"ovpipe {step.name}: {name}: {e}", file=sys.stderr)
         return 128 + e.signum
-    if not args.quiet:
+    if not args.quiet and summary is not None:
+        print(summary(time.perf_counter() - t0, ""))
+    elif not args.quiet:
         from ovpipe.summary import step_line
 
         print(step_line(name, step.name, merged["counters"], tasks, time.perf_counter() - t0, run_dir / name))
@@ -355,21 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only the caption shards (skip the LLaVA-558K-style and instruction sets)")
     sp.set_defaults(func=cmd_demo_data)
 
-    sp = sub.add_parser("pretrain", help=command_help("pretrain"), add_help=False)
-    sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp.set_defaults(func=_forward("pretrain"))
-
-    sp = sub.add_parser("export-model", help=command_help("export-model"), add_help=False)
-    sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp.set_defaults(func=_forward("export-model"))
-
-    sp = sub.add_parser("import-model", help=command_help("import-model"), add_help=False)
-    sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp.set_defaults(func=_forward("import-model"))
-
-    sp = sub.add_parser("plan", help=command_help("plan"), add_help=False)
-    sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp.set_defaults(func=_forward("plan"))
+    for command in OWN_PARSERS:
+        sp = sub.add_parser(command, help=command_help(command), add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+        sp.set_defaults(func=_forward(command))
 
     sp = sub.add_parser("_task")          # internal: no help, not listed
     sp.add_argument("step")
@@ -410,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. A user error is one line on stderr and exit code 2; anything else
     unexpected is one line and exit code 1. ``--debug`` re-raises, with the traceback."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] and argv[0] in ("pretrain", "export-model", "import-model", "plan"):  # their own argument parsers
+    if argv[:1] and argv[0] in OWN_PARSERS:
         from ovpipe.registry import get_command
 
         return int(get_command(argv[0])(argv[1:]) or 0)

@@ -22,6 +22,7 @@ KEY_COUNTERS: dict[str, tuple[tuple[str, str], ...]] = {
     "rollout": (("prompts", "prompts"), ("rollouts", "rollouts")),
     "score": (("rollouts", "rollouts"),),
     "export": (("exported", "exported"),),
+    "pretrain": (("steps", "steps"), ("packs", "packs"), ("samples", "samples")),
 }
 
 

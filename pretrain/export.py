@@ -38,12 +38,12 @@ def _json(path: Path) -> dict:
     return json.loads(Path(path).read_text()) if Path(path).exists() else {}
 
 
-def training_inputs(run_dir: Path, stage: str):
-    """(recipe or None, tokenizer path or None, ImageTokenConfig) the stage was trained with, from
-    the run folder (stage.json → pack step config → lengths step config)."""
+def training_inputs(run_dir: Path, folder: str):
+    """(recipe or None, tokenizer path or None, ImageTokenConfig) the stage in step folder ``folder`` was
+    trained with, from the run folder (stage.json → pack step config → lengths step config)."""
     from packing.tokens import ImageTokenConfig
 
-    st = _json(run_dir / "pretrain" / f"stage-{stage}" / "stage.json")
+    st = _json(run_dir / folder / "stage.json")
     pack = _json(run_dir / st["data"] / "config.json") if st.get("data") else {}
     lengths = _json(run_dir / pack.get("lengths_step", "lengths") / "config.json") if st.get("data") else {}
     img = ImageTokenConfig(**{k: lengths[k] for k in ("patch_size", "merge_size", "min_pixels", "max_pixels")
@@ -52,32 +52,46 @@ def training_inputs(run_dir: Path, stage: str):
     return st.get("recipe"), tok, img
 
 
-def export(run_dir: Path, stage: str, out: Path, recipe: str | None = None, tokenizer: str | None = None,
-           dtype: str = "float32", max_shard_size: str = "5GB", log=print) -> Path:
-    from llava_ov.export import write_folder
-    from packing.tokens import load_tokenizer
+def export_inputs(run_dir: Path, stage: str, folder: str, recipe: str | None = None, tokenizer: str | None = None):
+    """(recipe, tokenizer, ImageTokenConfig, checkpoint root) an export of the stage in ``folder`` reads — the
+    recipe and tokenizer found through the run folder unless given —, or a ``ValueError`` naming what is
+    missing. The step's pre-start check and the export itself both go through here."""
     from pretrain.recipes import RECIPES
-    from pretrain.trainer.checkpoint import is_complete, load_state_dict, step_of
+    from pretrain.trainer.checkpoint import is_complete
 
-    run_dir, out = Path(run_dir), Path(out)
-    rec_name, tok_path, img = training_inputs(run_dir, stage)
+    run_dir = Path(run_dir)
+    rec_name, tok_path, img = training_inputs(run_dir, folder)
     recipe = recipe or rec_name
     if recipe is None:
         raise ValueError(f"stage {stage}: no stage.json names the recipe — give --recipe")
     if rec_name and recipe != rec_name:
         raise ValueError(f"recipe: stage {stage} was trained with {rec_name!r}, not {recipe!r}")
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe: {recipe!r} is not one of {sorted(RECIPES)}")
     tokenizer = tokenizer or tok_path
     if tokenizer is None:
         raise ValueError(f"stage {stage}: no tokenizer found through the run folder — give --tokenizer")
+    ckpt = run_dir / folder / "dist_ckpt"
+    if not is_complete(ckpt):
+        raise ValueError(f"stage {stage}: no complete dist checkpoint at {ckpt}; train or import the stage first")
+    return recipe, tokenizer, img, ckpt
+
+
+def export(run_dir: Path, stage: str, out: Path, recipe: str | None = None, tokenizer: str | None = None,
+           dtype: str = "float32", max_shard_size: str = "5GB", log=print, folder: str | None = None) -> Path:
+    """The stage in step folder ``folder`` (default ``pretrain/stage-<stage>``) as one published folder at
+    ``out`` (``llava_ov.export.write_folder``)."""
+    from llava_ov.export import write_folder
+    from packing.tokens import load_tokenizer
+    from pretrain.recipes import RECIPES, stage_folder
+    from pretrain.trainer.checkpoint import load_state_dict, step_of
+
+    run_dir, out = Path(run_dir), Path(out)
+    recipe, tokenizer, img, ckpt = export_inputs(run_dir, stage, folder or stage_folder(stage), recipe, tokenizer)
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype: float32, bfloat16 or float16, got {dtype!r}")
-    if recipe not in RECIPES:
-        raise ValueError(f"recipe: {recipe!r} is not one of {sorted(RECIPES)}")
     if out.exists() and any(out.iterdir()) and not (out / "ovpipe_export.json").exists():
         raise ValueError(f"out: {out} exists and is not an earlier export — give a new or empty folder")
-    ckpt = run_dir / "pretrain" / f"stage-{stage}" / "dist_ckpt"
-    if not is_complete(ckpt):
-        raise FileNotFoundError(f"stage {stage}: no complete dist checkpoint at {ckpt}")
     record = {"run_dir": str(run_dir.resolve()), "stage": stage, "recipe": recipe, "tokenizer": str(tokenizer),
               "step": step_of(ckpt), "dtype": dtype}
     return write_folder(load_state_dict(ckpt, recipe), RECIPES[recipe], load_tokenizer(tokenizer), img, out, dtype,
@@ -95,8 +109,10 @@ class ExportConfig:
     stage_folder: str = ""                    # the checkpoint's step folder; "": pretrain/stage-<stage>
 
     def __post_init__(self):
+        from pretrain.recipes import stage_folder
+
         if not self.stage_folder:
-            object.__setattr__(self, "stage_folder", f"pretrain/stage-{self.stage}")
+            object.__setattr__(self, "stage_folder", stage_folder(self.stage))
         if not self.out:
             raise ValueError("out: give the folder to write")
 
@@ -105,24 +121,17 @@ def run(cfg: ExportConfig, task) -> None:
     from pretrain.trainer.build import setup_distributed
 
     setup_distributed(1)                      # the dist checkpoint is read into a TP=1 model
-    out = export(task.run_dir, cfg.stage, Path(cfg.out), cfg.recipe, cfg.tokenizer, cfg.dtype, cfg.max_shard_size)
+    out = export(task.run_dir, cfg.stage, Path(cfg.out), cfg.recipe, cfg.tokenizer, cfg.dtype, cfg.max_shard_size,
+                 folder=cfg.stage_folder)
     task.stats.info["out"] = str(out)
     task.stats.inc("files", sum(1 for p in out.iterdir() if p.is_file()))
 
 
 def check(cfg: ExportConfig, run_dir: Path) -> None:
     from llava_ov.official import check_transformers
-    from pretrain.trainer.checkpoint import is_complete
 
     check_transformers("the exported folder's official modeling file")
-    rec_name, tok_path, _ = training_inputs(Path(run_dir), cfg.stage)
-    if (cfg.recipe or rec_name) is None:
-        raise ValueError(f"stage {cfg.stage}: no stage.json names the recipe — give --recipe")
-    if (cfg.tokenizer or tok_path) is None:
-        raise ValueError(f"stage {cfg.stage}: no tokenizer found through the run folder — give --tokenizer")
-    ckpt = Path(run_dir) / cfg.stage_folder / "dist_ckpt"
-    if not is_complete(ckpt):
-        raise ValueError(f"stage {cfg.stage}: no complete dist checkpoint at {ckpt}; train or import the stage first")
+    export_inputs(Path(run_dir), cfg.stage, cfg.stage_folder, cfg.recipe, cfg.tokenizer)
 
 
 STEP = Step("export-model", ExportConfig, run, max_tasks=1, inputs={"dist_ckpt": "stage_folder"}, check=check,
@@ -144,34 +153,25 @@ def main(argv=None) -> int:
                     help="wait for a command holding the export's lock instead of refusing")
     a = ap.parse_args(argv)
     from ovpipe import console
-    from ovpipe.cli import UsageError
-    from ovpipe.config import ConfigError
+    from ovpipe.cli import UsageError, execute
+    from ovpipe.config import ConfigError, load_config
     from ovpipe.runfolder import RunFolderError
 
-    run_dir = Path(a.run_dir).expanduser().resolve()
+    run_dir, name = Path(a.run_dir).expanduser().resolve(), f"pretrain/export-{a.stage}"
+    out = Path(a.out).expanduser().resolve()
     try:
-        with console.warnings_to(run_dir / "pretrain" / f"export-{a.stage}" / "logs" / "launch.log"):
-            rc = _run(a, run_dir)
+        with console.warnings_to(run_dir / name / "logs" / "launch.log"):
+            cfg = load_config(ExportConfig, {"out": str(out), "stage": a.stage, "recipe": a.recipe,
+                                             "tokenizer": a.tokenizer, "dtype": a.dtype,
+                                             "max_shard_size": a.max_shard_size})
+            args = argparse.Namespace(run_dir=str(run_dir), name=name, executor="local", tasks=1, workers=1,
+                                      overwrite=a.overwrite, quiet=False, wait_lock=a.wait_lock)
+            return execute(STEP, cfg, args, summary=lambda seconds, where: (
+                f"{name}: stage {a.stage} as a LLaVA-OneVision-1.5 folder — {seconds:.1f} s → {out}  "
+                f"(evaluate it: {lmms_eval_command(out)})"))
     except (UsageError, ConfigError, RunFolderError, ValueError) as e:
         print(f"ovpipe export-model: {e}", file=sys.stderr)
         return 2
-    if rc == 0:
-        out = Path(a.out).expanduser().resolve()
-        print(f"pretrain/export-{a.stage}: stage {a.stage} as a LLaVA-OneVision-1.5 folder → {out}  "
-              f"(evaluate it: {lmms_eval_command(out)})")
-    return rc
-
-
-def _run(a, run_dir: Path) -> int:
-    from ovpipe.cli import execute
-    from ovpipe.config import load_config
-
-    cfg = load_config(ExportConfig, {"out": str(Path(a.out).expanduser().resolve()), "stage": a.stage,
-                                     "recipe": a.recipe, "tokenizer": a.tokenizer, "dtype": a.dtype,
-                                     "max_shard_size": a.max_shard_size})
-    args = argparse.Namespace(run_dir=str(run_dir), name=f"pretrain/export-{a.stage}", executor="local", tasks=1,
-                              workers=1, overwrite=a.overwrite, quiet=True, wait_lock=a.wait_lock)
-    return execute(STEP, cfg, args)
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def import_llava_ov(run_dir: Path, recipe: str, folder: str, stage: str = "0", s
 
     from pretrain.trainer import checkpoint
     from llava_ov.convert import check_config, to_ours
-    from pretrain.recipes import RECIPES, STAGES
+    from pretrain.recipes import RECIPES, STAGES, stage_folder
     from pretrain.trainer.build import setup_distributed
     from pretrain.model.vlm import VLM
 
@@ -148,7 +148,7 @@ def import_llava_ov(run_dir: Path, recipe: str, folder: str, stage: str = "0", s
         raise KeyError(f"{folder} does not map onto the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.load_state_dict({**{k: v for k, v in own.items() if k.endswith("_extra_state")},
                            **{k: v.to(own[k].dtype) for k, v in state.items()}}, strict=True)
-    out = Path(run_dir) / "pretrain" / f"stage-{stage}" / "dist_ckpt"
+    out = Path(run_dir) / stage_folder(stage) / "dist_ckpt"
     checkpoint.save(out, model, None, 0)
     (out.parent / "imported.json").write_text(json.dumps(
         {"source": str(Path(folder).resolve()), "format": "llava-onevision-1.5", "recipe": recipe}, indent=2) + "\n")
@@ -221,22 +221,22 @@ def main(argv=None) -> int:
     from ovpipe.config import ConfigError, load_config
     from ovpipe.runfolder import RunFolderError
 
+    from pretrain.recipes import stage_folder
+
     absolute = (lambda x: str(Path(x).expanduser().resolve()) if x else None)
     stage = a.stage if a.llava_ov else "0"
-    run_dir = Path(a.run_dir).expanduser().resolve()
+    run_dir, name = Path(a.run_dir).expanduser().resolve(), stage_folder(stage)
     try:
         cfg = load_config(ImportConfig, {"stage": stage, "recipe": a.recipe, "llava_ov": absolute(a.llava_ov),
                                          "llm": absolute(a.llm), "vit": absolute(a.vit)})
-        args = argparse.Namespace(run_dir=str(run_dir), name=f"pretrain/stage-{stage}", executor="local", tasks=1,
-                                  workers=1, overwrite=a.overwrite, quiet=True, wait_lock=a.wait_lock)
-        rc = execute(STEP, cfg, args)
+        args = argparse.Namespace(run_dir=str(run_dir), name=name, executor="local", tasks=1, workers=1,
+                                  overwrite=a.overwrite, quiet=False, wait_lock=a.wait_lock)
+        source = cfg.llava_ov or " + ".join(x for x in (cfg.llm, cfg.vit) if x)
+        return execute(STEP, cfg, args, summary=lambda seconds, where: (
+            f"{name}: imported {source} — {seconds:.1f} s → {run_dir / name / 'dist_ckpt'}"))
     except (UsageError, ConfigError, RunFolderError, ValueError) as e:
         print(f"ovpipe import-model: {e}", file=sys.stderr)
         return 2
-    if rc == 0:
-        print(f"pretrain/stage-{stage}: imported {cfg.llava_ov or ' + '.join(x for x in (cfg.llm, cfg.vit) if x)} → "
-              f"{run_dir / 'pretrain' / f'stage-{stage}' / 'dist_ckpt'}")
-    return rc
 
 
 if __name__ == "__main__":

@@ -71,6 +71,17 @@ STAGES = {
 PREVIOUS = {"1": "0", "1.5": "1", "2": "1.5"}   # "0": HF weights converted by pretrain.import_model
 
 
+def stage_folder(stage: str) -> str:
+    """A stage's step folder in the run (``pretrain/stage-1.5``): trained there, or imported into it."""
+    return f"pretrain/stage-{stage}"
+
+
+def start_folder(stage: str) -> str | None:
+    """The step folder a stage starts from by default: the stage before it (stage 1: stage 0, the weights
+    ``import-model`` converts)."""
+    return stage_folder(PREVIOUS[stage]) if stage in PREVIOUS else None
+
+
 @dataclass
 class Parallelism:
     tp: int = 1

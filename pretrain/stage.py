@@ -31,7 +31,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -39,6 +38,7 @@ from typing import Literal
 from ovpipe.config import NOT_HASHED
 from ovpipe.inputs import Input
 from ovpipe.step import Step, Stopped, TaskContext, save_json
+from pretrain.recipes import stage_folder
 
 PROGRESS = "progress.json"
 # A stage on a cluster saves on a clock unless told otherwise: SIGTERM / USR1 saves cover a time limit and a
@@ -47,10 +47,6 @@ PROGRESS = "progress.json"
 # checkpoint write per interval (its time is logged: "checkpoint: step N saved in S s").
 CLUSTER_SAVE_MINUTES = 30.0
 _RUN = dict(metadata=NOT_HASHED)        # how the stage runs, not what it makes
-
-
-def stage_folder(stage: str) -> str:
-    return f"pretrain/stage-{stage}"
 
 
 @dataclass(frozen=True)
@@ -85,7 +81,7 @@ class StageConfig:
     stop_after: int | None = field(default=None, **_RUN)
 
     def __post_init__(self):
-        from pretrain.recipes import PREVIOUS, STAGES
+        from pretrain.recipes import STAGES, start_folder
 
         if self.stage not in STAGES:
             raise ValueError(f"stage must be one of {sorted(STAGES)}, got {self.stage!r}")
@@ -93,7 +89,7 @@ class StageConfig:
             object.__setattr__(self, "steps", 30)
         object.__setattr__(self, "data", self.data or STAGES[self.stage].data)
         if not self.start_from and self.init == "previous":
-            object.__setattr__(self, "start_from", stage_folder(PREVIOUS[self.stage]))
+            object.__setattr__(self, "start_from", start_folder(self.stage))
         if self.init == "scratch" and self.start_from:
             raise ValueError(f"start_from={self.start_from!r} with init='scratch': a stage starts from a "
                              f"checkpoint or from scratch, not both")
@@ -266,75 +262,42 @@ def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
 
     name = stage_folder(cfg.stage)
     run_dir = Path(a.run_dir).expanduser().resolve()
-    if a.executor == "slurm" and a.dry_run:      # only the script: no run-folder state is touched
-        from ovpipe.config import config_json
-
-        print(write_script(run_dir, name, a, per_node))
-        print(f"with the config the job's ranks would read (config.json):\n{config_json(cfg)}", end="")
-        return 0
     args = argparse.Namespace(
         run_dir=str(run_dir), name=name, executor=a.executor, tasks=1, workers=1, overwrite=a.overwrite,
-        quiet=True, wait_lock=a.wait_lock, partition=a.partition, slurm_time=a.slurm_time,
+        quiet=False, wait_lock=a.wait_lock, partition=a.partition, slurm_time=a.slurm_time,
         cpus_per_task=a.cpus_per_task, mem=a.mem, dependency=a.dependency, wait=a.wait,
         wait_timeout=a.wait_timeout, nproc=world, nodes=a.nodes, tasks_per_node=per_node,
         gpus_per_node=a.gpus_per_node)
-    t0 = time.perf_counter()
-    done_before = _finalized(run_dir / name)      # its marker's time: unchanged after → nothing ran
-    jobs = run_dir / name / "slurm_jobs.json"
-    jobs_before = _mtime(jobs)
+    if a.executor == "slurm" and a.dry_run:      # only the script: no run-folder state is touched
+        from ovpipe.config import config_json
+
+        print(write_script(run_dir, name, args))
+        print(f"with the config the job's ranks would read (config.json):\n{config_json(cfg)}", end="")
+        return 0
     try:
-        rc = execute(STEP, cfg, args)
+        return execute(STEP, cfg, args,
+                       summary=lambda seconds, where: stage_line(run_dir / name, cfg.stage, seconds, where))
     except (UsageError, ConfigError, RunFolderError, CheckpointError) as err:
         print(f"ovpipe pretrain: {err}", file=sys.stderr)
         return 2
     except RuntimeError as err:      # sbatch refused the script
         print(f"ovpipe pretrain: {err}", file=sys.stderr)
         return 1
-    if a.executor == "slurm":
-        if rc == 0 and _mtime(jobs) != jobs_before:
-            from ovpipe.executors.slurm import describe_jobs
-
-            rec = json.loads(jobs.read_text())
-            print(f"Submitted batch job {rec.get('array')}  (pretrain stage {cfg.stage}: {describe_jobs(rec)}; "
-                  f"{jobs})", flush=True)
-            if a.wait:
-                print(stage_line(run_dir / name, cfg.stage, rc, time.perf_counter() - t0).replace(
-                    " s → ", " s on Slurm → ", 1))
-        elif rc == 0 and done_before is not None and _finalized(run_dir / name) == done_before:
-            print(f"{name}: already done (same config and inputs) → {run_dir / name}")
-        return rc
-    if rc == 0 and done_before is not None and _finalized(run_dir / name) == done_before:
-        print(f"{name}: already done (same config and inputs) → {run_dir / name}")
-        return 0
-    print(stage_line(run_dir / name, cfg.stage, rc, time.perf_counter() - t0))
-    return rc
 
 
-def _finalized(sdir: Path) -> int | None:
-    return _mtime(sdir / "completions" / "finalized")
-
-
-def _mtime(path: Path) -> int | None:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return None
-
-
-def write_script(run_dir: Path, name: str, a, per_node: int) -> Path:
+def write_script(run_dir: Path, name: str, args) -> Path:
     """``--dry-run``: the job script the Slurm executor would submit, written to the stage's folder."""
-    from ovpipe.executors.slurm import SlurmOptions, render_distributed_job
+    from ovpipe.cli import slurm_options
+    from ovpipe.executors.slurm import render_distributed_job
 
-    opts = SlurmOptions(partition=a.partition, time=a.slurm_time, cpus_per_task=a.cpus_per_task, mem=a.mem,
-                        nodes=a.nodes, tasks_per_node=per_node, gpus_per_node=a.gpus_per_node)
     sdir = run_dir / name
     (sdir / "logs").mkdir(parents=True, exist_ok=True)
     script = sdir / "launch_script.slurm"
-    script.write_text(render_distributed_job(STEP.name, run_dir, opts, name=name))
+    script.write_text(render_distributed_job(STEP.name, run_dir, slurm_options(args), name=name))
     return script
 
 
-def stage_line(sdir: Path, stage: str, rc: int, seconds: float) -> str:
+def stage_line(sdir: Path, stage: str, seconds: float, where: str = "") -> str:
     """``pretrain/stage-1.5: 30 steps, loss 6.260 → 4.102, 60 packs, data wait 1.2% — 12.3 s → RUN/pretrain/stage-1.5``
     (the step folder first, as every step's summary line)
     (data wait: the share of the step time spent waiting for the loader; a large one means the loader, not
@@ -347,8 +310,7 @@ def stage_line(sdir: Path, stage: str, rc: int, seconds: float) -> str:
     what = (f"{len(rows)} steps, loss {rows[0]['loss']:.3f} → {rows[-1]['loss']:.3f}, "
             f"{sum(r.get('packs', 0) for r in rows):,} packs" + (f", data wait {wait:.1%}" if wait is not None else "")
             if rows else "no steps")
-    state = "" if rc == 0 else f" (exit {rc}: see {sdir / 'logs'})"
-    return f"{stage_folder(stage)}: {what}{state} — {seconds:.1f} s → {sdir}"
+    return f"{stage_folder(stage)}: {what} — {seconds:.1f} s{where} → {sdir}"
 
 
 if __name__ == "__main__":

@@ -85,7 +85,8 @@ class LocalExecutor:
         from tqdm import tqdm
 
         bar = tqdm(total=tasks, initial=tasks - len(pending), desc=name if phase == "map" else f"{name} ({phase})",
-                   unit="task", disable=not self.progress, leave=False)
+                   unit="task", leave=False,
+                   disable=not self.progress or step.distributed)    # one task: its own log shows its progress
         if step.distributed and self.nproc > 1:
             for rank in pending:
                 self._torchrun(step, run_dir, name, rank, tasks)
@@ -132,10 +133,9 @@ class LocalExecutor:
         rc = subprocess.call(cmd)
         if rc == 0:
             return
-        stopped = Path(run_dir) / name / STOPPED
-        if stopped.exists():
-            raise Stopped(int(stopped.read_text() or 0))
         sdir = Path(run_dir) / name
+        if (sdir / STOPPED).exists():
+            raise Stopped(int((sdir / STOPPED).read_text() or 0))
         raise TaskFailed(f"{name} rank {rank} ({self.nproc} processes under torchrun) failed with exit code {rc} "
                          f"(logs: {sdir / 'logs'})")
 

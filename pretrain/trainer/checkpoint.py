@@ -461,7 +461,9 @@ class StageCheckpoints:
 
     def __init__(self, run_dir: Path, stage: str, data: str, keep: int, start_from: str | None = None,
                  log=None):
-        self.root = Path(run_dir) / "pretrain" / f"stage-{stage}" / "dist_ckpt"
+        from pretrain.recipes import stage_folder
+
+        self.root = Path(run_dir) / stage_folder(stage) / "dist_ckpt"
         # the stage it starts from (None: random initialisation, ``init: scratch``)
         self.previous = None if start_from is None else Path(run_dir) / start_from / "dist_ckpt"
         self.stage, self.data, self.keep, self.log = stage, data, keep, log

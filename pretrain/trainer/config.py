@@ -155,7 +155,7 @@ class TrainConfig:
 
     def _device_defaults(self, cuda: bool) -> TrainConfig:
         from pretrain.model.fused import resolve_loss_kernel
-        from pretrain.recipes import PREVIOUS, STAGES
+        from pretrain.recipes import STAGES, start_folder
 
         st = STAGES[self.stage]
         recompute = (st.recompute if cuda else "none") if self.recompute is None else self.recompute
@@ -175,4 +175,4 @@ class TrainConfig:
             resolve_loss_kernel(self.loss_kernel),
             peak_tflops=self.peak_tflops or (GPU_PEAK_TFLOPS if cuda else CPU_PEAK_TFLOPS),
             start_from=None if self.init == "scratch" else
-            self.start_from or (f"pretrain/stage-{PREVIOUS[self.stage]}" if self.stage in PREVIOUS else None))
+            self.start_from or start_folder(self.stage))

@@ -40,7 +40,7 @@ class Trainer:
 
         from pretrain.trainer import checkpoint
         from pretrain.data import plan_data
-        from pretrain.recipes import RECIPES, STAGES, Parallelism, validate
+        from pretrain.recipes import RECIPES, STAGES, Parallelism, stage_folder, validate
         from pretrain.trainer.build import build_model, device, param_count, setup_distributed
         from pretrain.trainer.optimizer import build_optimizer, on_cuda
         from pretrain.trainer.checkpoint import StageCheckpoints
@@ -75,7 +75,7 @@ class Trainer:
         if rank0:
             log(f"stage {cfg.stage}: {self.plan.describe()}")
         self.model = build_model(cfg, self.sizes, self.dtype)
-        self.out = cfg.run_dir / "pretrain" / f"stage-{cfg.stage}"
+        self.out = cfg.run_dir / stage_folder(cfg.stage)
         self.out.mkdir(parents=True, exist_ok=True)
         if rank0:
             self._write_stage_json()

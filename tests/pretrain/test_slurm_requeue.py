@@ -63,7 +63,7 @@ def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeyp
         assert main(["pretrain", *args, "--run-dir", str(run), "--executor", "slurm", "--nodes", str(nodes),
                      "--gpus-per-node", "0", "--tasks-per-node", "1", "--slurm-time", "00:20:00"]) == 0
         out = capsys.readouterr().out
-        job = re.search(r"Submitted batch job (\d+)", out).group(1)
+        job = re.search(r"submitted map (\d+)", out).group(1)
         sdir = run / "pretrain" / "stage-1.5"
 
         def log():
