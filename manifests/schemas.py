@@ -141,6 +141,27 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("total_tokens", pa.int32()),
         ("shard", pa.string()),
     ]),
+    # pack-official — one row per sub-sample of a pack step's packs, in the official layout (packing.official).
+    "official_packs": pa.schema([
+        ("pack_id", pa.int64()),
+        ("slot", pa.int32()),               # position of the sample in the pack
+        ("sample_id", pa.string()),
+        ("ovpipe_tokens", pa.int32()),      # the packs manifest's length (ovpipe's encoding)
+        ("official_tokens", pa.int32()),    # under the official task encoder; NULL when not written
+        ("shard", pa.string()),             # the official tar holding it; NULL when not written
+        ("status", STATUS),                 # ok | text_only | multi_image | multi_turn
+        ("error", pa.string()),
+    ]),
+    # import-packs — one row per entry of an official-layout folder.
+    "imported_packs": pa.schema([
+        ("pack_id", pa.int64()),            # the entry's position in the folder (tars in path order)
+        ("source_shard", pa.string()),      # the official tar, relative to its folder
+        ("key", pa.string()),               # the entry's key there
+        ("n_samples", pa.int32()),
+        ("total_tokens", pa.int32()),       # under ovpipe's encoding; NULL when not imported
+        ("status", STATUS),                 # ok | bad_json | misaligned | missing_image | bad_image | image_mismatch | too_long
+        ("error", pa.string()),
+    ]),
     # rl-ingest / rl-gym
     "rl_prompts": pa.schema([
         ("prompt_id", pa.string()),         # xxh3-64 hex of source, question, ground truth, image bytes
@@ -237,6 +258,8 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "captions": ("sample_id", "lang"),
     "lengths": ("sample_id",),
     "packs": ("pack_id",),
+    "official_packs": ("pack_id", "slot"),
+    "imported_packs": ("pack_id",),
     "rl_prompts": ("prompt_id",),
     "rollouts": ("prompt_id", "rollout_idx", "prompt_type"),
     "rewards": ("prompt_id", "rollout_idx", "reward_type"),

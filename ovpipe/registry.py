@@ -24,6 +24,8 @@ STEPS: dict[str, tuple[str, str]] = {
     # packing
     "lengths": ("packing.lengths", "training tokens per sample (text + image tokens)"),
     "pack": ("packing.pack", "bin-pack samples into fixed-length packed shards"),
+    "pack-official": ("packing.pack_official", "a pack step's bins in the official LLaVA-OV layout"),
+    "import-packs": ("packing.import_packs", "official-layout packs → ovpipe packs (+ statuses)"),
     # pretrain (the first three run through their own commands below: `ovpipe pretrain --stage S`, ...)
     "pretrain": ("pretrain.stage", "one training stage (RUN/pretrain/stage-<S>)"),
     "import-model": ("pretrain.import_model", "a HF folder → a stage's dist checkpoint"),

@@ -80,10 +80,11 @@ class PackedTaskEncoder(DefaultTaskEncoder):
         return list(samples)
 
 
-def prepare(step_dir: Path, n_shards: int, log_path: Path) -> None:
+def prepare(step_dir: Path, n_shards: int, log_path: Path, sample_type: str | None = "CrudeWebdataset") -> None:
     """Run energon's ``energon prepare`` command over the step folder's ``data/pack-*.tar``, its output to
     ``log_path``. Every shard goes to the ``train`` split, in name (= pack_id) order; earlier metadata is
-    overwritten. In this process (a subprocess would pay energon's ~5 s import for every pack step); its
+    overwritten. ``sample_type=None``: no ``dataset.yaml`` (the caller writes one for a sample type energon's
+    CLI does not know, as ``pack-official`` does). In this process (a subprocess would pay energon's ~5 s import for every pack step); its
     indexer forces the ``fork`` start method process-wide, so the caller's method is put back after."""
     import contextlib
     import multiprocessing
@@ -92,7 +93,8 @@ def prepare(step_dir: Path, n_shards: int, log_path: Path) -> None:
 
     args = [str(step_dir), "--non-interactive", "--force-overwrite", "--no-progress",
             "--split-parts", f"train:{SHARD_PATTERN}", "--exclude", r"(^|/)\.tmp-",
-            "--num-workers", str(max(1, min(n_shards, 4))), "--sample-type", "CrudeWebdataset"]
+            "--num-workers", str(max(1, min(n_shards, 4)))]
+    args += ["--sample-type", sample_type] if sample_type else ["--skip-dataset-yaml"]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     method = multiprocessing.get_start_method(allow_none=True)
     with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
@@ -105,6 +107,7 @@ def prepare(step_dir: Path, n_shards: int, log_path: Path) -> None:
         finally:
             multiprocessing.set_start_method(method, force=True)
     meta = step_dir / ".nv-meta"
-    missing = [f for f in ("dataset.yaml", "split.yaml", ".info.json", "index.sqlite") if not (meta / f).is_file()]
+    missing = [f for f in ("dataset.yaml",) * bool(sample_type) + ("split.yaml", ".info.json", "index.sqlite")
+               if not (meta / f).is_file()]
     if missing:
         raise RuntimeError(f"`energon prepare {step_dir}` left no {', '.join(missing)} in {meta}: see {log_path}")

@@ -1,0 +1,190 @@
+"""``import-packs``: a folder in the official LLaVA-OneVision-1.5 packed layout (its offline-packing step 4,
+or ``pack-official``) → ovpipe packs: the ``packs`` manifest and packed shards (``packing.shards``) that
+``ovpipe pretrain --set data=import-packs`` trains on, plus ``imported_packs``, one row per entry with its
+status.
+
+Each entry is read the way the official ``sample_loader`` reads it (``packing.official.parse_entry``): the
+images ``img{i}.jpg`` with ``prompts[i]`` and ``captions[i]``. Sub-sample ``i`` becomes the conversation
+``[user prompts[i], assistant captions[i]]`` — or, for an entry without prompts (the captioning flavour),
+the caption pair ``[user "<image>", assistant captions[i]]`` with ``caption_prompt``, as ``lengths`` trains
+one — tokenised by ``packing.tokens.encode_conversation``, so the trainer gets the official loader's images
+and texts, tokenised as ``pack`` does. An entry that cannot be loaded keeps a row with its status
+(``bad_json``, ``misaligned``, ``missing_image``, ``bad_image``, ``image_mismatch``: a prompt without
+exactly one ``<image>``) and no pack; one longer than ``seq_len`` under ovpipe's encoding (``tail`` tokens
+per sub-sample more than the official count) is ``too_long``.
+
+Numbering: ``pack_id`` is the entry's position in the folder, tars in path order with the entry counts
+energon recorded (``.nv-meta/.info.json``); source tar ``j`` becomes ``data/pack-{j:06d}.tar`` and ranks
+take whole tars, so the output is byte-identical for any task count. ``finalize`` prepares the step
+folder as ovpipe's energon dataset (``packing.energon``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ovpipe.config import check_local_path, check_range, looks_like_local_path
+from ovpipe.step import Step, TaskContext, slice_bounds
+
+
+@dataclass
+class ImportPacksConfig:
+    source: str = ""                        # the official-layout folder (its .nv-meta/ prepared by energon)
+    tokenizer: str = ""                     # HF tokenizer path or name, as `lengths` takes it
+    seq_len: int = 8192
+    caption_prompt: str = "Describe the image."  # the user turn of an entry without prompts
+    patch_size: int = 14
+    merge_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+
+    def __post_init__(self):
+        if not self.source:
+            raise ValueError("source: give the official-layout folder to import")
+        if not self.tokenizer:
+            raise ValueError("tokenizer: give a Hugging Face tokenizer path or name")
+        check_range(self, "seq_len", 64)
+        for name in ("patch_size", "merge_size", "min_pixels"):
+            check_range(self, name, 1)
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels ({self.min_pixels}) > max_pixels ({self.max_pixels})")
+
+    def check(self, run_dir: Path) -> None:
+        """Before any work: the folder is an energon-prepared dataset, a local tokenizer path exists."""
+        check_local_path("source", self.source)
+        if not (Path(self.source) / ".nv-meta" / ".info.json").is_file():
+            raise ValueError(f"source: {self.source} has no .nv-meta/.info.json — run `energon prepare` on it "
+                             f"(the official step 4 does)")
+        if looks_like_local_path(self.tokenizer):
+            check_local_path("tokenizer", self.tokenizer)
+
+    def image_cfg(self):
+        from packing.tokens import ImageTokenConfig
+
+        return ImageTokenConfig(self.patch_size, self.merge_size, self.min_pixels, self.max_pixels)
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """``(height, width)`` as displayed (EXIF rotation applied), from the header; ``ValueError`` if unreadable."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            w, h = im.size
+            if im.getexif().get(0x0112, 1) in (5, 6, 7, 8):   # stored rotated by 90/270 degrees
+                w, h = h, w
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        raise ValueError(f"bad_image: {type(e).__name__}: {e}"[:300]) from None
+    return h, w
+
+
+def run(cfg: ImportPacksConfig, task: TaskContext) -> None:
+    from packing.official import shards
+    from packing.pack import shard_name
+    from packing.tokens import load_tokenizer
+
+    tars = shards(cfg.source)
+    first = np.concatenate([[0], np.cumsum([n for _, n in tars])]).astype(np.int64)
+    lo, hi = slice_bounds(len(tars), task.rank, task.world_size)
+    tok, img_cfg = load_tokenizer(cfg.tokenizer), cfg.image_cfg()
+    with task.part_writer("packs") as packs, task.part_writer("imported_packs") as rows:
+        for j in range(lo, hi):
+            rel, n = tars[j]
+            entries, status_rows, pack_rows = [], [], []
+            for k, (key, members) in enumerate(official_entries(cfg.source, rel, n)):
+                pid = int(first[j]) + k
+                row = {"pack_id": pid, "source_shard": rel, "key": key, "n_samples": None, "total_tokens": None,
+                       "status": "ok", "error": None}
+                try:
+                    e = encode_entry(tok, cfg, img_cfg, members, pid)
+                except ValueError as err:
+                    row["status"], _, row["error"] = str(err).partition(": ")
+                else:
+                    row["n_samples"], row["total_tokens"] = len(e["sample_ids"]), int(len(e["ids"]))
+                    if len(e["ids"]) > cfg.seq_len:
+                        row["status"], row["error"] = "too_long", f"{len(e['ids'])} tokens > seq_len {cfg.seq_len}"
+                    else:
+                        entries.append(e)
+                        pack_rows.append(e)
+                task.stats.inc("entries" if row["status"] == "ok" else f"refused/{row['status']}")
+                status_rows.append(row)
+            if entries:
+                from packing.shards import write_shard
+
+                write_shard(task.data_path(shard_name(j)), entries)
+            rows.write(table("imported_packs", status_rows))
+            packs.write(table("packs", [{"pack_id": e["pack_id"], "sample_ids": e["sample_ids"], "lengths": e["lengths"],
+                                         "offsets": e["offsets"], "total_tokens": int(len(e["ids"])),
+                                         "shard": shard_name(j)} for e in pack_rows]))
+            task.stats.inc("packs_written", len(entries))
+
+
+def official_entries(root: str, rel: str, n: int):
+    """The entries of one official tar; a count that differs from energon's index stops the task (the
+    pack numbering of every later tar would shift)."""
+    from packing.official import iter_entries
+
+    k = 0
+    for k, item in enumerate(iter_entries(Path(root) / rel), 1):
+        yield item
+    if k != n:
+        raise RuntimeError(f"{root}/{rel}: {k} entries but .nv-meta/.info.json says {n} — re-run `energon prepare`")
+
+
+def encode_entry(tok, cfg: ImportPacksConfig, img_cfg, members: dict, pack_id: int) -> dict:
+    """One official entry → a ``packing.shards.write_shard`` entry; ``ValueError("status: why")`` if it
+    cannot be loaded."""
+    from manifests.conversation import IMAGE_TOKEN, caption_turns, sample_id
+    from packing.official import parse_entry
+    from packing.tokens import encode_conversation, image_grid, prompted_turns
+
+    prompts, captions, images = parse_entry(members)
+    sizes = [image_size(b) for b in images]
+    ids, mask, sids, lengths = [], [], [], []
+    for i, (caption, img, hw) in enumerate(zip(captions, images, sizes)):
+        turns = ([("user", prompts[i]), ("assistant", caption)] if prompts else
+                 prompted_turns([("user", IMAGE_TOKEN), ("assistant", caption)], 1, cfg.caption_prompt))
+        if turns[0][1].count(IMAGE_TOKEN) != 1:
+            raise ValueError(f"image_mismatch: sub-sample {i}'s prompt holds {turns[0][1].count(IMAGE_TOKEN)} "
+                             f"{IMAGE_TOKEN} placeholders, it has one image")
+        a, m, _, _ = encode_conversation(tok, turns, [hw], img_cfg, caption_prompt=cfg.caption_prompt)
+        ids.append(a)
+        mask.append(m)
+        lengths.append(len(a))
+        # a caption pair keeps the id ingest gives it (the caption bytes), so its lineage joins back
+        pair = not prompts or prompts[i] == IMAGE_TOKEN + cfg.caption_prompt
+        sids.append(sample_id([img], caption_turns(caption) if pair else turns))
+    gh, gw = image_grid(np.array([h for h, _ in sizes]), np.array([w for _, w in sizes]), img_cfg)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist() if lengths else []
+    return {"pack_id": pack_id, "sample_ids": sids, "lengths": lengths, "offsets": offsets, "seq_len": cfg.seq_len,
+            "ids": np.concatenate(ids) if ids else np.zeros(0, np.int32),
+            "mask": np.concatenate(mask) if mask else np.zeros(0, np.uint8), "images": images,
+            "exts": ["jpg"] * len(images), "grids": [(int(h), int(w)) for h, w in zip(gh, gw)],
+            "image_counts": [1] * len(images)}
+
+
+def table(kind: str, rows: list[dict]):
+    import pyarrow as pa
+
+    from manifests.schemas import schema_for
+
+    return pa.Table.from_pylist(rows, schema=schema_for(kind))
+
+
+def finalize(cfg: ImportPacksConfig, task: TaskContext) -> None:
+    """The imported shards as ovpipe's energon dataset (``packing.energon``), as ``pack`` leaves its own."""
+    n_shards = len(list(task.step_dir.glob("data/pack-*.tar")))
+    if n_shards:
+        from packing.energon import prepare
+
+        with task.stats.timer("energon_prepare"):
+            prepare(task.step_dir, n_shards, task.step_dir / "logs" / "energon_prepare.log")
+
+
+STEP = Step("import-packs", ImportPacksConfig, run, outputs=("packs", "imported_packs"), finalize=finalize,
+            check=ImportPacksConfig.check,
+            description="official-layout packs → ovpipe packs")
