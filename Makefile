@@ -57,7 +57,7 @@ $(VENV)/.installed: $(LOCK) requirements/no-deps.txt pyproject.toml | $(UV)
 	touch $@
 
 # The project's own packages, compiled where their sources changed (the install's note above says why).
-PROJECT_PKGS := ovpipe manifests curation packing pretrain rl_select inference grpo demo
+PROJECT_PKGS := ovpipe manifests curation packing pretrain rl_select inference grpo demo viewer
 bytecode: install
 	@$(BIN)/python -m compileall -q -j 0 $(PROJECT_PKGS) >/dev/null
 

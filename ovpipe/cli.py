@@ -23,7 +23,7 @@ from ovpipe.registry import COMMANDS, all_steps, command_help, step_help
 
 # Commands with their own argument parser (the stage's layout and launch options, an export's, a plan's):
 # ``main`` hands them their arguments whole; ``--help`` lists them with their one line.
-OWN_PARSERS = ("pretrain", "export-model", "import-model", "plan")
+OWN_PARSERS = ("pretrain", "export-model", "import-model", "plan", "view")
 
 
 class UsageError(Exception):

@@ -16,6 +16,8 @@ STEPS: dict[str, tuple[str, str]] = {
     "embed-images": ("curation.embed", "MetaCLIP image embeddings of the samples (.npy shards)"),
     "embed-concepts": ("curation.concepts", "the concept vocabulary through the CLIP text tower"),
     "assign": ("curation.assign", "top-K concepts per image, exact inner product"),
+    "dedup": ("curation.dedup", "semantic near-duplicates: k-means + cosine per cluster"),
+    "align": ("curation.align", "image–text CLIP score per sample; low_alignment cut"),
     "balance": ("curation.balance", "concept frequencies → inverse-frequency resampling"),
     "balance-report": ("curation.report", "did balancing lift the long tail: before/after + plot"),
     "mix": ("curation.mix", "ingested sources → a seeded draw to target proportions"),
@@ -56,6 +58,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "a stage's layouts, memory and hours on N GPUs"),
     "demo-data": ("demo:write_demo_data",
                   "write the synthetic demo corpus"),
+    "view": ("viewer.serve:main",
+             "a local web page over a run: samples, concepts, packs, training, RL (its own --help)"),
 }
 
 

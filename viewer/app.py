@@ -1,0 +1,203 @@
+"""The viewer's web app: starlette routes over one run folder, pages rendered from jinja2 templates.
+
+Read-only by construction: every route is a GET (the SQL box included, ``check_read_only`` before DuckDB
+sees it), every manifest read goes through ``viewer.catalog.RunCatalog`` (the locked catalog of
+``ovpipe sql``), every file read through ``viewer.files`` (the run folder and its declared inputs only).
+"""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from viewer import pages
+from viewer.catalog import SAMPLE_FILTERS, RunCatalog
+from viewer.files import (SERVED_SUFFIXES, Refused, allowed_roots, blob_thumbnail, run_file, step_overview,
+                          thumbnail)
+
+HERE = Path(__file__).parent
+NAV = (("overview", "/"), ("samples", "/samples"), ("concepts", "/concepts"), ("packs", "/packs"),
+       ("training", "/training"), ("RL selection", "/rl"), ("SQL", "/sql"))
+THUMB_PX = (96, 160, 320, 640)
+SQL_MAX_ROWS = 200
+
+
+def _int(request: Request, name: str, default: int = 0) -> int:
+    v = request.query_params.get(name, "")
+    try:
+        return max(0, int(v)) if v != "" else default
+    except ValueError:
+        raise HTTPException(400, f"{name}={v!r}: expected a whole number") from None
+
+
+def create_app(run_dir: str | Path, memory_limit: str = "1GB") -> Starlette:
+    """The app over ``run_dir``: a ``RunCatalog`` and the allowed roots are made once, here."""
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run folder")
+    cat = RunCatalog(run_dir, memory_limit=memory_limit)
+    roots = allowed_roots(run_dir)
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.globals.update(nav=NAV, run_name=run_dir.name)
+
+    def page(request: Request, name: str, status_code: int = 200, **ctx) -> Response:
+        return templates.TemplateResponse(request, name, {"active": name.split(".")[0], **ctx},
+                                          status_code=status_code)
+
+    def overview(request: Request):
+        steps = step_overview(run_dir)
+        counts = {v: cat.one(f"SELECT count(*) AS n FROM {v}")["n"] for v in sorted(cat.views)}
+        return page(request, "overview.html", steps=steps, counts=counts, run_dir=str(run_dir))
+
+    def samples(request: Request):
+        if not cat.has("samples"):
+            return page(request, "missing.html", what="samples (run `ovpipe ingest`)")
+        filters = {k: request.query_params.get(k, "") for k in SAMPLE_FILTERS}
+        for k in ("concept", "copies", "pack"):
+            if filters[k] != "":
+                _int(request, k)
+        pg = _int(request, "page")
+        rows, total = cat.sample_page(filters, pg)
+        query = "&".join(f"{k}={v}" for k, v in filters.items() if v)
+        return page(request, "samples.html", rows=rows, total=total, page=pg, pages=-(-total // 48),
+                    filters=filters, choices=cat.sample_choices(), query=query)
+
+    def sample(request: Request):
+        sid = request.path_params["sample_id"]
+        row = cat.sample(sid)
+        if row is None:
+            raise HTTPException(404, f"no sample {sid}")
+        return page(request, "sample.html", s=row, lineage=cat.lineage(sid))
+
+    def thumb(request: Request):
+        sid, idx = request.path_params["sample_id"], request.path_params["index"]
+        px = _int(request, "px", 160)
+        if px not in THUMB_PX:
+            raise HTTPException(400, f"px={px}: one of {THUMB_PX}")
+        addr = cat.image_address(sid, idx)
+        if addr is None:
+            raise HTTPException(404, f"sample {sid} has no image {idx}")
+        try:
+            return Response(thumbnail(addr, px, roots), media_type="image/jpeg",
+                            headers={"Cache-Control": "max-age=3600"})
+        except Refused as e:
+            raise HTTPException(403, str(e)) from None
+        except OSError as e:
+            raise HTTPException(404, f"image unreadable: {e}") from None
+
+    def concepts(request: Request):
+        return page(request, "concepts.html", d=pages.concepts(cat))
+
+    def concept(request: Request):
+        return page(request, "concept.html", d=pages.concept(cat, request.path_params["concept_id"]))
+
+    def packs(request: Request):
+        return page(request, "packs.html", d=pages.packs(cat, request.query_params.get("step"), _int(request, "page")))
+
+    def pack(request: Request):
+        try:
+            d = pages.pack(cat, request.path_params["step"], request.path_params["pack_id"], roots)
+        except Refused as e:
+            raise HTTPException(403, str(e)) from None
+        if d is None:
+            raise HTTPException(404, "no such pack")
+        return page(request, "pack.html", d=d)
+
+    def training(request: Request):
+        return page(request, "training.html", d=pages.training(cat))
+
+    def rl(request: Request):
+        return page(request, "rl.html", d=pages.rl(cat, _int(request, "page")))
+
+    def prompt(request: Request):
+        d = pages.prompt(cat, request.path_params["prompt_id"])
+        if d is None:
+            raise HTTPException(404, "no such prompt")
+        return page(request, "prompt.html", d=d)
+
+    def prompt_img(request: Request):
+        data = pages.prompt_image(cat, request.path_params["prompt_id"], request.path_params["index"])
+        if data is None:
+            raise HTTPException(404, "no such image")
+        return Response(blob_thumbnail(data, 320), media_type="image/jpeg")
+
+    def sql(request: Request):
+        from manifests.catalog import ReadOnlyError
+
+        q = request.query_params.get("q", "")
+        cols, rows, error = [], [], None
+        if q.strip():
+            try:
+                got = cat.rows(f"SELECT * FROM ({q.strip().rstrip(';')}) LIMIT {SQL_MAX_ROWS + 1}"
+                               if _is_select(q) else q, steps=True)
+                cols = list(got[0]) if got else []
+                rows = [[r[c] for c in cols] for r in got]
+            except ReadOnlyError as e:
+                return page(request, "sql.html", q=q, cols=[], rows=[], error=f"refused: {e}", max_rows=SQL_MAX_ROWS,
+                            status_code=403)
+            except Exception as e:    # a DuckDB error (syntax, unknown column, a path outside the run): one line
+                error = str(e).splitlines()[0]
+        return page(request, "sql.html", q=q, cols=cols, rows=rows[:SQL_MAX_ROWS], error=error,
+                    more=len(rows) > SQL_MAX_ROWS, max_rows=SQL_MAX_ROWS)
+
+    def files(request: Request):
+        try:
+            path = run_file(run_dir, request.path_params["path"])
+        except Refused as e:
+            raise HTTPException(403, str(e)) from None
+        except OSError:
+            raise HTTPException(404, "no such file") from None
+        return FileResponse(path, media_type=SERVED_SUFFIXES[path.suffix])
+
+    def plotly_js(request: Request):
+        return Response(_plotly_js(), media_type="application/javascript",
+                        headers={"Cache-Control": "max-age=86400"})
+
+    routes = [
+        Route("/", overview), Route("/samples", samples), Route("/samples/{sample_id}", sample),
+        Route("/thumb/{sample_id}/{index:int}", thumb), Route("/concepts", concepts),
+        Route("/concepts/{concept_id:int}", concept), Route("/packs", packs),
+        Route("/packs/{step}/{pack_id:int}", pack), Route("/training", training), Route("/rl", rl),
+        Route("/rl/{prompt_id}", prompt), Route("/rl/{prompt_id}/image/{index:int}", prompt_img),
+        Route("/sql", sql), Route("/files/{path:path}", files), Route("/static/plotly.min.js", plotly_js),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: partial(_error, templates)})
+    app.state.catalog, app.state.roots = cat, roots
+    return app
+
+
+def _is_select(q: str) -> bool:
+    import duckdb
+
+    try:
+        st = duckdb.extract_statements(q)
+    except duckdb.Error:
+        return False
+    return len(st) == 1 and st[0].type.name == "SELECT" and not q.lstrip().upper().startswith(("DESCRIBE", "SHOW",
+                                                                                                   "SUMMARIZE"))
+
+
+_JS: list[str] = []
+
+
+def _plotly_js() -> str:
+    if not _JS:
+        from viewer.charts import plotly_js
+
+        _JS.append(plotly_js())
+    return _JS[0]
+
+
+async def _error(templates, request: Request, exc: HTTPException):
+    if request.url.path.startswith(("/thumb/", "/files/", "/static/")) or "/image/" in request.url.path:
+        return PlainTextResponse(exc.detail, status_code=exc.status_code)
+    return templates.TemplateResponse(request, "error.html", {"active": "", "code": exc.status_code,
+                                                              "detail": exc.detail}, status_code=exc.status_code)

@@ -1,0 +1,208 @@
+"""What each page shows, as plain dicts for its template: one function per page, every figure from a DuckDB
+aggregate over the run's views (``viewer.catalog.RunCatalog``), never a whole manifest.
+"""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+from viewer import charts
+from viewer.catalog import RunCatalog
+from viewer.files import check_path
+
+CURVE_POINTS = 2000         # ranks kept per head-to-tail curve (all of the first 200, then evenly spaced)
+PER_PAGE = 50
+
+
+def _curve(cat: RunCatalog, column: str) -> list[tuple[int, int]]:
+    n = cat.one("SELECT count(*) AS n FROM concept_counts")["n"]
+    every = max(1, n // CURVE_POINTS)
+    rows = cat.rows(f"SELECT rn, c FROM (SELECT row_number() OVER (ORDER BY {column} DESC, concept_id) AS rn, "
+                    f"{column} AS c FROM concept_counts) WHERE c > 0 AND (rn <= 200 OR rn % ? = 0 OR rn = ?) "
+                    f"ORDER BY rn", [every, n])
+    return [(r["rn"], r["c"]) for r in rows]
+
+
+def concepts(cat: RunCatalog, show: int = 25) -> dict:
+    if not cat.has("concept_counts"):
+        return {"missing": "concept_counts (run `ovpipe balance`)"}
+    head = cat.rows("SELECT concept_id, text, count_before, count_after FROM concept_counts "
+                    "ORDER BY count_before DESC, concept_id LIMIT ?", [show])
+    tail = cat.rows("SELECT concept_id, text, count_before, count_after FROM concept_counts WHERE count_before > 0 "
+                    "ORDER BY count_before, concept_id LIMIT ?", [show])
+    totals = cat.one("SELECT count(*) AS concepts, sum(count_before) AS before, sum(count_after) AS after, "
+                     "count(*) FILTER (WHERE count_before = 0) AS unused FROM concept_counts")
+    return {"chart": charts.head_tail(_curve(cat, "count_before"), _curve(cat, "count_after")),
+            "head": head, "tail": tail, "totals": totals}
+
+
+def concept(cat: RunCatalog, concept_id: int, show: int = 24) -> dict:
+    """One concept: the samples whose top-1 concept it is, kept (copies > 0) beside dropped (copies = 0)."""
+    info = (cat.one("SELECT concept_id, text, count_before, count_after FROM concept_counts WHERE concept_id = ?",
+                    [concept_id]) if cat.has("concept_counts") else None) or {"concept_id": concept_id}
+    out = {"info": info, "kept": [], "dropped": []}
+    if not cat.has("assignments"):
+        return out
+    copies = "b.copies" if cat.has("balanced") else "NULL"
+    join = "LEFT JOIN balanced b USING (sample_id)" if cat.has("balanced") else ""
+    for side, cond in (("kept", f"coalesce({copies}, 1) > 0"), ("dropped", f"{copies} = 0")):
+        out[side] = cat.rows(f"SELECT a.sample_id, a.scores[1] AS score, {copies} AS copies FROM assignments a "
+                             f"{join} WHERE a.concept_ids[1] = ? AND {cond} ORDER BY a.scores[1] DESC, a.sample_id "
+                             f"LIMIT ?", [concept_id, show])
+        out[side + "_n"] = cat.one(f"SELECT count(*) AS n FROM assignments a {join} WHERE a.concept_ids[1] = ? "
+                                   f"AND {cond}", [concept_id])["n"]
+    return out
+
+
+def _seq_len(run_dir: Path, step: str) -> int | None:
+    try:
+        return int(json.loads((run_dir / step / "config.json").read_text())["seq_len"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def packs(cat: RunCatalog, step: str | None, page: int) -> dict:
+    steps = sorted(cat.pack_dirs)
+    if not steps:
+        return {"missing": "packs (run `ovpipe pack`)", "steps": []}
+    step = step if step in cat.pack_dirs else steps[0]
+    glob = (cat.pack_dirs[step] / "part-*.parquet").as_posix().replace("'", "''")
+    src = f"read_parquet('{glob}')"
+    seq_len = _seq_len(cat.run_dir, step)
+    denom = seq_len or cat.one(f"SELECT max(total_tokens) AS m FROM {src}")["m"] or 1
+    hist = cat.rows(f"SELECT floor(total_tokens * 50.0 / ?) / 50 AS bin, count(*) AS n FROM {src} GROUP BY 1 ORDER BY 1",
+                    [denom])
+    summary = cat.one(f"SELECT count(*) AS packs, sum(len(sample_ids)) AS samples, avg(total_tokens) / ? AS fill "
+                      f"FROM {src}", [denom])
+    rows = cat.rows(f"SELECT pack_id, len(sample_ids) AS samples, total_tokens, shard FROM {src} ORDER BY pack_id "
+                    f"LIMIT ? OFFSET ?", [PER_PAGE, page * PER_PAGE])
+    return {"steps": steps, "step": step, "seq_len": seq_len, "summary": summary, "rows": rows, "page": page,
+            "pages": -(-summary["packs"] // PER_PAGE),
+            "chart": charts.bars(f"Fill of the packs of {step}", {"packs": [(r["bin"], r["n"]) for r in hist]},
+                                 "fill (total tokens / seq_len)", "packs")}
+
+
+def _pack_members(shard: Path, pack_id: int) -> dict:
+    """The ``.json`` and ``.mask.npy`` members of one pack's tar entry (read in place, nothing extracted)."""
+    prefix = f"{int(pack_id):012d}."
+    got = {}
+    with tarfile.open(shard) as tf:
+        for m in tf:
+            if m.name.startswith(prefix) and m.name[len(prefix):] in ("json", "mask.npy"):
+                got[m.name[len(prefix):]] = tf.extractfile(m).read()
+                if len(got) == 2:
+                    break
+    return got
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int, int]]:
+    """Run-length segments ``(start, length, value)`` of a 0/1 mask."""
+    if not len(mask):
+        return []
+    cut = np.flatnonzero(np.diff(mask)) + 1
+    starts = np.concatenate([[0], cut])
+    ends = np.concatenate([cut, [len(mask)]])
+    return [(int(s), int(e - s), int(mask[s])) for s, e in zip(starts, ends)]
+
+
+def pack(cat: RunCatalog, step: str, pack_id: int, roots: list[Path]) -> dict | None:
+    """One pack: its sub-samples in sequence order with text and image tokens (``lengths``), the loss mask as
+    runs (from the pack's entry in its shard), and where each sample starts."""
+    if step not in cat.pack_dirs:
+        return None
+    glob = (cat.pack_dirs[step] / "part-*.parquet").as_posix().replace("'", "''")
+    row = cat.one(f"SELECT * FROM read_parquet('{glob}') WHERE pack_id = ?", [pack_id])
+    if row is None:
+        return None
+    seq_len = _seq_len(cat.run_dir, step) or row["total_tokens"]
+    by_id = {}
+    if cat.has("lengths"):
+        by_id = {r["sample_id"]: r for r in cat.rows(
+            "SELECT sample_id, any_value(text_tokens) AS text_tokens, any_value(image_tokens) AS image_tokens, "
+            "any_value(target_tokens) AS target_tokens FROM lengths WHERE list_contains(?, sample_id) GROUP BY 1",
+            [list(row["sample_ids"])])}
+    mask_runs, loss_tokens = [], None
+    shard = cat.run_dir / step / "data" / (row["shard"] or "")
+    if row["shard"] and shard.is_file():
+        members = _pack_members(check_path(shard, roots), pack_id)
+        if "mask.npy" in members:
+            mask = np.load(io.BytesIO(members["mask.npy"]), allow_pickle=False).astype(np.uint8)
+            mask_runs, loss_tokens = _runs(mask), int(mask.sum())
+    samples = []
+    for sid, off, n in zip(row["sample_ids"], row["offsets"], row["lengths"]):
+        ln = by_id.get(sid, {})
+        samples.append({"sample_id": sid, "offset": off, "length": n, "text_tokens": ln.get("text_tokens"),
+                        "image_tokens": ln.get("image_tokens"), "target_tokens": ln.get("target_tokens")})
+    return {"step": step, "row": row, "seq_len": seq_len, "samples": samples, "mask_runs": mask_runs,
+            "loss_tokens": loss_tokens}
+
+
+def training(cat: RunCatalog) -> dict:
+    if not cat.has("train_metrics"):
+        return {"missing": "train_metrics (run `ovpipe pretrain`)"}
+    rows = cat.rows("SELECT stage, step, loss, lr, mfu, CASE WHEN step_s > 0 THEN data_wait_s / step_s END AS wait "
+                    "FROM train_metrics ORDER BY stage, step")
+    stages = sorted({r["stage"] for r in rows}, key=lambda s: float(s) if s.replace(".", "").isdigit() else 1e9)
+
+    def series(col):
+        return {f"stage {s}": ([r["step"] for r in rows if r["stage"] == s], [r[col] for r in rows if r["stage"] == s])
+                for s in stages}
+
+    summary = cat.rows("SELECT stage, count(*) AS steps, min(loss) AS min_loss, arg_max(loss, step) AS last_loss, "
+                       "avg(mfu) AS mfu, sum(data_wait_s) / nullif(sum(step_s), 0) AS wait, sum(packs) AS packs "
+                       "FROM train_metrics GROUP BY stage ORDER BY stage")
+    return {"summary": summary, "charts": [
+        charts.lines("Loss", series("loss"), "step", "loss"),
+        charts.lines("Learning rate", series("lr"), "step", "lr"),
+        charts.lines("MFU", series("mfu"), "step", "MFU"),
+        charts.lines("Data-wait share of the step", series("wait"), "step", "data wait / step time")]}
+
+
+def rl(cat: RunCatalog, page: int) -> dict:
+    if not cat.has("selection"):
+        return {"missing": "selection (run `ovpipe select`)"}
+    hist = cat.rows("SELECT CASE WHEN kept THEN 'kept' ELSE 'dropped' END AS side, floor(pass_at_1 * 20) / 20 AS bin, "
+                    "count(*) AS n FROM selection WHERE pass_at_1 IS NOT NULL GROUP BY 1, 2 ORDER BY 2")
+    gaps = cat.rows("SELECT CASE WHEN kept THEN 'kept' ELSE 'dropped' END AS side, floor(gap * 20) / 20 AS bin, "
+                    "count(*) AS n FROM selection WHERE gap IS NOT NULL GROUP BY 1, 2 ORDER BY 2")
+    reasons = cat.rows("SELECT reason, count(*) AS n FROM selection GROUP BY 1 ORDER BY 2 DESC, 1")
+    rows = cat.rows("SELECT prompt_id, source, n, correct, pass_at_1, pass_at_n, gap, kept, reason FROM selection "
+                    "ORDER BY prompt_id LIMIT ? OFFSET ?", [PER_PAGE, page * PER_PAGE])
+    total = cat.one("SELECT count(*) AS n FROM selection")["n"]
+
+    def split(pts):
+        return {side: [(r["bin"], r["n"]) for r in pts if r["side"] == side] for side in ("kept", "dropped")}
+
+    return {"reasons": reasons, "rows": rows, "page": page, "pages": -(-total // PER_PAGE), "total": total,
+            "charts": [charts.bars("Pass rate (Pass@1) per prompt", split(hist), "Pass@1", "prompts"),
+                       charts.bars("Pass@N − Pass@1 gap per prompt", split(gaps), "gap", "prompts")]}
+
+
+def prompt(cat: RunCatalog, prompt_id: str) -> dict | None:
+    p = (cat.one("SELECT prompt_id, source, category, question, len(images) AS n_images, ground_truth, answer_type, "
+                 "status, error FROM rl_prompts WHERE prompt_id = ? LIMIT 1", [prompt_id])
+         if cat.has("rl_prompts") else None)
+    sel = cat.one("SELECT * FROM selection WHERE prompt_id = ?", [prompt_id]) if cat.has("selection") else None
+    if p is None and sel is None:
+        return None
+    rollouts = []
+    if cat.has("rollouts"):
+        rew = ("LEFT JOIN rewards w ON w.prompt_id = r.prompt_id AND w.rollout_idx = r.rollout_idx"
+               if cat.has("rewards") else "")
+        cols = "w.reward, w.correct, w.reward_type, w.status" if rew else "NULL AS reward, NULL AS correct, " \
+                                                                           "NULL AS reward_type, NULL AS status"
+        rollouts = cat.rows(f"SELECT r.rollout_idx, r.prompt_type, r.backend, r.response, r.tokens, {cols} "
+                            f"FROM rollouts r {rew} WHERE r.prompt_id = ? ORDER BY r.backend, r.prompt_type, "
+                            f"r.rollout_idx", [prompt_id])
+    return {"prompt": p, "selection": sel, "rollouts": rollouts}
+
+
+def prompt_image(cat: RunCatalog, prompt_id: str, index: int) -> bytes | None:
+    if not cat.has("rl_prompts"):
+        return None
+    row = cat.one("SELECT images[?] AS img FROM rl_prompts WHERE prompt_id = ? LIMIT 1", [index + 1, prompt_id])
+    return row["img"] if row and row["img"] is not None else None
