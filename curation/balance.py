@@ -48,7 +48,8 @@ from typing import Callable, Literal
 
 import numpy as np
 
-from ovpipe.config import check_range
+from ovpipe.config import check_range, check_step_folder
+from ovpipe.inputs import Input
 from ovpipe.step import Step, TaskContext
 
 
@@ -61,6 +62,12 @@ class BalanceConfig:
     t: float | None = None                # metaclip threshold; solved from target_size if None
     count_top: int | None = None          # concepts per image that count (default: all K)
     seed: int = 0
+    dedup_step: str = ""                  # a dedup step folder: its near_duplicate rows get no copy and no count
+    alignment_step: str = ""              # an align step folder: its low_alignment rows likewise
+
+    @property
+    def skipping(self) -> bool:
+        return bool(self.dedup_step or self.alignment_step)
 
     def __post_init__(self):
         if self.target_size is not None and self.target_size < 1:
@@ -73,6 +80,9 @@ class BalanceConfig:
         check_range(self, "t", 0, lo_open=True)
         check_range(self, "count_top", 1)
         check_range(self, "seed", 0, 2**64 - 1)
+        for name in ("dedup_step", "alignment_step"):
+            if getattr(self, name):
+                check_step_folder(name, getattr(self, name))
 
 
 def uniform_draws(sample_ids, seed: int) -> np.ndarray:
@@ -208,9 +218,11 @@ def count_concepts(cfg: BalanceConfig, task: TaskContext) -> None:
     """Map: this rank's share of ``assignments`` → its concept bincount."""
     counts = np.zeros(0, np.int64)
     n, k = 0, 0
+    batches = (_kept_rows(task, cfg, *_slice(task)) if cfg.skipping
+               else task.iter_input_share("assignments", ["concept_ids"]))
     with task.stats.timer("count"):
-        for batch in task.iter_input_share("assignments", ["concept_ids"]):
-            c = _concepts(batch.column(0), cfg.count_top)
+        for batch in batches:
+            c = _concepts(batch.column("concept_ids"), cfg.count_top)
             if not len(c):
                 continue
             if k and c.shape[1] != k:
@@ -243,7 +255,7 @@ def reduce_counts(cfg: BalanceConfig, task: TaskContext) -> None:
     n_concepts = int(max(ct.column("concept_id").to_numpy().max() + 1, len(counts)))
     counts = np.pad(counts, (0, n_concepts - len(counts)))
     with task.stats.timer("solve"):
-        with _CanonicalConcepts(task, cfg.count_top, n, k) as rows:
+        with _CanonicalConcepts(task, cfg, n, k) as rows:
             sol = solve(n, counts, cfg, rows.read, rows.sum_of, rows.min_of)
     if sol.t is not None:
         task.stats.info["t"] = float(sol.t)
@@ -262,8 +274,8 @@ class _CanonicalConcepts:
 
     CHUNK = 1 << 18       # rows read per chunk (× K int32)
 
-    def __init__(self, task: TaskContext, count_top: int | None, n: int, k: int):
-        self.task, self.count_top, self.n, self.k = task, count_top, n, k
+    def __init__(self, task: TaskContext, cfg: BalanceConfig, n: int, k: int):
+        self.task, self.cfg, self.count_top, self.n, self.k = task, cfg, cfg.count_top, n, k
         self.path = task.reduced_path(f".tmp-{os.getpid()}-concepts.i32")
         self._written = False
 
@@ -271,8 +283,10 @@ class _CanonicalConcepts:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rows = 0
         with open(self.path, "wb") as f:
-            for batch in self.task.iter_input_canonical("assignments", ["concept_ids"]):
-                c = _concepts(batch.column(0), self.count_top)
+            batches = (_kept_rows(self.task, self.cfg) if self.cfg.skipping
+                       else self.task.iter_input_canonical("assignments", ["concept_ids"]))
+            for batch in batches:
+                c = _concepts(batch.column("concept_ids"), self.count_top)
                 f.write(np.ascontiguousarray(c, dtype=np.int32).tobytes())
                 rows += len(c)
         if rows != self.n:
@@ -311,6 +325,37 @@ class _CanonicalConcepts:
         self.path.unlink(missing_ok=True)
 
 
+def _slice(task: TaskContext) -> tuple[int, int]:
+    from ovpipe.mapreduce import slice_bounds
+
+    return slice_bounds(task.input_num_rows("assignments"), task.rank, task.world_size)
+
+
+SKIP_STATUS = {"dedup": "near_duplicate", "alignment": "low_alignment"}
+
+
+def _kept_rows(task: TaskContext, cfg: BalanceConfig, lo: int = 0, hi: int | None = None, with_skipped: bool = False):
+    """Rows [lo, hi) of ``assignments`` in canonical order, less those its declared ``dedup`` / ``alignment``
+    inputs mark (``SKIP_STATUS``) — or, ``with_skipped``, all of them with a ``skipped`` column. A DuckDB
+    anti-join under the task's memory limit, streamed a batch at a time."""
+    from ovpipe.mapreduce import BATCH_ROWS
+
+    def files(kind):
+        return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in task.input_files(kind)) + "]"
+
+    marks = " UNION ".join(f"SELECT sample_id FROM read_parquet({files(kind)}) WHERE status = '{status}'"
+                           for kind, status in SKIP_STATUS.items() if getattr(cfg, f"{kind}_step"))
+    n = task.input_num_rows("assignments")
+    hi = n if hi is None else hi
+    sql = (f"SELECT a.sample_id, a.concept_ids, m.sample_id IS NOT NULL AS skipped "
+           f"FROM read_parquet({files('assignments')}) a LEFT JOIN (SELECT DISTINCT sample_id FROM ({marks})) m "
+           f"USING (sample_id) ORDER BY a.sample_id LIMIT {hi - lo} OFFSET {lo}")
+    if not with_skipped:
+        sql = f"SELECT sample_id, concept_ids FROM ({sql}) WHERE NOT skipped ORDER BY sample_id"
+    with task.duckdb() as con:
+        yield from con.sql(sql).to_arrow_reader(BATCH_ROWS)
+
+
 def _solution(r: dict) -> Solution:
     def opt(x):
         v = float(x[0])
@@ -329,10 +374,16 @@ def apply_weights(cfg: BalanceConfig, task: TaskContext) -> None:
     counts, n, sol = r["counts"], int(r["n"][0]), _solution(r)
     after = np.zeros(len(counts), np.int64)
     with task.stats.timer("balance"), task.part_writer("balanced", row_group_rows=BATCH_ROWS) as out:
-        for batch in task.iter_input_slice("assignments", ["sample_id", "concept_ids"]):
-            sid = batch.column(0)
-            c = _concepts(batch.column(1), cfg.count_top)
+        batches = (_kept_rows(task, cfg, *_slice(task), with_skipped=True) if cfg.skipping
+                   else task.iter_input_slice("assignments", ["sample_id", "concept_ids"]))
+        for batch in batches:
+            sid = batch.column("sample_id")
+            c = _concepts(batch.column("concept_ids"), cfg.count_top)
             weight, copies = draw(c, uniform_draws(sid, cfg.seed), counts, n, cfg, sol)
+            if cfg.skipping:          # a near_duplicate / low_alignment row: no weight, no copy
+                skipped = batch.column("skipped").to_numpy(zero_copy_only=False)
+                weight, copies = np.where(skipped, 0.0, weight), np.where(skipped, 0, copies)
+                task.stats.inc("skipped", int(skipped.sum()))
             after += np.bincount(np.repeat(c, copies, axis=0).ravel(), minlength=len(counts)).astype(np.int64)
             out.write(pa.table({"sample_id": sid, "weight": pa.array(weight),
                                 "copies": pa.array(copies.astype(np.int32))}))
@@ -356,7 +407,10 @@ def write_concept_counts(cfg: BalanceConfig, task: TaskContext) -> None:
                                        "count_before": counts, "count_after": after})
 
 
-STEP = Step("balance", BalanceConfig, count_concepts, inputs={"assignments": None, "concepts": None},
+STEP = Step("balance", BalanceConfig, count_concepts,
+            inputs={"assignments": None, "concepts": None,
+                    "dedup": Input("dedup_step", when=lambda c: bool(c.dedup_step)),
+                    "alignment": Input("alignment_step", when=lambda c: bool(c.alignment_step))},
             outputs=("balanced", "concept_counts"), reduce=reduce_counts, apply=apply_weights,
             finalize=write_concept_counts,
             description="concept frequencies + inverse-frequency / MetaCLIP resampling")

@@ -75,6 +75,29 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("status", STATUS),
         ("error", pa.string()),
     ]),
+    # dedup — one row per image_embeddings row: semantic near-duplicates by cosine inside k-means clusters.
+    # status: ok (kept) | near_duplicate (cosine to the kept `duplicate_of` > 1 − ε) | the embed status of a
+    # row that has no vector (decode_error, ...). Rows are never deleted; balance skips near_duplicate ones.
+    "dedup": pa.schema([
+        ("sample_id", pa.string()),
+        ("cluster", pa.int32()),            # top-level k-means cluster; -1 without a vector
+        ("duplicate_of", pa.string()),      # the kept sample it duplicates; NULL unless near_duplicate
+        ("similarity", pa.float32()),       # cosine to duplicate_of; NULL unless near_duplicate
+        ("status", STATUS),
+        ("error", pa.string()),
+    ]),
+    # align — image–text cosine of each sample's image and caption (a conversation: its first user +
+    # assistant turn) through the same CLIP. status: ok | low_alignment (score < threshold) | no_text |
+    # the embed status of a row that has no vector.
+    "alignment": pa.schema([
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("text_kind", pa.string()),         # "caption" | "first_turn" | NULL when not scored
+        ("score", pa.float32()),            # cosine(image, text); NULL when not scored
+        ("threshold", pa.float32()),        # the source's cut that was applied; NULL when not scored
+        ("status", STATUS),
+        ("error", pa.string()),
+    ]),
     # embed-concepts
     "concepts": pa.schema([
         ("concept_id", pa.int32()),
@@ -250,6 +273,8 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "samples": ("sample_id", "source", "shard", "key"),
     "shards": ("shard",),
     "image_embeddings": ("sample_id",),
+    "dedup": ("sample_id",),
+    "alignment": ("sample_id",),
     "concepts": ("concept_id",),
     "assignments": ("sample_id",),
     "concept_counts": ("concept_id",),

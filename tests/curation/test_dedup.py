@@ -1,0 +1,132 @@
+"""`dedup`: semantic near-duplicates by k-means + cosine inside clusters, the keep rule, byte-identical
+output at any task count, and `balance` skipping what it marks."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dedup_fixtures import embedded_run, unit  # noqa: E402
+
+from curation.dedup import DedupConfig, greedy_keep  # noqa: E402
+from manifests import read_manifest  # noqa: E402
+from manifests.io import write_part, write_table  # noqa: E402
+from ovpipe.cli import main  # noqa: E402
+
+
+def test_greedy_keep_compares_with_kept_rows_only_and_picks_the_closest():
+    # rows in keep order: 1 ≈ 0, 2 ≈ 1 but not 0 (a chain), 3 ≈ 0 and ≈ 2 (closer to 2, which is kept)
+    i = np.array([0, 1, 0, 2])
+    j = np.array([1, 2, 3, 3])
+    s = np.array([0.99, 0.98, 0.97, 0.995], np.float32)
+    dup_of, sim = greedy_keep(4, i, j, s, 0.95)
+    assert dup_of.tolist() == [-1, 0, -1, 2]          # 2 is kept: its only neighbour above the cut (1) was removed
+    assert sim[1] == np.float32(0.99) and sim[3] == np.float32(0.995) and np.isnan(sim[[0, 2]]).all()
+    assert greedy_keep(4, i, j, s, 0.985)[0].tolist() == [-1, 0, -1, 2]
+    assert greedy_keep(4, i, j, s, 0.999)[0].tolist() == [-1, -1, -1, -1]
+
+
+def planted_set(n_groups=30, per_group=24, d=48, seed=0):
+    """Groups of distinct near-neighbours (pairwise cosine ≈ 0.85–0.92: the same kind of picture), and
+    planted copies of a third of the rows at cosine ≈ 0.97–0.995 (what resizing, recompression or a small
+    crop leave of a CLIP vector). A copy is smaller (a resize or crop) or, a recompression, as large."""
+    rng = np.random.default_rng(seed)
+    centres = unit(rng.normal(size=(n_groups, d)))
+    members = unit(np.repeat(centres, per_group, 0) * 2.6 + rng.normal(size=(n_groups * per_group, d)) * 0.17)
+    n = len(members)
+    src = rng.choice(n, n // 3, replace=False)
+    noise = rng.normal(size=(len(src), d))
+    noise -= (noise * members[src]).sum(1, keepdims=True) * members[src]          # orthogonal to the original
+    noise = unit(noise)
+    cos = rng.uniform(0.97, 0.995, len(src))[:, None]
+    copies = members[src] * cos + noise * np.sqrt(1 - cos ** 2)
+    vectors = np.concatenate([members, copies]).astype(np.float32)
+    areas = np.r_[np.full(n, 10_000), np.where(np.arange(len(src)) % 3 == 0, 10_000, 2_500)]
+    truth = {n + k: int(o) for k, o in enumerate(src)}                # copy row → original row
+    return vectors, areas, truth
+
+
+def _merged_bytes(run: Path, tmp: Path, kind: str = "dedup") -> bytes:
+    out = tmp / f"{run.name}-{kind}.parquet"
+    write_table(read_manifest(run, kind), out)
+    return out.read_bytes()
+
+
+def test_planted_near_duplicates_found_with_precision_and_recall_above_095(tmp_path):
+    vectors, areas, truth = planted_set()
+    run = tmp_path / "run"
+    ids = embedded_run(run, vectors, areas, parts=2, bad=2)
+    assert main(["dedup", "--run-dir", str(run), "--tasks", "2", "--quiet", "--set", "cluster_rows=120",
+                 "--set", "eps=0.05", "--set", "report_pairs=0"]) == 0
+    rows = read_manifest(run, "dedup").to_pylist()
+    assert len(rows) == len(vectors) + 2 and sum(r["status"] == "decode_error" for r in rows) == 2
+    row_of = {s: k for k, s in enumerate(ids)}
+    found = {row_of[r["sample_id"]]: row_of[r["duplicate_of"]] for r in rows if r["status"] == "near_duplicate"}
+    pairs = {frozenset(p) for p in truth.items()}
+    hit = sum(frozenset(p) in pairs for p in found.items())
+    precision, recall = hit / len(found), hit / len(truth)
+    print(f"near_duplicate: precision {precision:.3f}, recall {recall:.3f} ({len(found)} marked, {len(truth)} planted)")
+    assert precision >= 0.95 and recall >= 0.95
+    # the keep rule: the larger image stays; at equal size the lower sample_id
+    for dup, kept in found.items():
+        if frozenset((dup, kept)) in pairs:
+            assert (areas[kept], -kept) > (areas[dup], -dup), (dup, kept)
+    sims = [r["similarity"] for r in rows if r["status"] == "near_duplicate"]
+    assert min(sims) > 0.95 and all(r["similarity"] is None for r in rows if r["status"] != "near_duplicate")
+    report = (run / "dedup" / "report.md").read_text()
+    assert f"| 0.05 (the step's) | 0.95 | {len(found)} |" in report
+
+
+def test_same_bytes_at_1_2_4_tasks_and_a_cluster_split_again(tmp_path):
+    vectors, areas, truth = planted_set(n_groups=12, per_group=20, seed=1)
+    out = []
+    for tasks in (1, 2, 4):
+        run = tmp_path / f"t{tasks}"
+        embedded_run(run, vectors, areas, parts=3, bad=1)
+        # max_cluster_rows below the mean cluster: every cluster is split again by k-means
+        assert main(["dedup", "--run-dir", str(run), "--tasks", str(tasks), "--workers", "2", "--quiet",
+                     "--set", "cluster_rows=100", "--set", "max_cluster_rows=60", "--set", "report_pairs=0"]) == 0
+        out.append(_merged_bytes(run, tmp_path))
+    assert out[0] == out[1] == out[2]
+    rows = read_manifest(tmp_path / "t1", "dedup").to_pylist()
+    assert sum(r["status"] == "near_duplicate" for r in rows) >= 0.9 * len(truth)
+
+
+def test_bad_config_fails_naming_the_field():
+    with pytest.raises(ValueError, match="eps"):
+        DedupConfig(eps=0)
+    with pytest.raises(ValueError, match="report_eps"):
+        DedupConfig(report_eps=[1.5])
+    with pytest.raises(ValueError, match="cluster_rows"):
+        DedupConfig(cluster_rows=0)
+
+
+def test_balance_skips_near_duplicates_through_its_declared_input(tmp_path):
+    vectors, areas, truth = planted_set(n_groups=8, per_group=15, seed=2)
+    run = tmp_path / "run"
+    ids = embedded_run(run, vectors, areas, parts=2)
+    assert main(["dedup", "--run-dir", str(run), "--quiet", "--set", "cluster_rows=60", "--set", "report_pairs=0"]) == 0
+    rng = np.random.default_rng(0)
+    concepts = rng.integers(0, 20, size=(len(ids), 3)).astype(np.int32)
+    write_part({"sample_id": ids, "concept_ids": [list(c) for c in concepts], "scores": [[0.5] * 3] * len(ids)},
+               run / "assign" / "assignments" / "part-00000.parquet", "assignments")
+    write_part({"concept_id": np.arange(20, dtype=np.int32), "text": [f"c{i}" for i in range(20)],
+                "file": ["x"] * 20, "row": np.arange(20, dtype=np.int32)},
+               run / "embed-concepts" / "concepts" / "part-00000.parquet", "concepts")
+    outs = []
+    for tasks in (1, 3):
+        assert main(["balance", "--name", f"balance-{tasks}", "--run-dir", str(run), "--tasks", str(tasks), "--quiet",
+                     "--set", "dedup_step=dedup"]) == 0
+        outs.append((read_manifest(run, "balanced", step=f"balance-{tasks}"),
+                     read_manifest(run, "concept_counts", step=f"balance-{tasks}")))
+    assert outs[0][0].equals(outs[1][0]) and outs[0][1].equals(outs[1][1])
+    dup = {r["sample_id"] for r in read_manifest(run, "dedup").to_pylist() if r["status"] == "near_duplicate"}
+    assert dup
+    bal = outs[0][0].to_pylist()
+    assert len(bal) == len(ids)                                  # every row is there; the skipped get no copy
+    assert all(r["copies"] == 0 and r["weight"] == 0 for r in bal if r["sample_id"] in dup)
+    kept = np.array([s not in dup for s in ids])
+    before = np.bincount(concepts[kept].ravel(), minlength=20)
+    assert outs[0][1].column("count_before").to_pylist() == before.tolist()
+    assert sum(r["copies"] for r in bal) == pytest.approx(kept.sum(), abs=0.1 * kept.sum())
