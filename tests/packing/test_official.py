@@ -1,0 +1,212 @@
+"""The official LLaVA-OneVision-1.5 layout both ways: `pack-official` writes a pack step's bins as the official
+step 4 does and energon's `get_train_dataset` opens it with the official sample type (a test-only stand-in,
+`official_standin/`); every entry's images and texts equal the manifests; each sub-sample's length under the
+official encoding follows the documented rule; `import-packs` reads the folder back (and a broken one into
+statuses)."""
+import io
+import json
+import shutil
+import tarfile
+
+import numpy as np
+import pytest
+import yaml
+from test_conversation_pack import write_conversation_samples
+
+from manifests import read_manifest
+from ovpipe.cli import main
+
+SEQ = 128
+
+
+@pytest.fixture(scope="module")
+def official_run(tmp_path_factory):
+    from packing.tiny_tokenizer import build_tiny_tokenizer
+
+    run = tmp_path_factory.mktemp("official")
+    rows = write_conversation_samples(run)
+    build_tiny_tokenizer([t["text"].replace("<image>", "") for r in rows for t in r["conversation"]],
+                         run / "tokenizer")
+    common = ["--run-dir", str(run), "--quiet"]
+    assert main(["lengths", "--set", f"tokenizer={run / 'tokenizer'}", "--set", "samples_steps=[ingest-conv]",
+                 "--set", f"seq_len={SEQ}", "--set", "on_too_long=truncate", "--tasks", "2", *common]) == 0
+    assert main(["pack", "--set", f"seq_len={SEQ}", "--set", "packs_per_shard=2", "--tasks", "2", *common]) == 0
+    assert main(["pack-official", "--tasks", "2", *common]) == 0
+    assert main(["pack-official", "--name", "pack-official-1", "--tasks", "1", *common]) == 0
+    return run
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    """The official sample types importable, as they are where the official trainer is installed."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "official_standin"))
+
+
+def _tars(folder):
+    out = {}
+    for tar in sorted((folder / "data").glob("pack-*.tar")):
+        with tarfile.open(tar) as tf:
+            for m in tf.getmembers():
+                out[f"{tar.name}/{m.name}"] = tf.extractfile(m).read()
+    return out
+
+
+def test_every_sub_sample_has_a_row_and_the_flavour_refuses_what_it_cannot_carry(official_run):
+    packs = read_manifest(official_run, "packs", step="pack").to_pylist()
+    rows = read_manifest(official_run, "official_packs", step="pack-official").to_pylist()
+    assert [(r["pack_id"], r["sample_id"]) for r in rows] == [(p["pack_id"], s) for p in packs for s in p["sample_ids"]]
+    samples = {r["sample_id"]: r for r in read_manifest(official_run, "samples", step="ingest-conv").to_pylist()}
+    for r in rows:
+        s = samples[r["sample_id"]]
+        n_img, roles = len(s["images"] or []), [t["role"] for t in s["conversation"]]
+        want = ("text_only" if n_img == 0 else "multi_image" if n_img > 1 else
+                "ok" if roles == ["user", "assistant"] else "multi_turn")
+        assert r["status"] == want, (r, roles, n_img)
+        assert (r["official_tokens"] is None) == (r["shard"] is None) == (want != "ok")
+    stats = json.loads((official_run / "pack-official" / "stats.json").read_text())["counters"]
+    statuses = [r["status"] for r in rows]
+    assert stats["sub_samples"] == statuses.count("ok") > 0
+    for s in ("text_only", "multi_image", "multi_turn"):
+        assert stats[f"refused/{s}"] == statuses.count(s) > 0
+    # the same bytes for any task count
+    one = official_run / "pack-official-1"
+    assert _tars(official_run / "pack-official") == _tars(one)
+    assert [f.read_bytes() for f in sorted((official_run / "pack-official" / "official_packs").glob("*.parquet"))][0] \
+        != b"" and read_manifest(official_run, "official_packs", step="pack-official-1").to_pylist() == rows
+
+
+def test_nv_meta_is_the_official_definition_prepared_by_energon(official_run):
+    from megatron.energon.flavors.webdataset.metadata import get_dataset_info
+
+    meta = official_run / "pack-official" / ".nv-meta"
+    assert yaml.safe_load((meta / "dataset.yaml").read_text()) == {
+        "sample_type": {"__module__": "aiak_training_llm.data.multimodal", "__class__": "PackedCaptioningSample"},
+        "part_filter": "sample_loader.py:part_filter", "sample_loader": "sample_loader.py:sample_loader"}
+    written = {r["shard"] for r in read_manifest(official_run, "official_packs", step="pack-official").to_pylist()
+               if r["shard"]}
+    info = get_dataset_info(official_run / "pack-official")["shard_counts"]
+    assert sorted(info) == [f"data/{s}" for s in sorted(written)]
+    assert sum(info.values()) == json.loads((official_run / "pack-official" / "stats.json").read_text())[
+        "counters"]["packs_written"]
+
+
+def test_energon_opens_it_as_the_official_sample_type_and_it_equals_the_manifests(official_run, standin):
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+    from PIL import Image
+
+    from manifests.conversation import read_image
+
+    rows = read_manifest(official_run, "official_packs", step="pack-official").to_pylist()
+    samples = {r["sample_id"]: r for r in read_manifest(official_run, "samples", step="ingest-conv").to_pylist()}
+    want = {}
+    for r in rows:
+        if r["status"] == "ok":
+            want.setdefault(f"{r['pack_id']:012d}", []).append(samples[r["sample_id"]])
+    ds = get_train_dataset(official_run / "pack-official", batch_size=None, shuffle_buffer_size=None,
+                           max_samples_per_sequence=None, repeat=False,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
+    seen = {}
+    for s in get_loader(ds):
+        assert type(s).__name__ == "PackedCaptioningSample" and type(s).__module__ == "aiak_training_llm.data.multimodal"
+        seen[s.__key__] = s
+    assert sorted(seen) == sorted(want)
+    for key, subs in want.items():
+        s = seen[key]
+        assert s.captions == [x["conversation"][1]["text"] for x in subs]
+        assert s.prompts == ["<image>Describe the image." if x["conversation"][0]["text"] == "<image>"
+                             else x["conversation"][0]["text"] for x in subs]
+        for img, x in zip(s.images, subs, strict=True):   # energon decodes to CHW floats in [0, 1]
+            ref = np.asarray(Image.open(io.BytesIO(read_image(x["images"][0]))).convert("RGB"), np.float32) / 255
+            assert np.allclose(img.numpy().transpose(1, 2, 0), ref, atol=1e-6)
+
+
+def test_official_length_is_ovpipe_length_minus_the_stripped_newline(official_run):
+    from packing.official import official_encode, official_text, tail_tokens
+    from packing.tokens import load_tokenizer
+
+    tok = load_tokenizer(str(official_run / "tokenizer"))
+    assert tail_tokens(tok) == 1   # the template closes every turn with "<|im_end|>\n"
+    rows = [r for r in read_manifest(official_run, "official_packs", step="pack-official").to_pylist()
+            if r["status"] == "ok"]
+    assert rows and all(r["official_tokens"] == r["ovpipe_tokens"] - 1 for r in rows)
+    # one sub-sample by hand: the template text without its last newline, the pad expanded to (h'/14)(w'/14)/4
+    text = official_text(tok, "<image>Describe the image.", "a grey ring.")
+    assert text.startswith("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.")
+    assert text.endswith("assistant\na grey ring.<|im_end|>")
+    ids, mask = official_encode(tok, "<image>Describe the image.", "a grey ring.", (56, 84))
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert (ids == pad).sum() == (56 // 14) * (84 // 14) // 4
+    assert len(ids) == len(tok(text, add_special_tokens=False)["input_ids"]) - 1 + 6
+    answer = tok("a grey ring.", add_special_tokens=False)["input_ids"]
+    assert ids[mask == 1].tolist() == answer + [tok.convert_tokens_to_ids("<|im_end|>")]
+    # every entry fits seq_len under that encoding
+    per_pack = {}
+    for r in rows:
+        per_pack[r["pack_id"]] = per_pack.get(r["pack_id"], 0) + r["official_tokens"]
+    assert max(per_pack.values()) <= SEQ
+
+
+def test_import_packs_reads_the_official_folder_back_into_ovpipe_packs(official_run, tmp_path):
+    from packing.shards import iter_packed, packed_shards
+
+    run = official_run
+    assert main(["import-packs", "--set", f"source={run / 'pack-official'}", "--set", f"tokenizer={run / 'tokenizer'}",
+                 "--set", f"seq_len={SEQ}", "--run-dir", str(run), "--tasks", "2", "--quiet"]) == 0
+    rows = read_manifest(run, "official_packs", step="pack-official").to_pylist()
+    by_pack = {}
+    for r in rows:
+        if r["status"] == "ok":
+            by_pack.setdefault(r["pack_id"], []).append(r)
+    imported = read_manifest(run, "imported_packs", step="import-packs").to_pylist()
+    assert [r["status"] for r in imported] == ["ok"] * len(by_pack)
+    # the ovpipe packs the source samples were in: each sub-sample's ids/mask equal its slice there
+    src = {p.pack_id: p for f in packed_shards(run, "pack") for p in iter_packed(f)}
+    got = [p for f in packed_shards(run, "import-packs") for p in iter_packed(f)]
+    assert len(got) == len(by_pack)
+    for p, (pid, subs) in zip(got, sorted(by_pack.items()), strict=True):
+        assert p.sample_ids == [r["sample_id"] for r in subs]      # a caption pair keeps its ingest id
+        o = src[pid]
+        for k, sid in enumerate(p.sample_ids):
+            j = o.sample_ids.index(sid)
+            a, b = slice(p.cu_seqlens[k], p.cu_seqlens[k + 1]), slice(o.cu_seqlens[j], o.cu_seqlens[j + 1])
+            assert np.array_equal(p.input_ids[a], o.input_ids[b]) and np.array_equal(p.loss_mask[a], o.loss_mask[b])
+        first = np.concatenate([[0], np.cumsum(o.images_per_sample)])
+        assert p.images == [o.images[first[o.sample_ids.index(s)]] for s in p.sample_ids]
+
+
+def test_import_packs_turns_unreadable_entries_into_statuses(official_run, tmp_path, capsys):
+    from packing.energon import prepare
+    from packing.official import entry, write_meta, write_shard
+
+    good = _tars(official_run / "pack-official")
+    img = next(v for k, v in good.items() if k.endswith(".img0.jpg"))
+    folder = tmp_path / "broken"
+    (folder / "data").mkdir(parents=True)
+    entries = [entry("a", ["<image>Describe the image."], ["a cat."], ["x"], [img]),
+               {"__key__": "b", "json": b"{not json", "img0.jpg": img},
+               {"__key__": "c", "json": json.dumps({"prompts": [], "captions": ["x", "y"], "images": ["1", "2"]}).encode(),
+                "img0.jpg": img},
+               entry("d", ["<image>Describe the image."], ["a dog."], ["x"], [b"\x89PNG broken"]),
+               entry("e", ["no placeholder"], ["a cow."], ["x"], [img]),
+               entry("f", ["<image>Describe the image."], ["word " * 200], ["x"], [img])]
+    # prepared whole, then damaged in place (energon's own prepare refuses a tar whose json does not parse)
+    write_shard(folder / "data" / "pack-000000.tar", [entry(e["__key__"], ["<image>"], ["x"], ["x"], [img])
+                                                      for e in entries])
+    prepare(folder, 1, tmp_path / "prepare.log", sample_type=None)
+    write_meta(folder)
+    write_shard(folder / "data" / "pack-000000.tar", entries)
+    run = tmp_path / "run"
+    assert main(["import-packs", "--set", f"source={folder}", "--set", f"tokenizer={official_run / 'tokenizer'}",
+                 "--set", f"seq_len={SEQ}", "--run-dir", str(run), "--quiet"]) == 0
+    rows = read_manifest(run, "imported_packs", step="import-packs").to_pylist()
+    assert [(r["key"], r["status"]) for r in rows] == [("a", "ok"), ("b", "bad_json"), ("c", "missing_image"),
+                                                       ("d", "bad_image"), ("e", "image_mismatch"), ("f", "too_long")]
+    assert all(r["error"] for r in rows[1:]) and rows[0]["n_samples"] == 1
+    assert read_manifest(run, "packs", step="import-packs").column("pack_id").to_pylist() == [0]
+    # a folder energon never prepared is refused before any work, naming the field
+    shutil.rmtree(folder / ".nv-meta")
+    rc = main(["import-packs", "--set", f"source={folder}", "--set", f"tokenizer={official_run / 'tokenizer'}",
+               "--run-dir", str(tmp_path / "run2"), "--quiet"])
+    assert rc == 2 and "source" in capsys.readouterr().err and not (tmp_path / "run2" / "import-packs").exists()
