@@ -49,7 +49,7 @@ def view_run(ingested_run, tmp_path_factory):
     write_part({"sample_id": ok, "concept_ids": top, "scores": [[0.9, 0.5]] * len(ok)},
                d / "assignments" / "part-00000.parquet", "assignments")
     d = _step(run, "balance", "balance")
-    copies = [int(i % 3) for i in range(len(ok))]          # 0: dropped
+    copies = [int(i // N_CONCEPTS % 3) for i in range(len(ok))]    # 0: dropped; every concept has both
     write_part({"sample_id": ok, "weight": [1.0] * len(ok), "copies": copies},
                d / "balanced" / "part-00000.parquet", "balanced")
     before = np.bincount([c for t in top for c in t], minlength=N_CONCEPTS)
