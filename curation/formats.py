@@ -94,6 +94,7 @@ class RawSample:
     encoded: bytes | None = None                      # hashed in place of the conversation (captions, bad rows)
     caption: str | None = None                        # caption sources: the decoded, stripped caption
     caption_source: bool = False
+    source: str | None = None                         # the row's own source name (``data_source``), if any
 
 
 # ------------------------------------------------------------------------------------------------
@@ -177,6 +178,34 @@ def row_category(rec: dict) -> str | None:
         if isinstance(rec.get(k), str) and rec[k]:
             return rec[k]
     return None
+
+
+def row_source(rec: dict) -> str | None:
+    """A row's own source name: its ``data_source`` (the hub datasets that mix sources name each row's)."""
+    v = rec.get("data_source")
+    return v if isinstance(v, str) and v else None
+
+
+def row_key(rec: dict, index: int) -> str:
+    """A row's key in its file: its ``id`` where it has a scalar one (the hub datasets carry one), else its
+    index (``%09d``). The same id twice in one file stays two rows told apart by position (``ingest``)."""
+    rid = rec.get("id")
+    return f"{index:09d}" if rid is None or isinstance(rid, (dict, list, bytes, bytearray)) else str(rid)
+
+
+def default_source(path: str) -> str:
+    """The source name of a file when the config gives none: its folder's name — or, in the hub's layout
+    (``<dataset>/data/train-0000K-of-0000N.parquet``), the dataset's: the folder above ``data/``, and in a hub
+    cache (``datasets--<owner>--<name>/snapshots/<rev>/data/``) the dataset's name."""
+    from pathlib import Path
+
+    folder = Path(path).parent
+    if folder.name != "data" or not folder.parent.name:
+        return folder.name
+    dataset = folder.parent
+    if dataset.parent.name == "snapshots" and dataset.parent.parent.name.startswith("datasets--"):
+        return dataset.parent.parent.name.split("--")[-1]
+    return dataset.name
 
 
 def bad_row(key: str, raw: bytes, error: str) -> RawSample:

@@ -17,7 +17,8 @@ import json
 import os
 from typing import Iterator
 
-from curation.formats import JSON_CHUNK_ROWS, RawSample, Take, bad_row, file_image, llava_turns, row_category
+from curation.formats import (JSON_CHUNK_ROWS, RawSample, Take, bad_row, file_image, llava_turns, row_category,
+                              row_source)
 from manifests.sources import BadRow, iter_json_records, message_turns
 
 
@@ -70,7 +71,7 @@ def json_sample(rec, key: str, root: str, fmt: str, extra_keys: frozenset) -> Ra
             raise BadRow("no `conversations` field")
         turns, problem = llava_turns(rec["conversations"], extra_keys)
         images = json_images(rec["images"] if rec.get("images") is not None else rec.get("image"), root)
-    return RawSample(key, turns, images, category=row_category(rec), format_status=problem)
+    return RawSample(key, turns, images, category=row_category(rec), format_status=problem, source=row_source(rec))
 
 
 def read_json(path: str, cfg, take: Take) -> Iterator[RawSample]:

@@ -2,8 +2,9 @@
 and the chat ``messages`` layout.
 
 A file is read one row group at a time (the work unit ``take`` decides on), ``PARQUET_BATCH_ROWS``
-rows decoded at once, only the columns the layout needs. Keys are the row index in the file
-(``%09d``, as caption Parquet always had). Image bytes in a cell are addressed as container
+rows decoded at once, only the columns the layout needs. Keys are the row's ``id`` column where the file
+has one (the hub's datasets do), else the row index in the file (``%09d``, as caption Parquet always had).
+A conversation row's ``data_source`` names its source when the config sets none (``ingest``). Image bytes in a cell are addressed as container
 ``parquet`` (column, row, list index); an HF ``{bytes: null, path}`` struct as the image file it
 names, relative to ``image_root`` (default: the Parquet file's folder).
 
@@ -28,7 +29,7 @@ from typing import Iterator
 
 from curation.formats import (PARQUET_BATCH_ROWS, BadRow, ImageRef, RawSample, ShardError, Take, bad_row,
                               caption_sample, cell_image, finevision_turns, image_address, is_image_type, llava_turns,
-                              parquet_schema, row_category)
+                              parquet_schema, row_category, row_key, row_source)
 from manifests.sources import message_turns
 
 
@@ -83,7 +84,9 @@ def read_caption_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
 
     have = parquet_schema(path).names
     _require(path, [cfg.image_column, cfg.caption_column], have, "set image_column/caption_column in the ingest config")
-    for idx, row in iter_rows(path, [cfg.image_column, cfg.caption_column], take):
+    ids = ["id"] if "id" in have and "id" not in (cfg.image_column, cfg.caption_column) else []
+    for idx, row in iter_rows(path, [cfg.image_column, cfg.caption_column, *ids], take):
+        key = row_key(row, idx)
         cap = row[cfg.caption_column]
         raw_cap = cap.encode() if isinstance(cap, str) else cap
         try:
@@ -93,31 +96,32 @@ def read_caption_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
             if not isinstance(img, (bytes, bytearray, memoryview)):
                 raise TypeError(f"{cfg.image_column}.bytes: expected binary, got {type(img).__name__}")
         except TypeError as e:
-            yield bad_row(f"{idx:09d}", _raw({"caption": cap}), f"{cfg.image_column}: {e}"
+            yield bad_row(key, _raw({"caption": cap}), f"{cfg.image_column}: {e}"
                           if str(e).startswith("image cell") else str(e))
             continue
         raw_cap = bytes(raw_cap) if raw_cap is not None else None
         img = bytes(img)
         image = ImageRef(image_address(path, "parquet", idx, cfg.image_column, -1), img)
-        yield caption_sample(f"{idx:09d}", image, raw_cap)
+        yield caption_sample(key, image, raw_cap)
 
 
 def read_llava_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
     schema = parquet_schema(path)
     image_cols = list(cfg.image_columns) or [f.name for f in schema if is_image_type(f.type)]
     _require(path, ["conversations", *image_cols], schema.names, "set image_columns in the ingest config")
-    meta = [c for c in ("category", "data_source") if c in schema.names]
+    meta = [c for c in ("category", "data_source", "id") if c in schema.names and c not in image_cols]
     root = cfg.image_root or os.path.dirname(path)
     extra = frozenset(cfg.extra_turn_keys)
     for idx, row in iter_rows(path, ["conversations", *image_cols, *meta], take):
-        key = f"{idx:09d}"
+        key = row_key(row, idx)
         try:
             turns, problem = llava_turns(row["conversations"], extra)
             images = [ref for c in image_cols for ref in _cell_images(row[c], path, idx, c, root, True)]
         except BadRow as e:
             yield bad_row(key, _raw(row), str(e))
             continue
-        yield RawSample(key, turns, images, category=row_category(row), format_status=problem)
+        yield RawSample(key, turns, images, category=row_category(row), format_status=problem,
+                        source=row_source(row))
 
 
 def read_finevision(path: str, cfg, take: Take) -> Iterator[RawSample]:
@@ -144,15 +148,16 @@ def read_finevision(path: str, cfg, take: Take) -> Iterator[RawSample]:
 def read_messages_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
     schema = parquet_schema(path)
     _require(path, ["messages"], schema.names, "the messages layout has a messages column (+ images)")
-    cols = ["messages"] + [c for c in ("images", "category", "data_source") if c in schema.names]
+    cols = ["messages"] + [c for c in ("images", "category", "data_source", "id") if c in schema.names]
     root = cfg.image_root or os.path.dirname(path)
     extra = frozenset(cfg.extra_turn_keys)
     for idx, row in iter_rows(path, cols, take):
-        key = f"{idx:09d}"
+        key = row_key(row, idx)
         try:
             turns, problem = message_turns(row["messages"], extra)
             images = _cell_images(row.get("images"), path, idx, "images", root, True)
         except BadRow as e:
             yield bad_row(key, _raw(row), str(e))
             continue
-        yield RawSample(key, turns, images, category=row_category(row), format_status=problem)
+        yield RawSample(key, turns, images, category=row_category(row), format_status=problem,
+                        source=row_source(row))

@@ -84,7 +84,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from curation.formats import FORMATS, RawSample, ShardError, detect_format
+from curation.formats import FORMATS, RawSample, ShardError, default_source, detect_format
 from curation.image_header import DEFAULT_MAX_PIXELS, inspect_image
 from curation.readers import adapter
 from ovpipe.step import Step, TaskContext
@@ -93,7 +93,8 @@ from ovpipe.step import Step, TaskContext
 @dataclass
 class IngestConfig:
     inputs: list[str] = field(default_factory=list)   # paths or globs: .tar / .parquet / .json / .jsonl
-    source: str | None = None                          # source name; default: the input file's folder name
+    source: str | None = None                          # source name; default: the row's data_source, else the
+                                                       # file's folder (the dataset's, above a hub `data/`)
     format: str = "auto"                               # one of curation.formats.FORMATS
     category: str | None = None                        # the whole step's category; default: per row (see above)
     image_root: str | None = None                      # image paths are relative to it; default: the file's folder
@@ -175,6 +176,7 @@ def sample_row(raw: RawSample, source: str, shard: str, shard_format: str, cfg: 
         caption = raw.caption
     else:
         caption = next((t for r, t in raw.turns if r == "assistant"), None)
+    source = source if cfg.source else (raw.source or source)
     category = cfg.category or raw.category or (
         CAPTION_CATEGORY if raw.caption_source or is_caption_pair(raw.turns, len(images)) else source)
     return {"sample_id": sid, "source": source, "shard": shard, "key": raw.key, "shard_format": shard_format,
@@ -215,7 +217,7 @@ def run(cfg: IngestConfig, task: TaskContext) -> None:
     with task.progress(None, unit="sample") as bar:
         for i, path in enumerate(files):
             owner = i % task.world_size == task.rank  # owns the file's first unit: counts it, writes its `shards` row
-            source = cfg.source or Path(path).parent.name
+            source = cfg.source or default_source(path)
             fmt, problem = None, None
             n0 = n
 

@@ -162,16 +162,16 @@ def test_llava_onevision_parquet(tmp_path):
     assert detect_format(str(src), "auto") == "llava-ov-parquet"
     t = read_manifest(_run(tmp_path, [src, src2]), "samples").to_pylist()
     rows = {(r["shard"].rsplit("/", 1)[1], r["key"]): r for r in t}
-    r0 = rows[("part-0.parquet", "000000000")]
+    r0 = rows[("part-0.parquet", "a")]
     check_ok(r0, [("user", "<image>\nColour?"), ("assistant", "Red.")], [a])
     assert (r0["images"][0]["container"], r0["images"][0]["column"], r0["images"][0]["index"]) == ("parquet", "image", -1)
-    assert r0["category"] == "vqa"
-    check_ok(rows[("part-0.parquet", "000000001")], [("user", "Hi"), ("assistant", "Hello")], [])  # null image: text-only
-    r2 = rows[("part-0.parquet", "000000002")]
+    assert r0["category"] == "vqa" and r0["source"] == "vqa"      # the row's id is its key, data_source its source
+    check_ok(rows[("part-0.parquet", "b")], [("user", "Hi"), ("assistant", "Hello")], [])  # null image: text-only
+    r2 = rows[("part-0.parquet", "c")]
     assert r2["status"] == "unexpected_key" and r2["n_images"] == 2
     assert [(x["column"], x["index"]) for x in r2["images"]] == [("image", -1), ("extra_images", 0)]
     assert [read_image(x) for x in r2["images"]] == [b, c]
-    assert rows[("part-0.parquet", "000000003")]["status"] == "missing_image"   # a null element of a list column
+    assert rows[("part-0.parquet", "d")]["status"] == "missing_image"   # a null element of a list column
     check_ok(rows[("part-1.parquet", "000000000")], [("user", "<image>Q"), ("assistant", "A")], [a])
     assert rows[("part-1.parquet", "000000001")]["status"] == "bad_row"
 
@@ -365,3 +365,35 @@ def test_demo_conversation_sets_ingest(tmp_path):
     assert all(r["turn_ratings"] for r in ok if r["source"] == "finevision")
     dup = [r for r in t if r["status"] == "duplicate"]   # the first FineVision row repeats a LLaVA one
     assert len(dup) == 1 and dup[0]["source"] == "llava" and "train-00000.parquet" in dup[0]["error"]
+
+
+def test_hub_layout_source_is_the_dataset_and_keys_are_the_row_ids(tmp_path):
+    """The hub's layout (``<dataset>/data/train-0000K-of-0000N.parquet``, as ``datasets`` pushes it): with no
+    ``source`` in the config, a row's source is its ``data_source`` where it has one, else the dataset folder
+    above ``data/`` (the dataset's name inside a hub cache); its key is its ``id``."""
+    a, b = img(40, 30, "red"), img(30, 40, "blue")
+    msgs = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+
+    def shard(path, ids, sources=None):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cols = {"id": ids, "messages": pa.array([[{"role": "user", "content": "<image>What colour?"},
+                                                  {"role": "assistant", "content": f"Colour {i}."}] for i in ids], msgs),
+                "images": pa.array([[{"bytes": a if k % 2 else b, "path": None}] for k in range(len(ids))],
+                                   pa.list_(HF_IMAGE))}
+        if sources is not None:
+            cols["data_source"] = sources
+        pq.write_table(pa.table(cols), path)
+
+    shard(tmp_path / "MyVQA" / "data" / "train-00000-of-00002.parquet", ["q-1", "q-2"])
+    shard(tmp_path / "MyVQA" / "data" / "train-00001-of-00002.parquet", ["q-3"])
+    cache = tmp_path / "hub" / "datasets--org--MixSet" / "snapshots" / "0123abcd" / "data"
+    shard(cache / "train-00000-of-00001.parquet", ["m-1", "m-2"], ["chartqa", None])
+    rows = ingest(tmp_path / "run", [tmp_path / "MyVQA" / "data" / "*.parquet", cache / "*.parquet"])
+    assert {k: (r["source"], r["status"]) for k, r in rows.items()} == {
+        "q-1": ("MyVQA", "ok"), "q-2": ("MyVQA", "ok"), "q-3": ("MyVQA", "ok"),
+        "m-1": ("chartqa", "ok"), "m-2": ("MixSet", "ok")}
+    shards = read_manifest(tmp_path / "run", "shards", step="ingest").to_pylist()
+    assert sorted(s["source"] for s in shards) == ["MixSet", "MyVQA", "MyVQA"]
+    # the config's source still wins over both
+    rows = ingest(tmp_path / "run", [cache / "*.parquet"], "source=mine", name="ingest-mine")
+    assert {r["source"] for r in rows.values()} == {"mine"}
