@@ -16,10 +16,11 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 
 def embedded_run(run: Path, vectors: np.ndarray, areas=None, parts: int = 2, bad: int = 0, captions=None,
-                 sources=None, ids=None) -> list[str]:
+                 sources=None, ids=None, conversations=None) -> list[str]:
     """``run/ingest/samples`` and ``run/embed-images/{image_embeddings,data}`` for ``vectors`` (one ok sample
     each, ``areas`` = width × height as width w, height 1), plus ``bad`` samples without a vector
-    (decode_error). The embed folder is a finished step (executor.json, config.json, finalized), so a
+    (decode_error); ``conversations[k]`` (a list of (role, text), or None) makes ok sample k a conversation.
+    The embed folder is a finished step (executor.json, config.json, finalized), so a
     step that reads ``samples`` through it resolves the ingest folder. Returns the sample ids, in order."""
     from curation.embed import EmbedImagesConfig
     from ovpipe.config import config_json
@@ -45,13 +46,15 @@ def embedded_run(run: Path, vectors: np.ndarray, areas=None, parts: int = 2, bad
             w = int(areas[ok_rows[i]]) if ok else 10
             cap = captions[ok_rows[i]] if captions is not None and ok else f"caption {i}"
             src = sources[ok_rows[i]] if sources is not None and ok else "s"
+            turns = conversations[ok_rows[i]] if conversations is not None and ok else None
+            conv = [{"role": r, "text": t} for r, t in turns] if turns else [
+                {"role": "user", "text": "<image>"}, {"role": "assistant", "text": cap}]
             ss.append({"sample_id": ids[i], "source": src, "shard": "x.tar", "key": f"k{i}", "shard_format": "tar",
                        "offset": 0, "size": 1, "image_format": "jpeg", "width": w, "height": 1, "caption": cap,
-                       "category": "caption", "n_images": 1,
+                       "category": "instruct" if turns else "caption", "n_images": 1,
                        "images": [{"file": "x.tar", "container": "tar", "offset": 0, "size": 1, "column": None,
                                    "index": -1, "format": "jpeg", "width": w, "height": 1}],
-                       "conversation": [{"role": "user", "text": "<image>"}, {"role": "assistant", "text": cap}],
-                       "turns": 2, "turn_ratings": None, "status": "ok", "error": None})
+                       "conversation": conv, "turns": len(conv), "turn_ratings": None, "status": "ok", "error": None})
             ee.append({"sample_id": ids[i], "file": file if ok else None, "row": at[i] if ok else -1,
                        "status": "ok" if ok else "decode_error", "error": None if ok else "broken"})
         write_part(ss, run / "ingest" / "samples" / f"part-{k:05d}.parquet", "samples")

@@ -85,7 +85,7 @@ def test_same_bytes_at_1_2_4_tasks_and_a_cluster_split_again(tmp_path):
         run = tmp_path / f"t{tasks}"
         embedded_run(run, vectors, areas, parts=3, bad=1)
         # max_cluster_rows below the mean cluster: every cluster is split again by k-means
-        assert main(["dedup", "--run-dir", str(run), "--tasks", str(tasks), "--workers", "2", "--quiet",
+        assert main(["dedup", "--run-dir", str(run), "--tasks", str(tasks), "--quiet",
                      "--set", "cluster_rows=100", "--set", "max_cluster_rows=60", "--set", "report_pairs=0"]) == 0
         out.append(_merged_bytes(run, tmp_path))
     assert out[0] == out[1] == out[2]

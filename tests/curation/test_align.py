@@ -1,0 +1,104 @@
+"""`align`: the image–text CLIP score through the embed step's own model, the per-source percentile cut,
+conversations scored on their first turn, the same bytes at any task count."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dedup_fixtures import embedded_run  # noqa: E402
+
+from curation.align import AlignConfig, percentile_threshold, text_of  # noqa: E402
+from manifests import read_manifest  # noqa: E402
+from manifests.io import write_table  # noqa: E402
+from ovpipe.cli import main  # noqa: E402
+
+COLOURS = ["red", "blue", "green", "teal", "pink", "gold"]
+SHAPES = ["circle", "star", "square", "cross", "heart", "moon"]
+
+
+def _tiny_clip(path: Path):
+    import open_clip
+
+    from curation.clip import load_clip, register_configs
+
+    register_configs()
+    torch.manual_seed(0)
+    net, _, _ = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
+    torch.save({"state_dict": net.state_dict()}, path)
+    return load_clip("ovpipe-tiny-clip", str(path), "cpu")
+
+
+def test_percentile_threshold_is_the_bin_edge_below_the_share():
+    hist = np.zeros(4096, np.int64)
+    hist[[100, 200, 300, 400]] = [5, 5, 5, 85]
+    t = percentile_threshold(hist, 10)            # 10 of 100 rows: the bin at 200 holds the 10th
+    assert t == pytest.approx(-1 + 2 * 200 / 4096)
+    assert np.isnan(percentile_threshold(np.zeros(4096, np.int64), 5))
+
+
+def test_conversation_text_is_the_first_user_and_assistant_turn():
+    row = {"category": "instruct", "caption": "x", "conversation": [
+        {"role": "system", "text": "be brief"}, {"role": "user", "text": "<image>\nWhat is it?"},
+        {"role": "assistant", "text": "A red  star."}, {"role": "user", "text": "And?"}]}
+    assert text_of(row) == ("What is it? A red star.", "first_turn", None)
+    assert text_of(row, "skip") == (None, None, "skipped_conversation")
+    assert text_of({"category": "caption", "caption": "  ", "conversation": []}) == (None, None, "no_text")
+    with pytest.raises(ValueError, match="threshold and percentile"):
+        AlignConfig(threshold=0.2, percentile=5)
+
+
+def test_scores_cut_and_bytes_at_1_and_2_tasks(tmp_path):
+    net, _, tokenizer, _ = _tiny_clip(tmp_path / "tiny.pt")
+    rng = np.random.default_rng(0)
+    captions = [f"a {COLOURS[i % 6]} {SHAPES[(i // 6) % 6]} and a {COLOURS[(i * 5) % 6]} {SHAPES[i % 5]}" for i in range(40)]
+    with torch.no_grad():
+        img = torch.nn.functional.normalize(net.encode_text(tokenizer(captions)), dim=-1).numpy()
+    img = img + rng.normal(scale=0.02, size=img.shape)     # an image vector near its caption's
+    img /= np.linalg.norm(img, axis=1, keepdims=True)
+    shown = list(captions)
+    mismatched = set(range(0, 40, 5))
+    for k in mismatched:                                   # a caption of another sample
+        shown[k] = captions[(k + 21) % 40]
+    conv = [None] * 40
+    conv[7] = [("user", "<image>\nDescribe it."), ("assistant", captions[7])]
+    sources = ["web" if k % 2 else "books" for k in range(40)]
+    out = []
+    for tasks in (1, 2):
+        run = tmp_path / f"t{tasks}"
+        ids = embedded_run(run, img.astype(np.float32), parts=2, bad=2, captions=shown, sources=sources,
+                           conversations=conv)
+        emb_cfg = run / "embed-images" / "config.json"
+        emb_cfg.write_text(emb_cfg.read_text().replace('"pretrained": ""', f'"pretrained": "{tmp_path / "tiny.pt"}"'))
+        assert main(["align", "--run-dir", str(run), "--tasks", str(tasks), "--quiet", "--set", "percentile=20",
+                     "--set", "batch_size=64"]) == 0
+        f = tmp_path / f"t{tasks}.parquet"
+        write_table(read_manifest(run, "alignment"), f)
+        out.append(f.read_bytes())
+    assert out[0] == out[1]
+    rows = {r["sample_id"]: r for r in read_manifest(tmp_path / "t1", "alignment").to_pylist()}
+    assert sum(r["status"] == "decode_error" and r["score"] is None for r in rows.values()) == 2
+    # the score is the cosine of the stored fp16 image vector and the text through the same tower
+    with torch.no_grad():
+        txt = torch.nn.functional.normalize(net.encode_text(tokenizer(shown)), dim=-1).numpy()
+    stored = img.astype(np.float16).astype(np.float32)
+    stored /= np.linalg.norm(stored, axis=1, keepdims=True)
+    want = (stored * txt).sum(1)
+    k7 = rows[ids[7]]
+    assert k7["text_kind"] == "first_turn"
+    for k, sid in enumerate(ids):
+        if k != 7:
+            assert rows[sid]["text_kind"] == "caption" and rows[sid]["score"] == pytest.approx(want[k], abs=2e-5)
+    # per source, at most 20% below the cut, and every one of them below it
+    for src in ("web", "books"):
+        mine = [r for r in rows.values() if r["source"] == src and r["score"] is not None]
+        low = [r for r in mine if r["status"] == "low_alignment"]
+        assert 0 < len(low) <= 0.2 * len(mine)
+        assert all(r["score"] < r["threshold"] for r in low)
+        assert all(r["score"] >= r["threshold"] for r in mine if r["status"] == "ok")
+    low_ids = {ids.index(s) for s, r in rows.items() if r["status"] == "low_alignment"}
+    assert low_ids <= mismatched | {7}, low_ids - mismatched     # what the cut marks are the planted mismatches
+    assert (tmp_path / "t1" / "align" / "scores.png").stat().st_size > 1000
+    assert "| books |" in (tmp_path / "t1" / "align" / "report.md").read_text()
