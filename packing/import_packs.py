@@ -1,6 +1,6 @@
 """``import-packs``: a folder in the official LLaVA-OneVision-1.5 packed layout (its offline-packing step 4,
 or ``pack-official``) → ovpipe packs: the ``packs`` manifest and packed shards (``packing.shards``) that
-``ovpipe pretrain --set data=import-packs`` trains on, plus ``imported_packs``, one row per entry with its
+``ovpipe pretrain --data import-packs`` trains on, plus ``imported_packs``, one row per entry with its
 status.
 
 Each entry is read the way the official ``sample_loader`` reads it (``packing.official.parse_entry``): the
@@ -14,8 +14,8 @@ exactly one ``<image>``) and no pack; one longer than ``seq_len`` under ovpipe's
 per sub-sample more than the official count) is ``too_long``.
 
 Numbering: ``pack_id`` is the entry's position in the folder, tars in path order with the entry counts
-energon recorded (``.nv-meta/.info.json``); source tar ``j`` becomes ``data/pack-{j:06d}.tar`` and ranks
-take whole tars, so the output is byte-identical for any task count. ``finalize`` prepares the step
+energon recorded (``.nv-meta/.info.json``, or ``.info.yaml``); source tar ``j`` becomes
+``data/pack-{j:06d}.tar`` and ranks take whole tars, so the output is byte-identical for any task count. ``finalize`` prepares the step
 folder as ovpipe's energon dataset (``packing.energon``).
 """
 from __future__ import annotations
@@ -54,9 +54,9 @@ class ImportPacksConfig:
     def check(self, run_dir: Path) -> None:
         """Before any work: the folder is an energon-prepared dataset, a local tokenizer path exists."""
         check_local_path("source", self.source)
-        if not (Path(self.source) / ".nv-meta" / ".info.json").is_file():
-            raise ValueError(f"source: {self.source} has no .nv-meta/.info.json — run `energon prepare` on it "
-                             f"(the official step 4 does)")
+        if not any((Path(self.source) / ".nv-meta" / f).is_file() for f in (".info.json", ".info.yaml")):
+            raise ValueError(f"source: {self.source} has no .nv-meta/.info.json (or .info.yaml) — run `energon "
+                             f"prepare` on it (the official step 4 does)")
         if looks_like_local_path(self.tokenizer):
             check_local_path("tokenizer", self.tokenizer)
 
@@ -132,7 +132,7 @@ def official_entries(root: str, rel: str, n: int):
     for k, item in enumerate(iter_entries(Path(root) / rel), 1):
         yield item
     if k != n:
-        raise RuntimeError(f"{root}/{rel}: {k} entries but .nv-meta/.info.json says {n} — re-run `energon prepare`")
+        raise RuntimeError(f"{root}/{rel}: {k} entries but energon's .nv-meta/.info says {n} — re-run `energon prepare`")
 
 
 def encode_entry(tok, cfg: ImportPacksConfig, img_cfg, members: dict, pack_id: int) -> dict:

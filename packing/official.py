@@ -144,16 +144,18 @@ def write_meta(root: Path) -> None:
 
 # ------------------------------------------------------------------------------------------- reading
 
-def shards(root: str | Path) -> list[str]:
+def shards(root: str | Path) -> list[tuple[str, int]]:
     """The tars of an official folder, relative to it, with the number of entries energon counted in each
-    (``.nv-meta/.info.json``), in path order: pack numbering follows it, whatever the task count."""
-    root = Path(root)
-    info = root / ".nv-meta" / ".info.json"
-    if not info.is_file():
-        raise FileNotFoundError(f"{info} is missing: an official folder is energon-prepared "
+    (``.nv-meta/.info.json``; ``.info.yaml`` from the energon the official release pins), in path order: pack
+    numbering follows it, whatever the task count."""
+    import yaml
+
+    meta = Path(root) / ".nv-meta"
+    info = next((p for p in (meta / ".info.json", meta / ".info.yaml") if p.is_file()), None)
+    if info is None:
+        raise FileNotFoundError(f"{meta} has no .info.json or .info.yaml: an official folder is energon-prepared "
                                 f"(`energon prepare {root}`, as its step 4 does)")
-    counts = json.loads(info.read_text())["shard_counts"]
-    return sorted(counts.items())
+    return sorted(yaml.safe_load(info.read_text())["shard_counts"].items())   # JSON is YAML
 
 
 def iter_entries(path: str | Path) -> Iterator[tuple[str, dict]]:
