@@ -28,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 
-from ovpipe.config import check_range, check_step_folder
+from ovpipe.config import check_local_path, check_range, check_step_folder
 from ovpipe.inputs import Input
 from ovpipe.step import Step, TaskContext
 
@@ -46,6 +46,7 @@ class AlignConfig:
     batch_size: int = 256
     device: str = "auto"
     embeddings_step: str = "embed-images"   # the image vectors scored (and, through it, the samples' texts)
+    planted: str = ""                       # demo: planted.parquet — the report counts the mismatched captions found
 
     def __post_init__(self):
         if self.threshold is not None and self.percentile is not None:
@@ -57,6 +58,8 @@ class AlignConfig:
         if self.conversations not in ("first_turn", "skip"):
             raise ValueError(f"conversations must be first_turn or skip, got {self.conversations!r}")
         check_step_folder("embeddings_step", self.embeddings_step)
+        if self.planted:
+            check_local_path("planted", self.planted)
 
 
 def text_of(row: dict, conversations: str = "first_turn") -> tuple[str | None, str | None, str | None]:
@@ -248,6 +251,17 @@ def write_report(cfg: AlignConfig, task: TaskContext) -> None:
     plt.tight_layout()
     plt.savefig(task.step_dir / "scores.png", dpi=110)
     plt.close()
+    if cfg.planted:
+        p = "'" + cfg.planted.replace("'", "''") + "'"
+        with task.duckdb() as con:
+            planted, found, low = con.execute(f"""
+                SELECT count(*) FILTER (WHERE p.kind = 'mismatched_caption'),
+                       count(*) FILTER (WHERE p.kind = 'mismatched_caption' AND a.status = 'low_alignment'),
+                       (SELECT count(*) FROM read_parquet({files}) WHERE status = 'low_alignment')
+                FROM read_parquet({p}) p LEFT JOIN read_parquet({files}) a USING (sample_id)""").fetchone()
+        task.stats.info["planted_mismatched"] = {"planted": planted, "found": found, "low_alignment": low}
+        lines += ["", f"Planted mismatched captions (demo): {found} of {planted} marked low_alignment "
+                      f"({low} low_alignment rows in all)."]
     (task.step_dir / "report.md").write_text("\n".join(lines) + "\n\nPlot: scores.png\n")
 
 

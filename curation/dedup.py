@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ovpipe.config import check_range, check_step_folder
+from ovpipe.config import check_local_path, check_range, check_step_folder
 from ovpipe.inputs import Input
 from ovpipe.step import Step, TaskContext
 
@@ -62,6 +62,7 @@ class DedupConfig:
     embeddings_step: str = "embed-images"  # the image_embeddings (and, through it, the samples) deduplicated
     concepts_from: str = ""                # an assign step folder: the report counts removals per concept
     report_pairs: int = 12                 # example pairs in pairs.png
+    planted: str = ""                      # demo: planted.parquet (sample_id, kind, original) — the report scores it
 
     def __post_init__(self):
         check_range(self, "eps", 0, 1, lo_open=True)
@@ -75,6 +76,8 @@ class DedupConfig:
         check_step_folder("embeddings_step", self.embeddings_step)
         if self.concepts_from:
             check_step_folder("concepts_from", self.concepts_from)
+        if self.planted:
+            check_local_path("planted", self.planted)
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 

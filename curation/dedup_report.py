@@ -79,6 +79,33 @@ def removals_per_concept(task, top: int = 15):
     return rows, int(losing)
 
 
+def planted_found(planted: str, task) -> list[str]:
+    """The demo's planted copies (``demo.corpus.plant_cases``): per kind, how many were marked as a duplicate of
+    their original (or the original of them), and the near_duplicate pairs that are not planted ones."""
+    p = "'" + str(planted).replace("'", "''") + "'"
+    d = _files(task, "dedup", own=True)
+    with task.duckdb() as con:
+        rows = con.execute(f"""
+            SELECT p.kind, count(*) AS planted,
+                   count(*) FILTER (WHERE (a.status = 'near_duplicate' AND a.duplicate_of = p.original)
+                                       OR (o.status = 'near_duplicate' AND o.duplicate_of = p.sample_id)) AS found
+            FROM read_parquet({p}) p LEFT JOIN read_parquet({d}) a ON a.sample_id = p.sample_id
+                 LEFT JOIN read_parquet({d}) o ON o.sample_id = p.original
+            WHERE p.original IS NOT NULL GROUP BY p.kind ORDER BY p.kind""").fetchall()
+        other = con.execute(f"""
+            SELECT count(*) FROM read_parquet({d}) x WHERE x.status = 'near_duplicate' AND NOT EXISTS (
+                SELECT 1 FROM read_parquet({p}) p WHERE (p.sample_id = x.sample_id AND p.original = x.duplicate_of)
+                                                  OR (p.original = x.sample_id AND p.sample_id = x.duplicate_of))""").fetchone()[0]
+    found = sum(r[2] for r in rows)
+    marked = found + int(other)
+    task.stats.info["planted"] = {k: {"planted": n, "found": f} for k, n, f in rows}
+    task.stats.info["planted_precision"] = round(found / marked, 4) if marked else None
+    return ["Planted near-duplicates (demo): found = marked as a duplicate of their original (or it of them).", "",
+            "| kind | planted | found |", "| --- | ---: | ---: |", *[f"| {k} | {n} | {f} |" for k, n, f in rows],
+            "", f"Other near_duplicate rows (not a planted pair): {other}; precision on the planted pairs: "
+                f"{found}/{marked}."]
+
+
 def write_report(cfg, task) -> None:
     r = task.read_reduced("dedup")
     images = int(r["images"][0])
@@ -99,5 +126,7 @@ def write_report(cfg, task) -> None:
                   f"{losing} concepts lose images; the {len(rows)} losing most):", "",
                   "| concept | text | images | removed | share |", "| ---: | --- | ---: | ---: | ---: |"]
         lines += [f"| {c} | {t} | {n} | {m} | {s:.4f} |" for c, t, n, m, s in rows]
+    if cfg.planted:
+        lines += ["", *planted_found(cfg.planted, task)]
     (task.step_dir / "report.md").write_text("\n".join(lines) + "\n")
     task.stats.info["removed"] = int(r["removed"][list(np.round(r["eps"], 10)).index(round(cfg.eps, 10))])

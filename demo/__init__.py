@@ -3,17 +3,19 @@ policy (`rl`), and the tiny random models the demo and the tests generate with (
 is imported by a stage; it sits on top of them."""
 
 
-def write_demo_data(out, n_samples: int = 2000, seed: int = 0, shards: int = 4, conversations: bool = True) -> dict:
+def write_demo_data(out, n_samples: int = 2000, seed: int = 0, shards: int = 4, conversations: bool = True,
+                    planted: int = 24) -> dict:
     """``ovpipe demo-data``: the caption shards (``corpus``) and, unless told not to, the LLaVA-558K-style
     and instruction sets (``conversations``), and the image-QA task folder lmms-eval runs on (``eval_tasks``)
-    under ``out``; returns what was written."""
+    under ``out``; the caption shards gain ``planted`` near-duplicates of each kind and mismatched captions
+    (``corpus.plant_cases``); returns what was written."""
     from pathlib import Path
 
     from demo.conversations import write_demo_conversations
     from demo.corpus import write_demo_corpus
     from demo.eval_tasks import write_demo_eval_tasks
 
-    info = write_demo_corpus(Path(out), n_samples=n_samples, seed=seed, shards=shards)
+    info = write_demo_corpus(Path(out), n_samples=n_samples, seed=seed, shards=shards, planted=planted)
     if conversations:
         info["conversations"] = write_demo_conversations(Path(out), seed=seed)
     info["eval_tasks"] = write_demo_eval_tasks(Path(out), seed=seed)

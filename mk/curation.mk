@@ -1,4 +1,5 @@
-# curation: demo CLIP (demo only) → image / concept embeddings → top-K concepts → balance → report
+# curation: demo CLIP (demo only) → image / concept embeddings → top-K concepts → near-duplicates + alignment
+# → balance (skipping near_duplicate / low_alignment) → report
 DEMO_TARGETS += curation
 CLIP_CKPT = $(abspath $(RUN))/demo-clip/data/tiny-clip.pt
 DEMO_CLIP_ARGS ?=
@@ -11,5 +12,7 @@ curation:
 	$(OVPIPE) embed-concepts --config configs/demo/embed-concepts.yaml --set pretrained=$(CLIP_CKPT) \
 	  --set vocabulary=$(abspath $(DEMO_DATA))/concepts.txt $(STEP_ARGS)
 	$(OVPIPE) assign --config configs/demo/assign.yaml $(STEP_ARGS)
+	$(OVPIPE) dedup --config configs/demo/dedup.yaml --set planted=$(abspath $(DEMO_DATA))/planted.parquet $(STEP_ARGS)
+	$(OVPIPE) align --config configs/demo/align.yaml --set planted=$(abspath $(DEMO_DATA))/planted.parquet $(STEP_ARGS)
 	$(OVPIPE) balance --config configs/demo/balance.yaml $(STEP_ARGS)
 	$(OVPIPE) balance-report --config configs/demo/balance-report.yaml $(EXEC_ARGS)
