@@ -59,7 +59,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo-data": ("demo:write_demo_data",
                   "write the synthetic demo corpus"),
     "view": ("viewer.serve:main",
-             "a local web page over a run: samples, concepts, packs, training, RL (its own --help)"),
+             "browse a run in a web page on this machine (own --help)"),
 }
 
 
