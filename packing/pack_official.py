@@ -38,6 +38,7 @@ class PackOfficialConfig:
 
 def run(cfg: PackOfficialConfig, task: TaskContext) -> None:
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from ovpipe.inputs import upstream_config
     from packing.lengths import STEP as LENGTHS
@@ -55,10 +56,12 @@ def run(cfg: PackOfficialConfig, task: TaskContext) -> None:
     with task.part_writer("official_packs") as out:
         if packs is None or not packs.num_rows:
             return
-        need = set(packs.column("sample_ids").combine_chunks().flatten().to_pylist())
-        sources = [b.filter(pa.array([s in need for s in b.column("sample_id").to_pylist()])).column("source_sample_id")
+        ids = pc.unique(packs.column("sample_ids").combine_chunks().flatten())
+        # the ingested rows these samples come from (a recaptioned sample names its source), one streamed pass
+        sources = [b.filter(pc.is_in(b.column("sample_id"), value_set=ids)).column("source_sample_id")
                    for b in task.iter_input("lengths", ["sample_id", "source_sample_id"], step=pcfg.lengths_step)]
-        rows = needed_samples(task, lcfg, need, pa.concat_arrays([s for s in sources if len(s)] or [pa.array([], pa.string())]))
+        rows = needed_samples(task, lcfg, set(ids.to_pylist()),
+                              pa.chunked_array([s for s in sources if len(s)], pa.string()))
         tok = load_tokenizer(lcfg.tokenizer)
         writer = OfficialWriter(task, pcfg, lcfg, tok, rows)
         for p in packs.to_pylist():
