@@ -87,9 +87,13 @@ class RunCatalog:
                 "source": [r["source"] for r in self.rows("SELECT DISTINCT source FROM samples ORDER BY 1")]}
 
     def sample(self, sample_id: str) -> dict | None:
+        if not self.has("samples"):
+            return None
         return self.one("SELECT * FROM samples WHERE sample_id = ? LIMIT 1", [sample_id])
 
     def image_address(self, sample_id: str, index: int) -> dict | None:
+        if not self.has("samples"):
+            return None
         row = self.one("SELECT images[?] AS a FROM samples WHERE sample_id = ? LIMIT 1", [index + 1, sample_id])
         return row["a"] if row else None
 

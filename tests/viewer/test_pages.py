@@ -89,3 +89,16 @@ def test_overview_lists_every_step_with_its_status(view_run, view_client):
     for folder in ("ingest", "assign", "balance", "pack", "pretrain/stage-1.5", "select"):
         assert f'data-step="{folder}"' in r.text
     assert "st-done" in r.text
+
+
+def test_a_run_with_nothing_yet_answers_every_page_without_a_server_error(tmp_path):
+    from starlette.testclient import TestClient
+
+    from viewer.app import create_app
+
+    client = TestClient(create_app(tmp_path), raise_server_exceptions=False)
+    for url in ("/", "/samples", "/concepts", "/packs", "/training", "/rl", "/sql?q=SELECT+1"):
+        assert client.get(url).status_code == 200, url
+    for url in ("/samples/0123456789abcdef", "/thumb/0123456789abcdef/0", "/packs/pack/0", "/rl/p0"):
+        assert client.get(url).status_code == 404, url
+    assert "no samples" in client.get("/samples").text
