@@ -208,3 +208,45 @@ def test_import_packs_turns_unreadable_entries_into_statuses(official_run, tmp_p
     rc = main(["import-packs", "--set", f"source={folder}", "--set", f"tokenizer={official_run / 'tokenizer'}",
                "--run-dir", str(tmp_path / "run2"), "--quiet"])
     assert rc == 2 and "source" in capsys.readouterr().err and not (tmp_path / "run2" / "import-packs").exists()
+
+
+QWEN_TEMPLATE = (   # Qwen2-VL's shape: a default system turn, every turn closed by "<|im_end|>\n"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.mark.parametrize("template", ["tiny", "qwen-system"])
+def test_official_encode_is_what_the_qwen2vl_processor_gives_the_official_text(official_run, template):
+    """The official encoder hands its text and PIL image to transformers' Qwen2-VL processor: our encoding is
+    that processor's output token for token, at the recipe's pixel bounds, and ovpipe's count is `tail` more."""
+    from PIL import Image
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    from packing.chat_codec import Conversations
+    from packing.official import official_encode, official_text, tail_tokens
+    from packing.tokens import ImageTokenConfig, count_conversations, load_tokenizer
+
+    tok = load_tokenizer(str(official_run / "tokenizer"))
+    if template == "qwen-system":
+        tok.chat_template = QWEN_TEMPLATE
+    img = ImageTokenConfig(min_pixels=56 * 56, max_pixels=112 * 112)
+    proc = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=img.min_pixels, max_pixels=img.max_pixels),
+                            tokenizer=tok, video_processor=Qwen2VLVideoProcessor(), chat_template=tok.chat_template)
+    for (h, w), prompt, caption in [((56, 84), "<image>Describe the image.", "a grey ring."),
+                                    ((300, 200), "What is shown? <image>", "two blue stars on a field."),
+                                    ((20, 30), "<image>\nDescribe the image.", "a red circle.")]:
+        ids, mask = official_encode(tok, prompt, caption, (h, w), img)
+        ref = proc(text=[official_text(tok, prompt, caption)], images=[Image.new("RGB", (w, h), (9, 99, 199))],
+                   return_tensors="np")["input_ids"][0]
+        assert ids.tolist() == ref.tolist()
+        ours = count_conversations(tok, Conversations.from_lists([[("user", prompt), ("assistant", caption)]],
+                                                                 [[(h, w)]]), img)
+        assert ours.total[0] == len(ids) + tail_tokens(tok) and tail_tokens(tok) == 1
+        assert mask.sum() == ours.target[0]      # the same loss tokens: the caption and its <|im_end|>
