@@ -174,8 +174,8 @@ def render_distributed_job(step_name: str, run_dir: Path, opts: SlurmOptions, py
                            name: str | None = None, after: list[str] | None = None) -> str:
     """The one job of a distributed step's task: ``opts.nodes`` × ``opts.tasks_per_node`` processes.
 
-    ``srun`` starts every process itself (``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` from Slurm's
-    ``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NTASKS``; rendezvous at the first node), so a signal
+    ``srun`` starts every process itself (``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE`` from
+    Slurm's ``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NTASKS`` / ``SLURM_NTASKS_PER_NODE``; rendezvous at the first node), so a signal
     reaches them directly, with no launcher in between that would die of it. Each runs ``ovpipe _task``;
     process 0 keeps the task's markers. Pre-emption: ``--signal=B:USR1@<grace>`` warns the batch shell
     before the time limit; its trap forwards USR1 to ``srun``, which forwards it to every process; a step
@@ -195,7 +195,8 @@ def render_distributed_job(step_name: str, run_dir: Path, opts: SlurmOptions, py
     lines += _requeueable_lines(opts, f"{sdir}/logs/slurm-%j_0.out", after)
     task = (f"exec {shlex.quote(python)} -m ovpipe.cli _task {shlex.quote(step_name)} --run-dir "
             f"{shlex.quote(str(run_dir))} --rank 0 --world-size 1 --name {shlex.quote(name)}")
-    rank_env = "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS; "
+    rank_env = ("export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS "
+                "LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; ")
     lines += ["",
               f"# ovpipe step {step_name!r}: one task as {opts.nodes} node(s) x {opts.tasks_per_node} process(es).",
               "set -uo pipefail",

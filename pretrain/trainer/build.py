@@ -1,7 +1,8 @@
 """The trainer's build part: the process groups and the VLM of this rank (its DDP wrapper and optimizer:
 ``pretrain.trainer.optimizer``).
 
-- ``setup_distributed``: the process group (nccl on GPU, gloo on CPU) and megatron's TP/PP/CP/DP groups.
+- ``setup_distributed``: the process group (nccl on GPU, gloo on CPU, host-staged gloo where ranks share a
+  GPU) and megatron's TP/PP/CP/DP groups.
 - ``build_model``: the VLM for this rank's PP stage and TP shard, its recompute mode, on the device, in
   the training dtype.
 """
@@ -15,8 +16,32 @@ import torch
 from pretrain.trainer.config import MODES
 
 
+COLLECTIVES = ("nccl", "gloo", "host")
+
+
+def collectives_path(cuda: bool) -> str:
+    """How this process's collectives travel: ``nccl`` (each rank its own GPU), ``gloo`` (CPU), or ``host``
+    (gloo, staged through host memory: ``pretrain.trainer.host_collectives``). ``host`` is chosen when the
+    node's ranks outnumber its GPUs (NCCL refuses two ranks on one device), or by ``OVPIPE_COLLECTIVES=host``
+    — which on a CPU machine stages CPU tensors too, to test the staging. Every rank of a node decides alike:
+    from the node's rank count (``LOCAL_WORLD_SIZE``: torchrun's, or Slurm's tasks per node)."""
+    asked = os.environ.get("OVPIPE_COLLECTIVES", "")
+    if asked and asked not in COLLECTIVES:
+        raise ValueError(f"OVPIPE_COLLECTIVES must be one of {COLLECTIVES} (or unset), got {asked!r}")
+    if not cuda:
+        if asked == "nccl":
+            raise ValueError("OVPIPE_COLLECTIVES=nccl needs CUDA, which this machine lacks")
+        return "host" if asked == "host" else "gloo"
+    shared = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
+    if asked == "nccl" and shared:
+        raise ValueError(f"OVPIPE_COLLECTIVES=nccl: {os.environ['LOCAL_WORLD_SIZE']} ranks share "
+                         f"{torch.cuda.device_count()} GPU(s), and NCCL refuses two ranks on one device")
+    return asked or ("host" if shared else "nccl")
+
+
 def setup_distributed(tp: int = 1, pp: int = 1, cp: int = 1) -> dict:
-    """Process group (nccl on GPU, gloo on CPU) and megatron's TP/PP/CP/DP groups; returns the sizes."""
+    """Process group (nccl on GPU, gloo on CPU, gloo staged through the host where ranks share a GPU:
+    ``collectives_path``) and megatron's TP/PP/CP/DP groups; returns the sizes."""
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
@@ -26,9 +51,14 @@ def setup_distributed(tp: int = 1, pp: int = 1, cp: int = 1) -> dict:
         apply()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if not dist.is_initialized():
+        path = collectives_path(cuda)
+        if path == "host":
+            from pretrain.trainer import host_collectives
+
+            host_collectives.apply(stage_host=not cuda)
         if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        backend = "nccl" if cuda else "gloo"
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        backend = "nccl" if path == "nccl" else "gloo"
         if "RANK" in os.environ:                  # torchrun / srun: its rendezvous variables
             dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=world)
         else:                                     # one process on its own: a private loopback store
@@ -124,4 +154,9 @@ def build_model(cfg, sizes: dict, dtype: torch.dtype):
     model.set_loss_kernel(cfg.loss_kernel)
     if cuda:
         model.cuda()
-    return model.to(dtype)
+    model = model.to(dtype)
+    if cfg.precision in ("fp8-tensorwise", "fp8-rowwise"):       # the LLM's trained linears (pretrain.model.float8)
+        from pretrain.model import float8
+
+        float8.convert(model.llm, cfg.precision)
+    return model

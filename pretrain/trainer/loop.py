@@ -66,6 +66,11 @@ class Trainer:
         # ---- build: process groups, seeds, the data plan, the model
         self.sizes = setup_distributed(cfg.tp, cfg.pp, cfg.cp)
         self.rank0 = rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        from pretrain.trainer.host_collectives import describe
+
+        self.collectives = describe()
+        if rank0 and world > 1:
+            log(f"stage {cfg.stage}: collectives: {self.collectives}")
         self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
         torch.manual_seed(cfg.seed)
         model_parallel_cuda_manual_seed(cfg.seed)
@@ -75,6 +80,11 @@ class Trainer:
         if rank0:
             log(f"stage {cfg.stage}: {self.plan.describe()}")
         self.model = build_model(cfg, self.sizes, self.dtype)
+        if rank0 and cfg.precision.startswith("fp8"):
+            from pretrain.model.float8 import converted
+
+            log(f"stage {cfg.stage}: {cfg.precision}: {len(converted(self.model.llm))} LLM linear layers in float8 "
+                "(torchao; the rest, the output layer, the tower and the projector in bf16)")
         self.out = cfg.run_dir / stage_folder(cfg.stage)
         self.out.mkdir(parents=True, exist_ok=True)
         if rank0:
@@ -85,7 +95,7 @@ class Trainer:
         self.ckpt.load_model(self.model)
         self.model.set_trainable(self.stage.trainable)
         self.ddp, self.opt = build_optimizer(self.model, self.stage, cfg.lr, cfg.bf16, self.dtype,
-                                             cfg.distributed_optimizer)
+                                             cfg.distributed_optimizer, cfg.optimizer_offload)
         self.ckpt.load_optimizer(self.model, self.opt)
         if cuda:
             on_cuda(self.opt)
@@ -113,8 +123,9 @@ class Trainer:
              "micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "global_batch": self.plan.gbs,
              **self.sizes,
              "sequence_parallel": c.sequence_parallel, "distributed_optimizer": c.distributed_optimizer,
-             "bf16": c.bf16, "recompute": c.recompute, "vision_recompute": c.vision_recompute,
-             "kernels": c.kernels, "loss_kernel": c.loss_kernel, "seed": c.seed,
+             "bf16": c.bf16, "precision": c.precision, "optimizer_offload": c.optimizer_offload,
+             "recompute": c.recompute, "vision_recompute": c.vision_recompute,
+             "kernels": c.kernels, "loss_kernel": c.loss_kernel, "seed": c.seed, "collectives": self.collectives,
              "recompute_auto": None if self.auto is None else {
                  "peak_estimate_gib": round(self.auto.peak_gib, 2), "memory_gib": round(self.auto.memory_gib, 2),
                  "candidates": [{"recompute": lm, "vision_recompute": vm, "loss_kernel": lk,

@@ -1,8 +1,9 @@
 """Every parallel layout trains like one process: megatron-core's DDP, optimizer and 1F1B schedule
-on gloo (CPU) or NCCL (GPU), 2 processes each, from the same stage-1 checkpoint, 3 steps of stage 1.5
-on the same global batches. DP=2 (1 micro-batch per rank) vs DP=1 with 2 accumulated micro-batches;
-PP=2; CP=2 (load-balanced THD split, all-gather attention); TP=2; TP=2 with sequence parallel.
-Losses and grad norms must agree step by step, so the updates did too."""
+on gloo (CPU), NCCL (a GPU per rank) or gloo staged through host memory (ranks sharing one GPU), from the
+same stage-1 checkpoint, 3 steps of stage 1.5 on the same global batches. DP=2 (1 micro-batch per rank)
+vs DP=1 with 2 accumulated micro-batches; PP=2; CP=2 (load-balanced THD split, all-gather attention);
+TP=2; TP=2 with sequence parallel; TP=2 × CP=2 with SP (4 ranks, where a GPU is). Losses and grad norms
+must agree step by step, so the updates did too."""
 import json
 import os
 import shutil
@@ -18,10 +19,24 @@ LAYOUTS = {
     "cp2": (2, ["--cp", "2"]),
     "tp2": (2, ["--tp", "2"]),
     "tp2-sp": (2, ["--tp", "2", "--sequence-parallel"]),
+    "tp2-cp2": (4, ["--tp", "2", "--cp", "2", "--sequence-parallel"]),
 }
-
-
+# Layouts run again with every collective staged through host memory (pretrain.trainer.host_collectives,
+# the path that puts several ranks on one CUDA card): on a CPU the staging copies CPU tensors, so the run
+# must equal the unstaged one. PP exercises its point-to-point sends, TP+SP the all-gathers and
+# reduce-scatters of megatron's mappings and the DDP's coalesced all-reduce.
+STAGED = {"pp2-host": "pp2", "tp2-sp-host": "tp2-sp"}
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+# On a CPU the 4-rank mix would put 4 processes on this project's 2-core machines; it runs where a GPU is
+CPU_LAYOUTS = sorted(k for k in LAYOUTS if LAYOUTS[k][0] <= 2) + sorted(STAGED)
+# On one card every multi-rank layout shares it: collectives over gloo, staged through host memory (chosen by
+# setup_distributed because the ranks outnumber the GPUs); NCCL only where each rank has a GPU of its own.
+LOSS_TOL = 1e-5 if GPUS else 2e-6      # issue 41: fp32 within 1e-5 on CUDA (TF32-free fp32 kernels differ)
+
+
+def _layout(name):
+    nproc, extra = LAYOUTS[STAGED.get(name, name)]
+    return nproc, extra, ({"OVPIPE_COLLECTIVES": "host"} if name in STAGED and not GPUS else {})
 
 
 def _train(run, nproc, *extra, env, fp32=True):
@@ -51,21 +66,21 @@ def reference(packed_demo, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", sorted(LAYOUTS) if GPUS else CPU_LAYOUTS)
 def test_layout_matches_one_process(reference, layout):
     base, ref, env = reference
-    nproc, extra = LAYOUTS[layout]
-    if torch.cuda.is_available() and torch.cuda.device_count() < nproc:
-        pytest.skip(f"{nproc} GPUs needed")
+    nproc, extra, more_env = _layout(layout)
     run = base.parent / layout
     shutil.copytree(base, run)
-    got = _train(run, nproc, *extra, env=env)
+    got = _train(run, nproc, *extra, env={**env, **more_env})
     assert [m["tokens"] for m in got] == [m["tokens"] for m in ref]          # the same global batches
     for a, b in zip(ref, got):
-        assert abs(a["loss"] - b["loss"]) <= 2e-6 * abs(a["loss"]), (layout, a["loss"], b["loss"])
+        assert abs(a["loss"] - b["loss"]) <= LOSS_TOL * abs(a["loss"]), (layout, a["loss"], b["loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (layout, a, b)
     stage = json.loads((run / "pretrain" / "stage-1.5" / "stage.json").read_text())
     assert stage["dp"] * stage["tp"] * stage["pp"] * stage["cp"] == nproc
+    staged = layout in STAGED or (GPUS and nproc > GPUS)
+    assert ("staged through host memory" in stage["collectives"]) == bool(staged), stage["collectives"]
 
 
 @pytest.mark.slow
@@ -73,8 +88,6 @@ def test_resume_at_another_layout(reference):
     """Killed after step 1 at one process, resumed at TP=2: model *and* Adam state reshard through
     megatron's dist checkpoint, so steps 2-3 equal the uninterrupted run's."""
     base, ref, env = reference
-    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
-        pytest.skip("2 GPUs needed")
     run = base.parent / "resume"
     shutil.copytree(base, run)
     first = _train(run, 1, "--stop-after", "1", env=env)
@@ -82,16 +95,17 @@ def test_resume_at_another_layout(reference):
     rest = _train(run, 2, "--tp", "2", env=env)
     assert [m["step"] for m in rest] == [2, 3]
     for a, b in zip(ref[1:], rest):
-        assert abs(a["loss"] - b["loss"]) <= 2e-6 * abs(a["loss"]), (a, b)
+        assert abs(a["loss"] - b["loss"]) <= LOSS_TOL * abs(a["loss"]), (a, b)
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs (bf16 + megatron's distributed optimizer)")
-@pytest.mark.parametrize("layout", ["dp2", "pp2", "cp2", "tp2-sp"])
+@pytest.mark.skipif(GPUS < 1, reason="needs CUDA (bf16 + megatron's distributed optimizer)")
+@pytest.mark.parametrize("layout", ["dp2", "pp2", "cp2", "tp2-sp", "tp2-cp2"])
 def test_gpu_bf16_distributed_optimizer(reference, layout):
-    """The production settings: bf16 with fp32 main weights, the distributed optimizer, NCCL, TE
-    attention when installed. bf16 rounding differs between layouts, so the bound is loose."""
+    """The production settings: bf16 with fp32 main weights, the distributed optimizer, the GPU defaults
+    (fused kernels, the liger loss, varlen attention); NCCL where every rank has a GPU, else the ranks share
+    the card over host-staged gloo. bf16 rounding differs between layouts, so the bound is loose."""
     base, _, env = reference
     ref_run = base.parent / "ref-bf16"
     if not ref_run.exists():
@@ -99,7 +113,7 @@ def test_gpu_bf16_distributed_optimizer(reference, layout):
     ref_file = ref_run / "metrics.json"
     ref = json.loads(ref_file.read_text())["metrics"] if ref_file.exists() else \
         _train(ref_run, 1, "--distributed-optimizer", "on", env=env, fp32=False)
-    nproc, extra = LAYOUTS[layout]
+    nproc, extra, _ = _layout(layout)
     run = base.parent / f"{layout}-bf16"
     shutil.copytree(base, run)
     got = _train(run, nproc, *extra, "--distributed-optimizer", "on", env=env, fp32=False)
