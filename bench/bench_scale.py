@@ -606,6 +606,9 @@ def projection(results: list[dict], a, vit: dict | None) -> None:
     """Core-hours per step from the largest run where the step completed; GPU-hours for the embed and
     assign jobs at ViT-H-14 from its counted FLOPs and the stated throughput assumptions."""
     print("\n### what the cluster run costs (projection)\n")
+    if getattr(a, "dedup_json", None):
+        dedup_projection(json.loads(Path(a.dedup_json).read_text()), a)
+        print()
     print("CPU: CPU time (utime + stime) of every task process and of the CLI after its tasks, per sample, "
           "from the largest run where the step completed; × samples (linear: a streaming map / apply task "
           "costs its share; a step whose every task reads the whole input — rc 0 but map peak growing with "
@@ -678,6 +681,56 @@ def projection(results: list[dict], a, vit: dict | None) -> None:
           f"result; `--gpu-measured` for the ViT alone) or assumed (`--gpu-tflops`, `--gpu-mfu`, `--assign-eff`).")
 
 
+def dedup_projection(d: dict, a) -> None:
+    """``dedup`` and ``align`` at 85M / 500M from ``bench_dedup``'s measured rates (``--dedup-json``).
+
+    dedup's reduce has three parts that scale differently with N at a fixed ``cluster_rows`` (k = N /
+    cluster_rows): the pairwise inside clusters is linear in N (each row meets ~cluster_rows others); every
+    row's nearest centroid costs 2·d·k, so N·k: quadratic; k-means training is k × its training rows (capped
+    at ``max_train_rows``) × iterations. Each is scaled from its own measured time; map and apply (streaming,
+    linear) from their CPU time per row. The GPU column is FLOPs ÷ ``--gpu-tflops`` × ``--assign-eff``."""
+    import math
+
+    n, dim, m = d["rows"], d["dim"], d["cluster_rows"]
+    t = d["step"]["timings_s"]
+    threads = d.get("cpus", 2)
+
+    def k_of(rows):
+        return math.ceil(rows / m)
+
+    def train_of(rows):
+        return min(k_of(rows) * 40, 400_000)
+
+    def cpu_h(rows):        # the reduce's parts (wall × the cores BLAS used) + the streaming phases' CPU
+        pair = t.get("pairwise", 0) * rows / n
+        assign = t.get("assign", 0) * (rows / n) * (k_of(rows) / k_of(n))
+        km = t.get("kmeans", 0) * (k_of(rows) / k_of(n)) * (train_of(rows) / train_of(n))
+        stream = (t.get("total", 0) + t.get("apply", 0)) * rows / n     # map + apply tasks' time, one core each
+        return ((pair + assign + km) * threads + stream) / 3600
+
+    def gpu_h(rows):
+        fl = 2 * dim * (rows * m + rows * k_of(rows) + train_of(rows) * k_of(rows) * 20)
+        return fl / (a.gpu_tflops * 1e12 * a.assign_eff) / 3600
+
+    print(f"\n| job | basis | GPU-hours at 85M | GPU-hours at 500M | CPU core-hours at 85M | at 500M |\n"
+          f"| --- | --- | ---: | ---: | ---: | ---: |")
+    print(f"| dedup: k-means + cosine inside clusters, d={dim}, {m:,} rows a cluster | measured at {n:,} rows "
+          f"(`python -m bench.bench_dedup`, {d['step']['wall_s']:.0f} s on {threads} cores): pairwise "
+          f"{t.get('pairwise', 0):.0f} s (× N), nearest centroid {t.get('assign', 0):.0f} s (× N·k), k-means "
+          f"{t.get('kmeans', 0):.0f} s (× k · training rows); GPU: 2·d·(N·{m:,} + N·k + 20 iterations) FLOPs at "
+          f"{a.gpu_tflops:g} TFLOP/s × {a.assign_eff:.0%} | {gpu_h(85e6):,.2f} | {gpu_h(500e6):,.2f} | "
+          f"{cpu_h(85e6):,.0f} | {cpu_h(500e6):,.0f} |")
+    tt = d.get("text_tower")
+    if tt:
+        fl = tt["flops_per_caption"]
+        rate = a.gpu_tflops * 1e12 * a.gpu_mfu
+        core_s = tt["cpu_s_per_caption"] * tt["threads"]
+        print(f"| align: ViT-H-14 text tower, 77 tokens | {fl / 1e9:.1f} GFLOPs per caption (FlopCounterMode); CPU "
+              f"measured {tt['cpu_s_per_caption'] * 1e3:.0f} ms per caption on {tt['threads']} threads; GPU assumed "
+              f"{a.gpu_tflops:g} TFLOP/s × {a.gpu_mfu:.0%} | {85e6 * fl / rate / 3600:,.2f} | "
+              f"{500e6 * fl / rate / 3600:,.2f} | {85e6 * core_s / 3600:,.0f} | {500e6 * core_s / 3600:,.0f} |")
+
+
 def gpu_measured_rates(paths: list[Path]) -> dict:
     """The rates ``python -m bench.bench_curation --gpu`` JSONs measured: ViT-H-14 images/s end to end
     through the ``embed-images`` step where a file has that figure, else through ``embed_rows`` (the fastest of
@@ -746,6 +799,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-measured-note", default="", help="where --gpu-measured comes from")
     ap.add_argument("--gpu-json", type=Path, nargs="+", help="rates measured by `python -m bench.bench_curation --gpu --json F` "
                     "(ViT-H-14 through embed_rows, assign): replace the assumed GPU rates")
+    ap.add_argument("--dedup-json", type=Path, help="rates measured by `python -m bench.bench_dedup --json F`: the "
+                    "projection's dedup and align rows")
     ap.add_argument("--cpu-gflops", type=float,
                     help="fp32 GFLOP/s per core for assign on CPU (default: the ViT forward's measured rate)")
     a = ap.parse_args(argv or [])

@@ -56,7 +56,7 @@ class DedupConfig:
     train_per_cluster: int = 40            # rows sampled per centroid to train k-means (faiss warns below 39)
     max_train_rows: int = 400_000          # at most this many training rows (× d fp32 in the reduce)
     niter: int = 20                        # k-means iterations
-    block_rows: int = 4096                 # rows of a cluster's cosine matrix computed at once
+    block_rows: int = 1024                 # rows of a cluster's cosine matrix at once (block × cluster fp32)
     seed: int = 0
     device: str = "auto"                   # auto: k-means and the cosines on the GPU where faiss / torch see one
     embeddings_step: str = "embed-images"  # the image_embeddings (and, through it, the samples) deduplicated
@@ -127,9 +127,9 @@ def nearest(centroids: np.ndarray, x: np.ndarray) -> np.ndarray:
     return index.search(np.ascontiguousarray(x, dtype=np.float32), 1)[1][:, 0].astype(np.int32)
 
 
-def similar_pairs(x: np.ndarray, threshold: float, block_rows: int = 4096, device: str = "cpu"):
-    """Every pair (i < j) of rows of ``x`` (unit rows, fp32) with cosine > ``threshold``: (i, j, cos),
-    by row blocks of the upper triangle (memory one block × len(x))."""
+def similar_pairs(x: np.ndarray, threshold: float, block_rows: int = 1024, device: str = "cpu"):
+    """Every pair (i < j) of rows of ``x`` (unit rows, fp32) with cosine > ``threshold``: (i, j, cos), by row
+    blocks (memory one block × len(x) + the pairs) — the brute-force reference of the bench and the tests."""
     import torch
 
     X = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device)
@@ -189,17 +189,55 @@ def split_cluster(x: np.ndarray, cfg: DedupConfig, depth: int = 0) -> list[np.nd
 
 
 def dedup_cluster(x: np.ndarray, cfg: DedupConfig, device: str = "cpu") -> dict[float, tuple[np.ndarray, np.ndarray]]:
-    """``x``: one cluster's unit vectors in keep order. {threshold: (dup_of, similarity)} for every
-    threshold of ``cfg`` (``greedy_keep``; ``dup_of`` indexes rows of ``x``)."""
+    """``x``: one cluster's unit vectors in keep order. {threshold: (dup_of, similarity)} for every threshold
+    of ``cfg`` — the greedy keep of ``greedy_keep``, computed block by block (``keep_blocks``) over each group
+    ``split_cluster`` cuts it into (``dup_of`` indexes rows of ``x``)."""
     m = len(x)
     out = {t: (np.full(m, -1, np.int64), np.full(m, np.nan, np.float32)) for t in cfg.thresholds}
     for g in split_cluster(x, cfg):
-        i, j, s = similar_pairs(x[g], min(cfg.thresholds), cfg.block_rows, device)
-        for t in cfg.thresholds:
-            d, sim = greedy_keep(len(g), i, j, s, t)
+        for t, (d, sim) in keep_blocks(x[g], cfg.thresholds, cfg.block_rows, device).items():
             dup = d >= 0
             out[t][0][g[dup]] = g[d[dup]]
             out[t][1][g[dup]] = sim[dup]
+    return out
+
+
+def keep_blocks(x: np.ndarray, thresholds: list[float], block_rows: int = 1024, device: str = "cpu"):
+    """The greedy keep of ``greedy_keep`` without listing pairs: rows in blocks of ``block_rows``; a block's
+    cosines to every earlier row (``block_rows`` × m, the memory bound); a row's best *kept* earlier row
+    outside the block by a masked max, those inside it in order. {threshold: (dup_of, similarity)}."""
+    import torch
+
+    m = len(x)
+    X = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device)
+    out = {t: (np.full(m, -1, np.int64), np.full(m, np.nan, np.float32)) for t in thresholds}
+    with torch.inference_mode():
+        for a in range(0, m, block_rows):
+            b = min(a + block_rows, m)
+            S = X[a:b] @ X[:b].T                                          # rows a..b-1 against rows 0..b-1
+            inner = torch.tril(S[:, a:b], diagonal=-1).cpu().numpy()      # i < j inside the block
+            for t in thresholds:
+                dup_of, sim = out[t]
+                if a:
+                    kept = torch.from_numpy(dup_of[:a] == -1).to(S.device)
+                    best_s, best_i = S[:, :a].masked_fill(~kept, -2.0).max(dim=1)
+                    best_s, best_i = best_s.cpu().numpy(), best_i.cpu().numpy()
+                else:
+                    best_s, best_i = np.full(b - a, -2.0, np.float32), np.zeros(b - a, np.int64)
+                over = inner > t
+                inside = over.any(axis=1)
+                alone = np.flatnonzero(~inside & (best_s > t))    # decided by the earlier blocks alone
+                dup_of[a + alone], sim[a + alone] = best_i[alone], best_s[alone]
+                for j in np.flatnonzero(inside).tolist():         # in order: earlier rows of the block first
+                    s_j, i_j = best_s[j], best_i[j]
+                    c = np.flatnonzero(over[j, :j])
+                    c = c[dup_of[a + c] == -1]
+                    if len(c):
+                        w = c[np.argmax(inner[j, c])]
+                        if inner[j, w] > s_j:                      # ties: the earlier row (outside the block)
+                            s_j, i_j = inner[j, w], a + w
+                    if s_j > t:
+                        dup_of[a + j], sim[a + j] = i_j, s_j
     return out
 
 

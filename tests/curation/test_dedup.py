@@ -130,3 +130,20 @@ def test_balance_skips_near_duplicates_through_its_declared_input(tmp_path):
     before = np.bincount(concepts[kept].ravel(), minlength=20)
     assert outs[0][1].column("count_before").to_pylist() == before.tolist()
     assert sum(r["copies"] for r in bal) == pytest.approx(kept.sum(), abs=0.1 * kept.sum())
+
+
+@pytest.mark.parametrize("block_rows", [7, 64, 1000])
+def test_block_keep_equals_the_greedy_keep_over_every_pair(block_rows):
+    from curation.dedup import keep_blocks, similar_pairs
+
+    rng = np.random.default_rng(block_rows)
+    base = unit(rng.normal(size=(40, 16)))
+    x = unit(np.repeat(base, 6, 0) + rng.normal(size=(240, 16)) * rng.uniform(0.01, 0.12, (240, 1)))
+    thresholds = [0.99, 0.95, 0.9]
+    got = keep_blocks(x, thresholds, block_rows)
+    i, j, s = similar_pairs(x, 0.9, block_rows)
+    for t in thresholds:
+        want_d, want_s = greedy_keep(len(x), i, j, s, t)
+        assert (want_d >= 0).sum() > 10
+        assert got[t][0].tolist() == want_d.tolist()
+        assert np.array_equal(got[t][1], want_s, equal_nan=True)
