@@ -2,7 +2,7 @@
 # LIMIT = the call's seconds): the wheels installed (.whl, and .whl-cur where carried), the card, versions and CPU
 # topology logged, and `mfu NAME TIMEOUT ARGS...` (one 4B bench_mfu run on a fresh copy of .gpu/run8k, skipped
 # when it no longer fits in LIMIT), `embed MODEL ROWS VARIANTS...` (one bench_curation --gpu process), `tiny`
-# (the tiny recipe's fp32 and bf16 losses), `gputests` and `finish`. `SRC=.base mfu|embed ...` runs the code in
+# (the tiny recipe's fp32 and bf16 losses), `gputests`, `layouts` (issue 41's layouts on one card) and `finish`. `SRC=.base mfu|embed ...` runs the code in
 # .base (prepare.sh's BASE_REF) on the same card, its JSON named base_*. Every run's JSON and the log land in $OUT/results.tgz after each run,
 # so a cut call loses nothing. Every timeout also kills (-k): a megatron run's exit (its checkpoint save) once
 # outlived a SIGTERM by three minutes.
@@ -59,6 +59,23 @@ gputests() {  # [test files...]: the tests marked gpu (they skip on a CPU); defa
   local files=${*:-"tests/pretrain/test_fused.py tests/pretrain/test_packed_attention_gpu.py tests/curation/test_assign_gpu.py tests/curation/test_embed_decode.py"}
   echo "=== gpu tests: $files (at $(( $(date +%s) - T0 ))s)" >> $LOG
   timeout -k 5 $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider -m gpu $files 2>&1 | tail -15 >> $LOG
+  save
+}
+layouts() {  # issue 41 item 1: every parallel layout of tests/pretrain/test_parallel_parity.py on this one card (the
+  # ranks share it over host-staged gloo: pretrain/trainer/host_collectives.py), fp32 and bf16 + distributed optimizer,
+  # against the 1-rank GPU runs; each run's metrics.json and stage.json (its "collectives") into $R/layouts/
+  if [ $(left) -lt 150 ]; then echo "=== layouts skipped: $(left)s left" >> $LOG; return; fi
+  echo "=== layouts on one card (at $(( $(date +%s) - T0 ))s)" >> $LOG
+  rm -rf /tmp/lay
+  timeout -k 5 $(( $(left) - 15 )) python3 -m pytest -q -p no:cacheprovider -W ignore -rA --basetemp=/tmp/lay \
+    tests/pretrain/test_host_collectives.py tests/pretrain/test_parallel_parity.py 2>&1 | grep -E "PASS|FAIL|SKIP|ERROR|passed|failed|Error" | tail -40 >> $LOG
+  mkdir -p $R/layouts
+  for d in /tmp/lay/par*/*/; do
+    n=$(basename $d)
+    [ -f $d/metrics.json ] && cp $d/metrics.json $R/layouts/$n.metrics.json
+    [ -f $d/pretrain/stage-1.5/stage.json ] && cp $d/pretrain/stage-1.5/stage.json $R/layouts/$n.stage.json
+  done
+  python3 bench/gpu/layouts_table.py $R/layouts >> $LOG 2>&1
   save
 }
 finish() {
