@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loader-workers", type=int, help="DataLoader worker processes (default: the trainer's)")
     ap.add_argument("--distributed-optimizer", choices=["on", "off"], default="on")
     ap.add_argument("--peak-tflops", type=float)
+    ap.add_argument("--precision", choices=["bf16", "fp8", "fp8-tensorwise", "fp8-rowwise"],
+                    help="the trainer's (default bf16); MFU stays against --peak-tflops, the bf16 peak")
+    ap.add_argument("--optimizer-offload", type=float, help="the trainer's --optimizer-offload (default: its own)")
+    ap.add_argument("--memory-gib", type=float, help="cap the allocator at this many GiB (an 80 GB card's 79.2 on "
+                    "a larger one: torch.cuda.set_per_process_memory_fraction)")
     ap.add_argument("--profile", type=int, default=0, help="profile this many steps after the warm-up "
                     "(torch.profiler): top 15 operators by GPU self time, launch and copy counts")
     ap.add_argument("--out", help="write the per-step records and the summary here (JSON)")
@@ -64,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
     recs: list[dict] = []
     prof, profiled, prof_out = None, set(), {}
+    if a.memory_gib:
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.memory_gib / total))
 
     def on_step(rec, ddp):
         nonlocal prof
@@ -92,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                           micro_batch=a.micro_batch, grad_accum=a.grad_accum, global_batch=a.global_batch,
                           distributed_optimizer=a.distributed_optimizer == "on", peak_tflops=a.peak_tflops,
                           recompute=a.recompute, loader_workers=a.loader_workers, kernels=a.kernels,
-                          loss_kernel=a.loss_kernel, vision_recompute=a.vision_recompute),
+                          loss_kernel=a.loss_kernel, vision_recompute=a.vision_recompute, precision=a.precision,
+                          optimizer_offload=a.optimizer_offload),
               on_step=on_step, log=lambda *_: None)
     except _Done:
         pass
@@ -105,13 +114,18 @@ def main(argv: list[str] | None = None) -> int:
         "recompute": ran.get("recompute"), "vision_recompute": ran.get("vision_recompute"),
         "kernels": ran.get("kernels"), "loss_kernel": ran.get("loss_kernel"),
         "distributed_optimizer": a.distributed_optimizer == "on",
+        "precision": ran.get("precision"), "optimizer_offload": ran.get("optimizer_offload"),
+        "mfu_basis": f"the bf16 peak, {ran.get('peak_tflops') or a.peak_tflops or 989.0} TFLOP/s",
+        "memory_gib_cap": a.memory_gib, "losses": [r["loss"] for r in recs],
         "micro_batch": a.micro_batch, "grad_accum": ran.get("grad_accum", a.grad_accum),
         "global_batch": ran.get("global_batch", a.global_batch), "steps": len(recs), "timed_steps": len(timed),
         "tokens_per_step": med("tokens"), "tokens_per_s_median": med("tokens_per_s"),
         "mfu_median": med("mfu"), "mfu_best": max(r["mfu"] for r in timed), "hfu_median": med("hfu"),
         "step_s_median": med("step_s"), "fwd_bwd_s_median": med("fwd_bwd_s"), "optimizer_s_median": med("optimizer_s"),
+        "optimizer_share": med("optimizer_s") / med("step_s"),
         "data_wait_share": sum(r["data_wait_s"] for r in timed) / sum(r["step_s"] for r in timed),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "host_peak_rss_gib": _host_peak_gib(),
         "peak_estimate_gib": _estimate(a, ran),
         "recompute_auto": ran.get("recompute_auto"),
         "wall_s": time.perf_counter() - t0,
@@ -141,6 +155,13 @@ def _estimate(a, ran: dict) -> float | None:
                  grad_accum=ran.get("grad_accum", a.grad_accum), bf16=ran.get("bf16", True))
     return estimate(RECIPES[a.recipe], STAGES[a.stage].trainable, ran["recompute"], ran["vision_recompute"],
                     ran.get("loss_kernel") or "megatron", a.micro_batch * tokens, lay)["total"]
+
+
+def _host_peak_gib() -> float:
+    """This process's peak resident host memory (the offloaded optimizer's state and pinned copies live there)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def _profile_summary(prof, steps: int) -> dict:

@@ -24,6 +24,7 @@ data-loading stalls and checkpoint time. ``docs/plan.md`` sets its predictions a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass
@@ -72,6 +73,8 @@ class Plan:
     mfu: float
     hours: float
     gpu_hours: float
+    offload: float = 0.0       # share of the optimizer on the host (what recompute auto picks where nothing else fits)
+    host_gib: float = 0.0      # host memory per GPU that offload takes
 
 
 def parse_gpus(text: str) -> tuple[int, Gpu]:
@@ -119,12 +122,17 @@ def predict(recipe, stage: str, gpu: Gpu, n_gpus: int, tp: int, pp: int, cp: int
     from images (each a merged 2×2 of tower patches, images of ~1,024 patches)."""
     from pretrain.recipes import STAGES
     from pretrain.trainer.flops import model_flops
-    from pretrain.trainer.memory import Layout, choose, loss_kernels_for, param_counts
+    from pretrain.trainer.memory import GIB, OFFLOAD_STEPS, Layout, choose, host_bytes, loss_kernels_for, param_counts
 
     trainable = STAGES[stage].trainable
     tokens = micro_batch * seq_len
     lay = Layout(tp=tp, pp=pp, cp=cp, dp=dp, sequence_parallel=tp > 1, grad_accum=grad_accum)
     c = choose(recipe, trainable, loss_kernels_for(tp), tokens, tokens * sample_len, lay, gpu.memory_gib)
+    for f in OFFLOAD_STEPS:         # as recompute auto: the least optimizer share on the host that fits
+        if c.fits:
+            break
+        lay = dataclasses.replace(lay, offload=f)
+        c = choose(recipe, trainable, loss_kernels_for(tp), tokens, tokens * sample_len, lay, gpu.memory_gib)
     if not c.fits:
         return None
     merged = image_share * tokens
@@ -153,7 +161,7 @@ def predict(recipe, stage: str, gpu: Gpu, n_gpus: int, tp: int, pp: int, cp: int
     return Plan(tp, pp, cp, dp, micro_batch, grad_accum, c.recompute, c.vision_recompute, c.loss_kernel,
                 c.peak_gib, step, {"compute": compute, "bubble": bubble, "tp": t_tp, "cp": t_cp, "dp": exposed_dp},
                 step_tokens / step / n_gpus, mf * grad_accum * dp / step / (n_gpus * gpu.peak_tflops * 1e12),
-                steps * step / 3600, steps * step / 3600 * n_gpus)
+                steps * step / 3600, steps * step / 3600 * n_gpus, lay.offload, host_bytes(recipe, trainable, lay) / GIB)
 
 
 def plan(recipe_name: str, stage: str, gpus: str, steps: int, global_batch: int, seq_len: int = 8192,
@@ -244,13 +252,19 @@ def main(argv=None) -> int:
           f"{'GiB':>6} {'step s':>8} {'tok/s/GPU':>10} {'MFU':>6} {'hours':>8} {'GPU-hours':>10}  exposed comm")
     for p in plans[:a.top]:
         comm = ", ".join(f"{k} {v / p.step_s:.0%}" for k, v in p.parts.items() if k != "compute" and v / p.step_s >= 0.005)
+        if p.offload:
+            comm += (", " if comm else "") + f"optimizer {p.offload:.0%} offloaded to the host ({p.host_gib:.0f} GiB)"
         print(f"{p.tp:>3} {p.pp:>3} {p.cp:>3} {p.dp:>5} {p.grad_accum:>6} {p.recompute:>10} {p.vision_recompute:>10} "
               f"{p.loss_kernel:>8} {p.peak_gib:>6.1f} {p.step_s:>8.2f} {p.tokens_per_s_per_gpu:>10,.0f} {p.mfu:>6.1%} "
               f"{p.hours:>8.1f} {p.gpu_hours:>10,.0f}  {comm or '-'}")
+    if any(p.offload for p in plans[:a.top]):
+        print("offloaded: megatron-core's HybridDeviceOptimizer steps that share of Adam on the host; its time is not "
+              "in the step time above (not measured yet: bench/gpu/next_call.sh)")
     best = plans[0]
     print(f"best: tp={best.tp} pp={best.pp} cp={best.cp} dp={best.dp}, {best.hours:.1f} h ({best.hours / 24:.1f} days), "
           f"{best.gpu_hours:,.0f} GPU-hours: ovpipe pretrain --recipe {a.recipe} --stage {a.stage} --tp {best.tp} "
-          f"--pp {best.pp} --cp {best.cp}{' --sequence-parallel' if best.tp > 1 else ''} --micro-batch "
+          f"--pp {best.pp} --cp {best.cp}{' --sequence-parallel' if best.tp > 1 else ''}"
+          f"{f' --optimizer-offload {best.offload}' if best.offload else ''} --micro-batch "
           f"{best.micro_batch} --global-batch {gbs} --steps {steps} --executor slurm --nodes "
           f"{math.ceil(n / gpu.per_node)}")
     return 0

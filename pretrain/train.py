@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from pretrain.recipes import RECIPES, STAGES
-from pretrain.trainer.config import RECOMPUTE, TrainConfig
+from pretrain.trainer.config import RECOMPUTE, TrainConfig, check_float8
 
 
 def train(cfg: TrainConfig, log=print, on_step=None) -> dict:
@@ -91,6 +91,12 @@ def add_stage_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--distributed-optimizer", choices=["auto", "on", "off"], default="auto",
                     help="auto: on with CUDA (megatron's distributed optimizer checks for CUDA tensors)")
     ap.add_argument("--fp32", action="store_true", help="train in fp32 even on GPU")
+    ap.add_argument("--precision", choices=["bf16", "fp32", "fp8", "fp8-tensorwise", "fp8-rowwise"],
+                    help="fp8: torchao float8 on the LLM's linear layers (sm89+ GPU, tp 1; pretrain.model.float8), "
+                    "bf16 elsewhere; fp8 = fp8-tensorwise (default: bf16 on GPU, fp32 on CPU)")
+    ap.add_argument("--optimizer-offload", type=float, help="share of the optimizer's state and update on the "
+                    "host, 0..1 (megatron-core's HybridDeviceOptimizer; default 0, or with recompute auto what "
+                    "lets the stage fit)")
     ap.add_argument("--recompute", choices=RECOMPUTE, help="activation recompute (default: auto on GPU, none on "
                     "CPU): full | selective (core attention + MLP) | mlp | none | auto (the least recompute whose "
                     "estimated peak fits the GPU, with the tower's: pretrain.trainer.memory)")
@@ -113,6 +119,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:                                     # a wrong value fails here, naming the field, before any work
         cfg = config_from_args(a)
+        check_float8(cfg.precision, torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
     except ValueError as e:
         ap.error(str(e))
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -131,7 +138,8 @@ def config_from_args(a) -> TrainConfig:
                        global_batch=a.global_batch, lr=a.lr, seed=a.seed,
                        tokenizer=a.tokenizer, tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
                        distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
-                       bf16=False if a.fp32 else None, recompute=a.recompute, loader_workers=a.loader_workers,
+                       bf16=False if a.fp32 else None, precision=a.precision,
+                       optimizer_offload=a.optimizer_offload, recompute=a.recompute, loader_workers=a.loader_workers,
                        kernels=a.kernels, loss_kernel=a.loss_kernel, vision_recompute=a.vision_recompute,
                        save_every=a.save_every, save_every_minutes=a.save_every_minutes or 0.0, keep=a.keep,
                        stop_after=a.stop_after, init=a.init)

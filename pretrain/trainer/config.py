@@ -18,6 +18,10 @@ from pretrain.trainer.flops import vision_recompute_of  # noqa: F401  (the confi
 MODES = ("full", "selective", "mlp", "none")
 RECOMPUTE = MODES + ("auto",)      # auto: the fastest mode that fits the card (pretrain.trainer.memory)
 VISION_RECOMPUTE = ("full", "selective", "none")
+# fp8-*: torchao's float8 training on the LLM's trained linear layers (pretrain.model.float8), bf16 elsewhere;
+# fp8 is fp8-tensorwise (torchao's table: the faster recipe)
+PRECISIONS = ("bf16", "fp32", "fp8-tensorwise", "fp8-rowwise")
+FLOAT8_CAPABILITY = (8, 9)     # float8 tensor cores: Ada (sm89) and Hopper (sm90) onwards
 
 
 CPU_PEAK_TFLOPS = 0.2          # a nominal figure: MFU on a CPU only shows the trend
@@ -59,6 +63,12 @@ class TrainConfig:
     sequence_parallel: bool = False
     distributed_optimizer: bool | None = None   # None: on with CUDA
     bf16: bool | None = None                 # None: the stage's on GPU, fp32 on CPU
+    precision: str | None = None             # bf16 | fp32 | fp8-tensorwise | fp8-rowwise (fp8: tensorwise);
+                                             # None: what bf16 says. fp8 needs a card of sm89 or newer, tp = 1
+    optimizer_offload: float | None = None   # share of the Adam state and update on the host (megatron-core's
+                                             # HybridDeviceOptimizer; needs CUDA and the distributed optimizer);
+                                             # None: 0, or with recompute auto the least of memory.OFFLOAD_STEPS that
+                                             # lets the stage fit the card when nothing fits without it
     recompute: str | None = None             # full | selective | mlp | none | auto; None: the stage's (auto) on
                                              # GPU, none on CPU
     vision_recompute: str | None = None      # the tower's: full | selective | none; None: follows recompute
@@ -106,6 +116,21 @@ class TrainConfig:
             check_range(self, name, lo=0)
         for name in ("epochs", "peak_tflops"):
             check_range(self, name, lo=0, lo_open=True)
+        if self.optimizer_offload is not None and (isinstance(self.optimizer_offload, bool)
+                                                   or not isinstance(self.optimizer_offload, (int, float))):
+            raise ValueError(f"optimizer_offload must be a number in [0, 1], got {self.optimizer_offload!r}")
+        check_range(self, "optimizer_offload", lo=0, hi=1)
+        if self.precision == "fp8":
+            object.__setattr__(self, "precision", "fp8-tensorwise")
+        if self.precision is not None:
+            if self.precision not in PRECISIONS:
+                raise ValueError(f"precision must be one of {list(PRECISIONS) + ['fp8']}, got {self.precision!r}")
+            if self.bf16 is not None and self.bf16 != (self.precision != "fp32"):
+                raise ValueError(f"precision={self.precision!r} contradicts bf16={self.bf16}: give one of them")
+            if self.precision.startswith("fp8") and self.tp != 1:
+                raise ValueError(f"precision={self.precision!r} runs at tp = 1, got tp={self.tp}: megatron's "
+                                 "tensor-parallel linears communicate inside their own autograd function, which "
+                                 "the float8 matmul replaces (pretrain.model.float8)")
         check_range(self, "lr", lo=0)
         if self.data is not None:
             check_step_folder("data", self.data)
@@ -128,13 +153,20 @@ class TrainConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
-    def resolve(self, cuda: bool, world: int = 1, gpu_memory_gib: float | None = None, log=None) -> TrainConfig:
+    def resolve(self, cuda: bool, world: int = 1, gpu_memory_gib: float | None = None, log=None,
+                capability: tuple[int, int] | None = None) -> TrainConfig:
         """The config that runs, resolved once, before any process group, model or data is built: the
         device defaults (bf16, recompute, kernels, loader workers, the distributed optimizer, the peak FLOP/s),
         the stage's data and lr, the stage it starts from, ``global_batch`` folded into ``grad_accum`` for
         this world's DP size (a global batch the layout cannot split evenly fails here), and ``recompute:
         auto`` weighed against ``gpu_memory_gib`` (``pretrain.trainer.memory``; its table kept in
-        ``recompute_auto``). The trainer passes the result whole; ``stage.json`` records it."""
+        ``recompute_auto``), and fp8 refused on a card without float8 (``capability``: the CUDA card's; None:
+        asked of torch). The trainer passes the result whole; ``stage.json`` records it."""
+        if cuda and capability is None and (self.precision or "").startswith("fp8"):
+            import torch
+
+            capability = torch.cuda.get_device_capability()
+        check_float8(self.precision, capability if cuda else None)
         cfg = self._device_defaults(cuda)
         dp = world // (cfg.tp * cfg.pp * cfg.cp)
         if cfg.global_batch is not None:
@@ -151,6 +183,8 @@ class TrainConfig:
                                      cfg.micro_batch * tokens, cfg.micro_batch * attn_sq, gpu_memory_gib,
                                      log=log or (lambda *_: None))
             cfg = dataclasses.replace(cfg, recompute_auto=auto)
+        if cfg.optimizer_offload is None:
+            cfg = dataclasses.replace(cfg, optimizer_offload=0.0)
         return cfg
 
     def _device_defaults(self, cuda: bool) -> TrainConfig:
@@ -158,6 +192,14 @@ class TrainConfig:
         from pretrain.recipes import STAGES, start_folder
 
         st = STAGES[self.stage]
+        if self.optimizer_offload and not cuda:
+            raise ValueError(f"optimizer_offload={self.optimizer_offload} needs CUDA: megatron-core's "
+                             "HybridDeviceOptimizer moves gradients and parameters on CUDA streams")
+        if self.optimizer_offload and self.distributed_optimizer is False:
+            raise ValueError(f"optimizer_offload={self.optimizer_offload} needs distributed_optimizer: megatron-core "
+                             "offloads through its precision-aware distributed optimizer")
+        bf16 = self.bf16 if self.precision is None else self.precision != "fp32"
+        bf16 = (cuda and st.bf16) if bf16 is None else bf16
         recompute = (st.recompute if cuda else "none") if self.recompute is None else self.recompute
         if recompute == "auto" and not cuda:
             recompute = "none"          # a CPU run keeps everything; auto weighs a GPU's memory
@@ -165,7 +207,7 @@ class TrainConfig:
         return dataclasses.replace(
             self, data=self.data or st.data, lr=st.lr if self.lr is None else self.lr,
             distributed_optimizer=cuda if self.distributed_optimizer is None else self.distributed_optimizer,
-            bf16=(cuda and st.bf16) if self.bf16 is None else self.bf16,
+            bf16=bf16, precision=self.precision or ("bf16" if bf16 else "fp32"),
             recompute=recompute,
             vision_recompute=vision_recompute_of(recompute) if follows else self.vision_recompute,
             loader_workers=(4 if cuda else 0) if self.loader_workers is None else self.loader_workers,
@@ -176,3 +218,13 @@ class TrainConfig:
             peak_tflops=self.peak_tflops or (GPU_PEAK_TFLOPS if cuda else CPU_PEAK_TFLOPS),
             start_from=None if self.init == "scratch" else
             self.start_from or start_folder(self.stage))
+
+
+def check_float8(precision: str | None, capability: tuple[int, int] | None) -> None:
+    """A ``ValueError`` in one line, before any work, where ``precision`` is fp8 and the device has no float8
+    tensor cores (``capability``: the CUDA card's (major, minor); None on a CPU)."""
+    if precision and precision.startswith("fp8") and (capability is None or tuple(capability) < FLOAT8_CAPABILITY):
+        have = "a CPU" if capability is None else f"a card of sm{capability[0]}{capability[1]}"
+        raise ValueError(f"precision={precision!r} needs a CUDA card of compute capability "
+                         f"{FLOAT8_CAPABILITY[0]}.{FLOAT8_CAPABILITY[1]} or newer (float8 tensor cores: L4, L40, "
+                         f"H100, H200), this run has {have}: use precision bf16")

@@ -44,6 +44,15 @@ and card, not fixed per stage:
    When only the headroom is short, ``full`` runs (the least memory) with a warning naming the layouts
    that would fit; when even ``full``'s estimate is within ``ERROR_GIB`` of the card, the run fails
    before any work with that advice (an explicit ``recompute`` skips the estimate).
+
+4. **Optimizer offload** (``optimizer_offload``, megatron-core's ``HybridDeviceOptimizer``): a fraction ``f``
+   of the trained parameters has its fp32 master copy, both Adam moments and its update on the host, so the
+   card keeps ``12·(1 − f)`` of Adam's 12 B per trained parameter (the bf16 weights and the fp32 gradient
+   buffer stay); the host holds ``16·f`` B (those 12 B and a pinned copy of the gradient, ``host_bytes``).
+   Left unset with ``recompute: auto``, offload stays off unless nothing fits without it; then the least
+   fraction of ``OFFLOAD_STEPS`` at which a setting fits is taken, and the log says so (the 4B's stage 1.5 at
+   DP = 1 on an 80 GB card: its weights, gradients and Adam state alone are 73 GiB). Its cost in step time
+   is not in the estimate: the device script measures it (``bench/gpu/next_call.sh``).
 """
 from __future__ import annotations
 
@@ -55,6 +64,7 @@ HEADROOM = 0.95
 ERROR_GIB = 3.5      # the fit's worst residual over CALIBRATION_POINTS (3.3 GiB), rounded up
 TIE = 0.01
 TIE_GIB = 1.0
+OFFLOAD_STEPS = (0.25, 0.5, 0.75, 1.0)   # the optimizer shares on the host auto tries where nothing fits without
 # Least-squares fit to CALIBRATION_POINTS (tests/pretrain/test_memory.py refits it)
 CALIBRATION = {"overhead_gib": 2.270, "llm": 1.057, "vit": 1.505, "loss": 1.991}
 # (LLM mode, tower mode, loss kernel, peak GiB) of the 4B, stage 1.5, one 8,192-token pack (the run's largest
@@ -121,25 +131,42 @@ class Layout:
     distributed_optimizer: bool = True
     grad_accum: int = 1                # micro-batches 1F1B keeps in flight (with pp); a micro-batch's size is tokens
     bf16: bool = True
+    offload: float = 0.0               # share of the optimizer's state on the host (optimizer_offload)
 
 
 def state_bytes(recipe, trainable: str, lay: Layout) -> float:
     """Weights, gradients and optimizer state on the rank of the largest pipeline stage."""
+    stages = _stages(recipe, lay)
+    trained = _trained(recipe, trainable, lay)
+    shard = lay.dp * lay.cp if lay.distributed_optimizer else 1
+    # bf16: bf16 weights, fp32 gradients, fp32 master weights + Adam's moments; fp32: no master copy
+    weight, adam = (2, 12) if lay.bf16 else (4, 8)
+    return max(weight * s + (4 + adam * (1 - lay.offload) / shard) * t for s, t in zip(stages, trained))
+
+
+def _stages(recipe, lay: Layout) -> list[float]:
     from pretrain.recipes import pipeline_sizes
 
     p = param_counts(recipe)
     layers = pipeline_sizes(recipe.llm.num_layers, lay.pp)
     tower = p["vit"] + p["projector"]
     if lay.pp == 1:
-        stages = [tower + (layers[0] * p["llm_layer"] + p["embedding"] + p["output"]) / lay.tp]
-    else:   # a tied output layer is a copy of the embedding on the last stage
-        stages = [tower + (layers[0] * p["llm_layer"] + p["embedding"]) / lay.tp,
-                  (layers[-1] * p["llm_layer"] + (p["output"] or p["embedding"])) / lay.tp]
-    trained = [s if trainable == "all" else (p["projector"] if i == 0 else 0) for i, s in enumerate(stages)]
+        return [tower + (layers[0] * p["llm_layer"] + p["embedding"] + p["output"]) / lay.tp]
+    # a tied output layer is a copy of the embedding on the last stage
+    return [tower + (layers[0] * p["llm_layer"] + p["embedding"]) / lay.tp,
+            (layers[-1] * p["llm_layer"] + (p["output"] or p["embedding"])) / lay.tp]
+
+
+def _trained(recipe, trainable: str, lay: Layout) -> list[float]:
+    p = param_counts(recipe)
+    return [s if trainable == "all" else (p["projector"] if i == 0 else 0) for i, s in enumerate(_stages(recipe, lay))]
+
+
+def host_bytes(recipe, trainable: str, lay: Layout) -> float:
+    """Host memory the offloaded optimizer takes on the rank of the largest pipeline stage: per offloaded trained
+    parameter its fp32 master copy and two moments (12 B) and the pinned copy of its fp32 gradient (4 B)."""
     shard = lay.dp * lay.cp if lay.distributed_optimizer else 1
-    # bf16: bf16 weights, fp32 gradients, fp32 master weights + Adam's moments; fp32: no master copy
-    weight, adam = (2, 12) if lay.bf16 else (4, 8)
-    return max(weight * s + (4 + adam / shard) * t for s, t in zip(stages, trained))
+    return max(16 * lay.offload * t / shard for t in _trained(recipe, trainable, lay))
 
 
 def estimate(recipe, trainable: str, llm_mode: str, vit_mode: str, loss_kernel: str, tokens: int,
@@ -235,19 +262,39 @@ def choose(recipe, trainable: str, loss_kernels, tokens: int, attn_sq: float, la
 def resolve_auto(cfg, recipe, trainable: str, sizes: dict, tokens: int, attn_sq: float, memory_gib: float,
                  log=print):
     """``(cfg, Choice)``: ``cfg`` with ``recompute: auto`` (and the tower's, unless set) replaced by
-    ``choose``'s pick. Fails, naming the layouts that would fit, when the weights and optimizer state
-    alone, or the least-memory mode, exceed the card."""
+    ``choose``'s pick, and ``optimizer_offload`` left unset resolved: 0, or where nothing fits without it (and
+    the distributed optimizer runs), the least of ``OFFLOAD_STEPS`` at which something fits, said in the log.
+    Fails, naming the layouts that would fit, when the weights and optimizer state alone, or the least-memory
+    mode, exceed the card."""
     lay = Layout(tp=sizes["tp"], pp=sizes["pp"], cp=sizes["cp"], dp=sizes["dp"],
                  sequence_parallel=cfg.sequence_parallel, distributed_optimizer=bool(cfg.distributed_optimizer),
-                 grad_accum=cfg.grad_accum, bf16=bool(cfg.bf16))
+                 grad_accum=cfg.grad_accum, bf16=bool(cfg.bf16), offload=cfg.optimizer_offload or 0.0)
+    kernels = loss_kernels_for(lay.tp, cfg.loss_kernel)
+
+    def fit(lay):
+        if state_bytes(recipe, trainable, lay) / GIB + CALIBRATION["overhead_gib"] > memory_gib:
+            return None
+        c = choose(recipe, trainable, kernels, tokens, attn_sq, lay, memory_gib, cfg.vision_recompute)
+        return c if c.fits else None
+
+    if cfg.optimizer_offload is None and lay.distributed_optimizer and fit(lay) is None:
+        for f in OFFLOAD_STEPS:
+            off = dataclasses.replace(lay, offload=f)
+            if (c := fit(off)) is not None:
+                log(f"optimizer offload {f:.0%}: recipe {cfg.recipe!r} stage {cfg.stage} fits this GPU's "
+                    f"{memory_gib:.1f} GiB at tp={lay.tp} pp={lay.pp} dp={lay.dp} only with the Adam state of "
+                    f"{f:.0%} of its trained parameters on the host (megatron-core's HybridDeviceOptimizer: "
+                    f"{state_bytes(recipe, trainable, off) / GIB:.1f} GiB of states on the GPU, "
+                    f"{host_bytes(recipe, trainable, off) / GIB:.1f} GiB on the host; steps run slower)")
+                return dataclasses.replace(cfg, recompute=c.recompute, vision_recompute=c.vision_recompute,
+                                           loss_kernel=c.loss_kernel, optimizer_offload=f), c
     states = state_bytes(recipe, trainable, lay) / GIB
     if states + CALIBRATION["overhead_gib"] > memory_gib:
         raise ValueError(
             f"recipe {cfg.recipe!r} stage {cfg.stage}: weights, gradients and optimizer state need "
             f"{states:.1f} GiB per rank at tp={lay.tp} pp={lay.pp} dp={lay.dp} (distributed_optimizer="
-            f"{lay.distributed_optimizer}), more than this GPU's {memory_gib:.1f} GiB: "
-            f"{suggest(recipe, trainable, cfg.loss_kernel or 'megatron', tokens, lay, memory_gib)}")
-    kernels = loss_kernels_for(lay.tp, cfg.loss_kernel)
+            f"{lay.distributed_optimizer}, optimizer_offload={lay.offload}), more than this GPU's "
+            f"{memory_gib:.1f} GiB: {suggest(recipe, trainable, cfg.loss_kernel or 'megatron', tokens, lay, memory_gib)}")
     c = choose(recipe, trainable, kernels, tokens, attn_sq, lay, memory_gib, cfg.vision_recompute)
     if not c.fits:
         where = (f"even recompute {c.recompute} (tower {c.vision_recompute}, loss {c.loss_kernel}) is estimated at "
@@ -259,7 +306,7 @@ def resolve_auto(cfg, recipe, trainable: str, sizes: dict, tokens: int, attn_sq:
                              f"--recompute to run anyway)")
         log(f"warning: {where}, over {HEADROOM:.0%} of {memory_gib:.1f} GiB; {advice}")
     return dataclasses.replace(cfg, recompute=c.recompute, vision_recompute=c.vision_recompute,
-                               loss_kernel=c.loss_kernel), c
+                               loss_kernel=c.loss_kernel, optimizer_offload=lay.offload), c
 
 
 def suggest(recipe, trainable: str, loss_kernel: str, tokens: int, lay: Layout, memory_gib: float) -> str:
@@ -306,19 +353,22 @@ def main(argv=None) -> int:
     ap.add_argument("--loss-kernel", choices=["megatron", "liger", "torch"],
                     help="default: chosen with the recompute (megatron, or liger where it lets less be recomputed)")
     ap.add_argument("--fp32", action="store_true")
+    ap.add_argument("--offload", type=float, default=0.0, help="share of the optimizer's state on the host "
+                    "(optimizer_offload, 0..1)")
     a = ap.parse_args(argv)
     memory = CARDS.get(a.gpu.lower()) or float(a.gpu)
     recipe, trainable = RECIPES[a.recipe], STAGES[a.stage].trainable
     validate(recipe, Parallelism(tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
                                  seq_len=a.seq_len, world_size=a.tp * a.pp * a.cp * a.dp))
     lay = Layout(tp=a.tp, pp=a.pp, cp=a.cp, dp=a.dp, sequence_parallel=a.sequence_parallel,
-                 grad_accum=a.grad_accum, bf16=not a.fp32)
+                 grad_accum=a.grad_accum, bf16=not a.fp32, offload=a.offload)
     tokens = a.micro_batch * a.seq_len
     kernels = loss_kernels_for(a.tp, a.loss_kernel)
     c = choose(recipe, trainable, kernels, tokens, tokens * a.sample_len, lay, memory)
     print(f"{a.recipe} stage {a.stage}, {tokens:,} tokens per micro-batch, tp={a.tp} pp={a.pp} cp={a.cp} "
           f"dp={a.dp}, {memory:.1f} GiB per GPU (headroom {HEADROOM:.0%}: {HEADROOM * memory:.1f} GiB); "
-          f"weights, gradients and optimizer state {state_bytes(recipe, trainable, lay) / GIB:.1f} GiB")
+          f"weights, gradients and optimizer state {state_bytes(recipe, trainable, lay) / GIB:.1f} GiB"
+          + (f" (and {host_bytes(recipe, trainable, lay) / GIB:.1f} GiB on the host)" if a.offload else ""))
     print(f"{'LLM':<10} {'tower':<10} {'loss':<9} {'peak GiB':>9} {'recomputed':>11}  fits")
     for lm, vm, lk, pk, x in sorted(c.table, key=lambda r: (r[4], kernels.index(r[2]))):
         mark = "<- auto" if (lm, vm, lk) == (c.recompute, c.vision_recompute, c.loss_kernel) and c.fits else ""

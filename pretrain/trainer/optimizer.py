@@ -26,9 +26,16 @@ def lr_at(step: int, total: int, peak: float, min_lr: float = 1e-6, warmup_frac:
     return min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
-def build_optimizer(model, stage, lr: float, bf16: bool, dtype: torch.dtype, distributed_optimizer: bool):
+def build_optimizer(model, stage, lr: float, bf16: bool, dtype: torch.dtype, distributed_optimizer: bool,
+                    offload: float = 0.0):
     """``(ddp, opt)``: the model in megatron's ``DistributedDataParallel`` and ``get_megatron_optimizer``
     over it, wired into the model config for megatron's schedules (``finalize_model_grads``, ``no_sync``).
+
+    ``offload`` > 0: megatron-core's ``HybridDeviceOptimizer`` keeps that share of the trained parameters'
+    fp32 master copy and Adam moments on the host and steps them there (torch's CPU AdamW; the rest on the
+    GPU with torch's AdamW: neither needs Transformer Engine or Apex). megatron offloads through its
+    precision-aware distributed optimizer, so the GPU keeps no fp32 master copy of the offloaded share
+    (``pretrain.trainer.memory``).
 
     ``overlap_grad_reduce`` on CPU (gloo) too: the async all-reduce / reduce-scatter and megatron's
     bucket-readiness bookkeeping are device-independent, so CI runs the production code path;
@@ -43,7 +50,8 @@ def build_optimizer(model, stage, lr: float, bf16: bool, dtype: torch.dtype, dis
     opt = get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=lr, min_lr=stage.min_lr, weight_decay=stage.weight_decay, adam_beta1=0.9,
         adam_beta2=stage.adam_beta2, adam_eps=stage.adam_eps, clip_grad=1.0, bf16=bf16, params_dtype=dtype,
-        use_distributed_optimizer=distributed_optimizer), [ddp])
+        use_distributed_optimizer=distributed_optimizer, optimizer_cpu_offload=offload > 0,
+        optimizer_offload_fraction=offload, use_precision_aware_optimizer=offload > 0), [ddp])
     # megatron leaves norms and biases undecayed through each group's wd_mult, which its
     # OptimizerParamScheduler multiplies in; this trainer sets the lr itself (lr_at), so it applies
     # the (constant) decay here, once
