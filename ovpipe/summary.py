@@ -18,6 +18,8 @@ KEY_COUNTERS: dict[str, tuple[tuple[str, str], ...]] = {
     "recaption": (("captions", "captions"),),
     "lengths": (("samples", "samples"),),
     "pack": (("items", "samples"), ("bins", "packs"), ("lower_bound", "lower bound"), ("tokens", "tokens")),
+    "pack-official": (("packs_written", "packs"), ("official_tokens", "official tokens")),
+    "import-packs": (("packs_written", "packs"),),
     "rl-ingest": (("duplicates", "duplicates"),),
     "rollout": (("prompts", "prompts"), ("rollouts", "rollouts")),
     "score": (("rollouts", "rollouts"),),

@@ -110,7 +110,7 @@ def run(cfg: ImportPacksConfig, task: TaskContext) -> None:
                     else:
                         entries.append(e)
                         pack_rows.append(e)
-                task.stats.inc("entries" if row["status"] == "ok" else f"refused/{row['status']}")
+                task.stats.inc(f"status/{row['status']}")
                 status_rows.append(row)
             if entries:
                 from packing.shards import write_shard

@@ -6,7 +6,7 @@ Every pack of ``pack_step`` becomes one entry, its sub-samples in pack order: ``
 ``prompts[i]`` (the user turn, ``caption_prompt`` appended to a bare ``<image>`` as ``lengths`` trains it)
 and ``captions[i]`` (the assistant turn). A sub-sample the flavour cannot carry — text-only, several
 images, several turns or a system turn (``packing.official.carry_status``) — is left out of the entry and
-keeps a row with that status (counted ``refused/<status>``); a pack with none left writes no entry.
+keeps a row with that status (counted ``status/<status>``); a pack with none left writes no entry.
 
 Exact lengths: every written sub-sample is re-encoded the way the official task encoder does
 (``official_encode``) and must come to ``lengths − tail`` tokens (the rule in ``packing.official``), and
@@ -116,7 +116,7 @@ class OfficialWriter:
                 captions.append(caption)
                 names.append(sid)
                 images.append(read_image(addrs[0]))
-            self.task.stats.inc("sub_samples" if status == "ok" else f"refused/{status}")
+            self.task.stats.inc(f"status/{status}")
             out.append({"pack_id": p["pack_id"], "slot": slot, "sample_id": sid, "ovpipe_tokens": want,
                         "official_tokens": tokens, "shard": p["shard"] if status == "ok" else None,
                         "status": status, "error": None if status == "ok" else f"{len(addrs)} image(s), "
