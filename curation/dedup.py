@@ -284,11 +284,13 @@ def sample_for_training(cfg: DedupConfig, task: TaskContext) -> None:
     n = task.input_num_rows("image_embeddings")
     frac = min(1.0, min(cfg.clusters_for(n) * cfg.train_per_cluster, cfg.max_train_rows) / max(n, 1))
     ids, vecs = [], []
+    n_ok = 0
     shards = NpyShards(task.run_dir)
     try:
         for batch in task.iter_input_share("image_embeddings", EMB_COLUMNS):
             ok = batch.filter(pc.equal(batch.column("status"), "ok"))
             task.stats.inc("images", ok.num_rows)
+            n_ok += ok.num_rows
             u64 = hex_ids_to_u64(ok.column("sample_id"))
             pick = np.flatnonzero(_draws(u64, cfg.seed) < frac)
             files = ok.column("file").to_numpy(zero_copy_only=False)
@@ -299,7 +301,7 @@ def sample_for_training(cfg: DedupConfig, task: TaskContext) -> None:
     finally:
         shards.close()
     d = vecs[0].shape[1] if vecs else 0
-    task.write_partial("train", ids=np.concatenate(ids) if ids else np.zeros(0, np.uint64),
+    task.write_partial("train", ok=np.array([n_ok], np.int64), ids=np.concatenate(ids) if ids else np.zeros(0, np.uint64),
                        vectors=np.concatenate(vecs) if vecs else np.zeros((0, d), np.float16))
 
 
@@ -368,9 +370,11 @@ def find_duplicates(cfg: DedupConfig, task: TaskContext) -> None:
     from manifests.ids import hex_ids_to_u64
 
     ids, vecs = [], []
+    n_ok = 0
     for part in task.iter_partials("train"):
         ids.append(part["ids"])
         vecs.append(part["vectors"])
+        n_ok += int(part["ok"][0])
     ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
     order = np.argsort(ids, kind="stable")
     train = np.concatenate(vecs)[order].astype(np.float32) if len(ids) else None
@@ -383,8 +387,11 @@ def find_duplicates(cfg: DedupConfig, task: TaskContext) -> None:
     try:
         with task.stats.timer("kmeans"):
             cents = kmeans(train, cfg.clusters_for(n_total), cfg) if train is not None else None
-        sid_parts, cl_parts = [], []
-        n_ok = 0
+        # the row-aligned arrays of every ok row (8 + 4 + 8 + 4 bytes a row, on disk, memory-mapped)
+        for name, dtype, fill in (("ids", np.uint64, 0), ("cluster", np.int32, -1), ("dup_of", np.int64, -1),
+                                  ("similarity", np.float32, np.nan)):
+            arrays[name] = _npy(task, name, dtype, n_ok, fill)
+        at, last = 0, None
         buckets = None
         shards = NpyShards(task.run_dir)
         with task.stats.timer("assign"), task.duckdb() as con:
@@ -398,25 +405,21 @@ def find_duplicates(cfg: DedupConfig, task: TaskContext) -> None:
                 c = nearest(cents, x.astype(np.float32))
                 if buckets is None:
                     buckets = _Buckets(work, len(cents), x.shape[1])
-                pos = np.arange(n_ok, n_ok + len(c), dtype=np.int64)
+                u = hex_ids_to_u64(batch.column("sample_id"))
+                if at + len(u) > n_ok:
+                    raise RuntimeError("image_embeddings changed under the reduce — rerun the step with --overwrite")
+                if np.any(np.diff(u) == 0) or (last is not None and len(u) and u[0] == last):
+                    raise ValueError("dedup: two ok image_embeddings rows share a sample_id — ingest marks exact "
+                                     "duplicates; rerun ingest and embed-images")
+                pos = np.arange(at, at + len(c), dtype=np.int64)
                 buckets.add(c, batch.column("area").to_numpy(), pos, x)
-                sid_parts.append(hex_ids_to_u64(batch.column("sample_id")))
-                cl_parts.append(c)
-                n_ok += len(c)
+                arrays["ids"][0][at:at + len(u)] = u
+                arrays["cluster"][0][at:at + len(u)] = c
+                at += len(u)
+                last = u[-1] if len(u) else last
         shards.close()
-        # the row-aligned arrays of every ok row (8 + 4 + 8 + 4 bytes a row, on disk, memory-mapped)
-        for name, dtype, fill in (("ids", np.uint64, 0), ("cluster", np.int32, -1), ("dup_of", np.int64, -1),
-                                  ("similarity", np.float32, np.nan)):
-            arrays[name] = _npy(task, name, dtype, n_ok, fill)
-        at = 0
-        for s, c in zip(sid_parts, cl_parts):
-            arrays["ids"][0][at:at + len(s)] = s
-            arrays["cluster"][0][at:at + len(s)] = c
-            at += len(s)
-        del sid_parts, cl_parts
-        if n_ok and np.any(np.diff(arrays["ids"][0].astype(np.uint64)) == 0):
-            raise ValueError("dedup: two ok image_embeddings rows share a sample_id — ingest marks exact duplicates; "
-                             "rerun ingest and embed-images")
+        if at != n_ok:
+            raise RuntimeError(f"image_embeddings changed under the reduce: {at} ok rows now, {n_ok} when mapped")
         removed = {t: 0 for t in cfg.thresholds}
         clusters, largest = 0, 0
         with task.stats.timer("pairwise"):
