@@ -15,11 +15,13 @@ per sub-sample more than the official count) is ``too_long``.
 
 Numbering: ``pack_id`` is the entry's position in the folder, tars in path order with the entry counts
 energon recorded (``.nv-meta/.info.json``, or ``.info.yaml``); source tar ``j`` becomes
-``data/pack-{j:06d}.tar`` and ranks take whole tars, so the output is byte-identical for any task count. ``finalize`` prepares the step
+``data/pack-{j:06d}.tar`` and ranks take whole tars, so the output is byte-identical for any task count. A task holds one
+entry at a time (an official tar may hold thousands of packs). ``finalize`` prepares the step
 folder as ovpipe's energon dataset (``packing.energon``).
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,34 +95,47 @@ def run(cfg: ImportPacksConfig, task: TaskContext) -> None:
     tok, img_cfg = load_tokenizer(cfg.tokenizer), cfg.image_cfg()
     with task.part_writer("packs") as packs, task.part_writer("imported_packs") as rows:
         for j in range(lo, hi):
-            rel, n = tars[j]
-            entries, status_rows, pack_rows = [], [], []
-            for k, (key, members) in enumerate(official_entries(cfg.source, rel, n)):
-                pid = int(first[j]) + k
-                row = {"pack_id": pid, "source_shard": rel, "key": key, "n_samples": None, "total_tokens": None,
-                       "status": "ok", "error": None}
-                try:
-                    e = encode_entry(tok, cfg, img_cfg, members, pid)
-                except ValueError as err:
-                    row["status"], _, row["error"] = str(err).partition(": ")
-                else:
-                    row["n_samples"], row["total_tokens"] = len(e["sample_ids"]), int(len(e["ids"]))
-                    if len(e["ids"]) > cfg.seq_len:
-                        row["status"], row["error"] = "too_long", f"{len(e['ids'])} tokens > seq_len {cfg.seq_len}"
-                    else:
-                        entries.append(e)
-                        pack_rows.append(e)
-                task.stats.inc(f"status/{row['status']}")
-                status_rows.append(row)
-            if entries:
+            status_rows, pack_rows = [], []
+            entries = encoded_entries(cfg, tok, img_cfg, tars[j], int(first[j]), status_rows, task)
+            head = next(entries, None)   # one entry in memory at a time; a tar of none writes no shard
+            if head is not None:
                 from packing.shards import write_shard
 
-                write_shard(task.data_path(shard_name(j)), entries)
+                write_shard(task.data_path(shard_name(j)),
+                            recorded(itertools.chain([head], entries), pack_rows, shard_name(j)))
             rows.write(table("imported_packs", status_rows))
-            packs.write(table("packs", [{"pack_id": e["pack_id"], "sample_ids": e["sample_ids"], "lengths": e["lengths"],
-                                         "offsets": e["offsets"], "total_tokens": int(len(e["ids"])),
-                                         "shard": shard_name(j)} for e in pack_rows]))
-            task.stats.inc("packs_written", len(entries))
+            packs.write(table("packs", pack_rows))
+            task.stats.inc("packs_written", len(pack_rows))
+
+
+def encoded_entries(cfg, tok, img_cfg, tar: tuple[str, int], first: int, status_rows: list, task):
+    """The ovpipe entries of one official tar, one at a time; every entry's ``imported_packs`` row goes to
+    ``status_rows``, and only the loadable ones that fit ``seq_len`` are yielded."""
+    rel, n = tar
+    for k, (key, members) in enumerate(official_entries(cfg.source, rel, n)):
+        row = {"pack_id": first + k, "source_shard": rel, "key": key, "n_samples": None, "total_tokens": None,
+               "status": "ok", "error": None}
+        e = None
+        try:
+            e = encode_entry(tok, cfg, img_cfg, members, first + k)
+        except ValueError as err:
+            row["status"], _, row["error"] = str(err).partition(": ")
+        else:
+            row["n_samples"], row["total_tokens"] = len(e["sample_ids"]), int(len(e["ids"]))
+            if len(e["ids"]) > cfg.seq_len:
+                row["status"], row["error"] = "too_long", f"{len(e['ids'])} tokens > seq_len {cfg.seq_len}"
+        task.stats.inc(f"status/{row['status']}")
+        status_rows.append(row)
+        if row["status"] == "ok":
+            yield e
+
+
+def recorded(entries, pack_rows: list, shard: str):
+    """``entries`` passed through to the shard writer, each one's ``packs`` row kept in ``pack_rows``."""
+    for e in entries:
+        pack_rows.append({"pack_id": e["pack_id"], "sample_ids": e["sample_ids"], "lengths": e["lengths"],
+                          "offsets": e["offsets"], "total_tokens": int(len(e["ids"])), "shard": shard})
+        yield e
 
 
 def official_entries(root: str, rel: str, n: int):

@@ -124,13 +124,10 @@ class OfficialWriter:
         if total > self.pcfg.seq_len:
             raise RuntimeError(f"pack {p['pack_id']}: {total} tokens under the official encoding > seq_len "
                                f"{self.pcfg.seq_len}")
-        if images:
+        if images:   # else every sub-sample was refused: rows, no entry
             self.entries.append(entry(f"{p['pack_id']:012d}", prompts, captions, names, images))
             self.task.stats.inc("packs_written")
             self.task.stats.inc("official_tokens", total)
-        else:
-            for o in out:
-                o["shard"] = None
         return pa.Table.from_pylist(out, schema=schema_for("official_packs"))
 
     def flush(self) -> None:
