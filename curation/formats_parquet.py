@@ -4,9 +4,10 @@ and the chat ``messages`` layout.
 A file is read one row group at a time (the work unit ``take`` decides on), ``PARQUET_BATCH_ROWS``
 rows decoded at once, only the columns the layout needs. Keys are the row's ``id`` column where the file
 has one (the hub's datasets do), else the row index in the file (``%09d``, as caption Parquet always had).
-A conversation row's ``data_source`` names its source when the config sets none (``ingest``). Image bytes in a cell are addressed as container
-``parquet`` (column, row, list index); an HF ``{bytes: null, path}`` struct as the image file it
-names, relative to ``image_root`` (default: the Parquet file's folder).
+A conversation row's ``data_source`` names its source when the config sets none (``ingest``). Image
+bytes in a cell are addressed as container ``parquet`` (column, row, list index); an HF
+``{bytes: null, path}`` struct as the image file it names, relative to ``image_root`` (default: the
+Parquet file's folder).
 
 - caption-parquet: ``image_column`` + ``caption_column``; a null image cell is ``empty_image``
   (as before conversations existed); ids keep the image bytes + raw caption bytes rule. An image

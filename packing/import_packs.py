@@ -15,8 +15,8 @@ per sub-sample more than the official count) is ``too_long``.
 
 Numbering: ``pack_id`` is the entry's position in the folder, tars in path order with the entry counts
 energon recorded (``.nv-meta/.info.json``, or ``.info.yaml``); source tar ``j`` becomes
-``data/pack-{j:06d}.tar`` and ranks take whole tars, so the output is byte-identical for any task count. A task holds one
-entry at a time (an official tar may hold thousands of packs). ``finalize`` prepares the step
+``data/pack-{j:06d}.tar`` and ranks take whole tars, so the output is byte-identical for any task count.
+A task holds one entry at a time (an official tar may hold thousands of packs). ``finalize`` prepares the step
 folder as ovpipe's energon dataset (``packing.energon``).
 """
 from __future__ import annotations
@@ -147,7 +147,8 @@ def official_entries(root: str, rel: str, n: int):
     for k, item in enumerate(iter_entries(Path(root) / rel), 1):
         yield item
     if k != n:
-        raise RuntimeError(f"{root}/{rel}: {k} entries but energon's .nv-meta/.info says {n} — re-run `energon prepare`")
+        raise RuntimeError(f"{root}/{rel}: {k} entries but energon's .nv-meta/.info says {n} — "
+                           f"re-run `energon prepare`")
 
 
 def encode_entry(tok, cfg: ImportPacksConfig, img_cfg, members: dict, pack_id: int) -> dict:

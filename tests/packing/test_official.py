@@ -106,7 +106,7 @@ def test_energon_opens_it_as_the_official_sample_type_and_it_equals_the_manifest
                            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
     seen = {}
     for s in get_loader(ds):
-        assert type(s).__name__ == "PackedCaptioningSample" and type(s).__module__ == "aiak_training_llm.data.multimodal"
+        assert (type(s).__module__, type(s).__name__) == ("aiak_training_llm.data.multimodal", "PackedCaptioningSample")
         seen[s.__key__] = s
     assert sorted(seen) == sorted(want)
     for key, subs in want.items():
@@ -183,8 +183,8 @@ def test_import_packs_turns_unreadable_entries_into_statuses(official_run, tmp_p
     (folder / "data").mkdir(parents=True)
     entries = [entry("a", ["<image>Describe the image."], ["a cat."], ["x"], [img]),
                {"__key__": "b", "json": b"{not json", "img0.jpg": img},
-               {"__key__": "c", "json": json.dumps({"prompts": [], "captions": ["x", "y"], "images": ["1", "2"]}).encode(),
-                "img0.jpg": img},
+               {"__key__": "c", "img0.jpg": img,
+                "json": json.dumps({"prompts": [], "captions": ["x", "y"], "images": ["1", "2"]}).encode()},
                entry("d", ["<image>Describe the image."], ["a dog."], ["x"], [b"\x89PNG broken"]),
                entry("e", ["no placeholder"], ["a cow."], ["x"], [img]),
                entry("f", ["<image>Describe the image."], ["word " * 200], ["x"], [img])]
