@@ -49,8 +49,7 @@ SLOW: dict[str, float] = {
     "tests/pretrain/test_train.py::test_loss_falls_and_resume_is_exact": 19.0,
     "tests/pretrain/test_data_position.py::test_resume_continues_at_the_exact_pack": 10.8,
     "tests/pretrain/test_export.py": 12.6,
-    "tests/pretrain/test_official_layout.py": 6.7,
-    "tests/packing/test_official.py::test_official_encode_is_what_the_qwen2vl_processor_gives_the_official_text": 12.3,  # imports the processor
+    "tests/pretrain/test_official_layout.py": 5.8,
     "tests/pretrain/test_instruction_stage.py::test_stage2_loss_falls_on_the_instruction_packs": 7.7,
     "tests/pretrain/test_stage_rules.py::test_second_command_lock_config_change_status_and_export": 5.1,
     "tests/pretrain/test_conversation_training.py::test_text_only_steps_under_overlapped_grad_reduce": 4.7,
