@@ -22,6 +22,7 @@ Work split: ranks take whole shards of ``pack_step`` (``pack.shard_bounds``); sh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ovpipe.config import check_step_folder
 from ovpipe.inputs import Input
@@ -35,6 +36,15 @@ class PackOfficialConfig:
     def __post_init__(self):
         check_step_folder("pack_step", self.pack_step)
 
+    def check(self, run_dir: Path) -> None:
+        """Before any work: the pack step wrote shards (its packs' samples are what this step follows)."""
+        from ovpipe.inputs import upstream_config
+        from packing.pack import STEP as PACK
+
+        if (Path(run_dir) / self.pack_step / "config.json").is_file() and \
+                not upstream_config(run_dir, self.pack_step, PACK)[1].write_shards:
+            raise ValueError(f"pack_step: {self.pack_step!r} ran with write_shards: false — re-run it with shards")
+
 
 def run(cfg: PackOfficialConfig, task: TaskContext) -> None:
     import pyarrow as pa
@@ -46,9 +56,6 @@ def run(cfg: PackOfficialConfig, task: TaskContext) -> None:
     from packing.tokens import load_tokenizer
 
     pcfg = upstream_config(task.run_dir, cfg.pack_step, PACK)[1]
-    if not pcfg.write_shards:
-        raise ValueError(f"pack_step {cfg.pack_step!r} ran with write_shards: false — its packs have no shards to "
-                         f"follow; re-run it with shards")
     lcfg = upstream_config(task.run_dir, pcfg.lengths_step, LENGTHS)[1]
     lo, hi = shard_bounds(task.input_num_rows("packs"), pcfg.packs_per_shard, task.rank, task.world_size)
     packs = [b for b in task.iter_input("packs", ["pack_id", "sample_ids", "lengths", "shard"], lo=lo, hi=hi)]
@@ -159,5 +166,5 @@ INPUTS = {
 }
 
 STEP = Step("pack-official", PackOfficialConfig, run, inputs=INPUTS, outputs=("official_packs",),
-            finalize=finalize, description="a pack step's bins in the official LLaVA-OV-1.5 layout")
+            finalize=finalize, check=PackOfficialConfig.check, description="a pack step's bins in the official LLaVA-OV-1.5 layout")
 

@@ -249,3 +249,12 @@ def test_official_encode_is_what_the_qwen2vl_processor_gives_the_official_text(o
                                                                  [[(h, w)]]), img)
         assert ours.total[0] == len(ids) + tail_tokens(tok) and tail_tokens(tok) == 1
         assert mask.sum() == ours.target[0]      # the same loss tokens: the caption and its <|im_end|>
+
+
+def test_pack_official_refuses_a_pack_step_without_shards_before_any_work(official_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    for step in ("ingest-conv", "lengths"):
+        shutil.copytree(official_run / step, run / step)
+    assert main(["pack", "--set", f"seq_len={SEQ}", "--set", "write_shards=false", "--run-dir", str(run), "--quiet"]) == 0
+    assert main(["pack-official", "--run-dir", str(run), "--quiet"]) == 2
+    assert "pack_step" in capsys.readouterr().err and not (run / "pack-official").exists()
