@@ -213,7 +213,11 @@ def main(argv=None) -> int:
     vectors, area, truth = clustered(a.rows, a.dim, int(a.rows * a.planted))
     ids, rows_in_order = write_run(run, vectors, area, a.parts)
     print(f"synthesised in {time.perf_counter() - t0:.0f} s", flush=True)
+    from curation.dedup import DedupConfig
+
+    dflt = DedupConfig()
     out = {"rows": a.rows, "dim": a.dim, "eps": a.eps, "cluster_rows": a.cluster_rows, "tasks": a.tasks,
+           "train_per_cluster": dflt.train_per_cluster, "max_train_rows": dflt.max_train_rows,
            "workers": a.workers, "cpus": os.cpu_count(), "load_start": os.getloadavg()[0]}
     out["step"] = step_figures(run, ids, rows_in_order, truth, a)
     s = out["step"]

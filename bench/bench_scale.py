@@ -699,7 +699,7 @@ def dedup_projection(d: dict, a) -> None:
         return math.ceil(rows / m)
 
     def train_of(rows):
-        return min(k_of(rows) * 40, 400_000)
+        return min(k_of(rows) * d.get("train_per_cluster", 256), d.get("max_train_rows", 1_000_000))
 
     def cpu_h(rows):        # the reduce's parts (wall × the cores BLAS used) + the streaming phases' CPU
         pair = t.get("pairwise", 0) * rows / n
