@@ -217,12 +217,26 @@ def config_json(cfg) -> str:
 # reshard —, its kernels, its save cadence), so changing it neither refuses a rerun nor makes the
 # step's readers stale.
 NOT_HASHED = {"hash": False}
+# A field added to a step's config after runs of that step exist is declared ``field(..., metadata=
+# HASHED_UNLESS_DEFAULT)``: it is left out of the config hash while it equals its declared default and hashed
+# otherwise, so every run made before the field existed keeps its hash (a rerun is still a no-op, its readers
+# are not stale), and a run that sets the field is a different config. Saved in config.json either way.
+HASHED_UNLESS_DEFAULT = {"hash": "unless_default"}
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise TypeError(f"field {f.name!r}: metadata HASHED_UNLESS_DEFAULT needs a declared default")
 
 
 def config_hash(cfg) -> str:
     d = to_dict(cfg)
     if dataclasses.is_dataclass(cfg):
         for f in dataclasses.fields(cfg):
-            if f.metadata.get("hash") is False:
+            rule = f.metadata.get("hash")
+            if rule is False or (rule == "unless_default" and getattr(cfg, f.name) == _default(f)):
                 d.pop(f.name, None)
     return hashlib.sha256(_dump(d).encode()).hexdigest()[:16]

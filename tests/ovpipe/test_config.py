@@ -3,7 +3,7 @@ from typing import Literal
 
 import pytest
 
-from ovpipe.config import ConfigError, config_hash, load_config
+from ovpipe.config import HASHED_UNLESS_DEFAULT, ConfigError, config_hash, config_json, load_config
 
 
 @dataclass
@@ -58,6 +58,22 @@ def test_bad_values_fail_naming_the_field(data, needle):
 def test_hash_changes_with_config():
     assert config_hash(Cfg()) == config_hash(Cfg())
     assert config_hash(Cfg()) != config_hash(Cfg(seq_len=4096))
+
+
+@dataclass
+class CfgLater(Cfg):   # Cfg with two fields added after runs of it exist
+    count_for: Literal["x", "y"] = field(default="x", metadata=HASHED_UNLESS_DEFAULT)
+    buffers: list[int] = field(default_factory=lambda: [1, 2], metadata=HASHED_UNLESS_DEFAULT)
+
+
+def test_a_field_hashed_unless_default_keeps_the_hash_of_runs_made_before_it():
+    assert config_hash(CfgLater()) == config_hash(Cfg())
+    assert config_hash(CfgLater(seq_len=4096)) == config_hash(Cfg(seq_len=4096))
+    assert config_hash(CfgLater(count_for="y")) != config_hash(Cfg())
+    assert config_hash(CfgLater(buffers=[3])) != config_hash(Cfg())
+    assert config_hash(CfgLater(count_for="y")) != config_hash(CfgLater(buffers=[3]))
+    assert config_hash(load_config(CfgLater, {"count_for": "x", "buffers": [1, 2]})) == config_hash(Cfg())
+    assert '"count_for": "x"' in config_json(CfgLater())      # still saved in config.json
 
 
 def test_cli_rejects_bad_config_before_work(tmp_path, capsys):
