@@ -9,7 +9,14 @@ OV=.venv/bin/ovpipe
 rm -rf .whl; mkdir -p .whl     # afresh: two builds of one wheel side by side make the device's install refuse both
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 -d .whl megatron-core==0.19.2 webdataset==1.0.2 braceexpand==0.1.7 \
-  liger-kernel==0.8.5 open_clip_torch==3.3.0 ftfy==6.3.1 wcwidth==0.9.4 einops==0.8.2
+  liger-kernel==0.8.5 open_clip_torch==3.3.0 ftfy==6.3.1 wcwidth==0.9.4 einops==0.8.2 torchao==0.18.0
+# torchtitan beside the trainer (bench/bench_titan.py; next_call.sh carries .whl-titan too): the newest release,
+# and what importing its Qwen3 model and float8 converter needs beyond the device image (tyro, docstring_parser,
+# spmd_types at the version it pins); its trainer's loaders (datasets, torchdata, wandb...) are not imported
+rm -rf .whl-titan; mkdir -p .whl-titan
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_28_x86_64 -d .whl-titan torchtitan==0.3.0 tyro==1.0.17 docstring_parser==0.18.0 \
+  spmd_types==0.2.3
 # duckdb (25 MB; the ingest step reads and writes manifests with it) apart: a curation call carries .whl and
 # .whl-cur, a trainer call .whl, .gpu and .base (each under the 64 MiB a call carries)
 rm -rf .whl-cur; mkdir -p .whl-cur
@@ -48,8 +55,10 @@ if old in s:
     print("base: varlen_attn's enable_gqa replaced by key/value repeated to the query heads")
 PY
 fi
+mkdir -p .git/info
+grep -qx '/.whl-titan/' .git/info/exclude 2>/dev/null || echo '/.whl-titan/' >> .git/info/exclude
 grep -qx '/.base/' .git/info/exclude || echo '/.base/' >> .git/info/exclude
 grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 grep -qx '/.whl-cur/' .git/info/exclude || echo '/.whl-cur/' >> .git/info/exclude
-du -sh .whl .whl-cur "$R"
+du -sh .whl .whl-cur .whl-titan "$R"

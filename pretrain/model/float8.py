@@ -66,6 +66,12 @@ def convert(llm, precision: str, compile: bool | None = None) -> list[str]:
     config = Float8LinearConfig.from_recipe_name(RECIPES[precision])
     modules = dict(linears(llm))
     names = selected(llm, precision)
+    if names and (compile if compile is not None else modules[names[0]].weight.is_cuda):
+        import torch._dynamo
+
+        # one compiled Float8Linear.forward serves every layer, recompiled per weight shape (4 in a Qwen3 layer),
+        # each forward and backward: past dynamo's default limit of 8 the rest would run eager
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for name in names:
         mod = modules[name]
         shell = _shell(mod)

@@ -130,3 +130,31 @@ def test_a_frozen_layer_keeps_megatrons_path(megatron_single):
     float8.convert(llm, "fp8-tensorwise", compile=False)
     y, _ = fc1(x)
     assert torch.equal(y, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp8-tensorwise", "fp8-rowwise"])
+def test_compiled_float8_layer_matches_bf16_on_the_card(megatron_single, precision):
+    """On a float8 card: the compiled ``Float8Linear`` behind a megatron layer of the 4B's MLP width gives the
+    bf16 layer's output and gradients within float8's error."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a CUDA card of sm89 or newer")
+    from pretrain.model import float8
+
+    llm = _llm(LLMSize(1, 2560, 9728, 32, 8, 128, 512)).cuda()
+    fc1 = dict(float8.linears(llm))["decoder.layers.0.mlp.linear_fc1"]
+    x = torch.randn(4096, 1, 2560, dtype=torch.bfloat16, device="cuda")
+
+    def run():
+        xi = x.clone().requires_grad_()
+        y, _ = fc1(xi)
+        y.float().square().mean().backward()
+        out = (y.float(), xi.grad.float(), fc1.weight.grad.float().clone())
+        fc1.weight.grad = None
+        return out
+
+    ref = run()
+    assert "decoder.layers.0.mlp.linear_fc1" in float8.convert(llm, precision)
+    got = run()
+    for a, b in zip(got, ref):
+        assert (a - b).norm() / b.norm() < 0.15
