@@ -18,7 +18,7 @@ KEY_COUNTERS: dict[str, tuple[tuple[str, str], ...]] = {
     "recaption": (("captions", "captions"),),
     "lengths": (("samples", "samples"),),
     "pack": (("items", "samples"), ("bins", "packs"), ("lower_bound", "lower bound"), ("tokens", "tokens")),
-    "pack-official": (("packs_written", "packs"), ("official_tokens", "official tokens")),
+    "pack-official": (("packs_written", "packs"), ("official_tokens", "official tokens"), ("official_fill", "fill")),
     "import-packs": (("packs_written", "packs"),),
     "rl-ingest": (("duplicates", "duplicates"),),
     "rollout": (("prompts", "prompts"), ("rollouts", "rollouts")),

@@ -36,12 +36,13 @@ from typing import Literal
 
 import numpy as np
 
-from ovpipe.config import check_range, check_step_folder
+from ovpipe.config import HASHED_UNLESS_DEFAULT, check_range, check_step_folder
 from ovpipe.inputs import Input
 from ovpipe.step import Step, TaskContext, slice_bounds
 
 PACKABLE = ("ok", "truncated")
 APPLY_BINS = 8192           # packs an apply rank builds at once (≈ 10 slots each) and rows per row group
+COUNT_FOR = ("ovpipe", "llava-ov")
 
 
 @dataclass
@@ -56,6 +57,9 @@ class PackConfig:
     report_buffers: list[int] = field(default_factory=lambda: [64, 512, 4096])
     report_max_samples: int = 1_000_000          # the online-buffer baselines run on at most this many
     refine_passes: int = 0                       # post-BFD gap consolidation + ejection (packing.refine)
+    # the trainer whose token count fills the bins: ovpipe's (`lengths`), or the official LLaVA-OV-1.5 task
+    # encoder's (`lengths` − the template tail it drops: packs for `pack-official`, refused by ovpipe's trainer)
+    count_for: Literal["ovpipe", "llava-ov"] = field(default="ovpipe", metadata=HASHED_UNLESS_DEFAULT)
 
     def __post_init__(self):
         if self.seq_len < 64:
@@ -66,6 +70,8 @@ class PackConfig:
             raise ValueError(f"copies_from must be none, balanced or mixed, got {self.copies_from!r}")
         if self.copies_from == "mixed" and not self.mix_step:
             raise ValueError("copies_from=mixed requires mix_step (the mix step folder)")
+        if self.count_for not in COUNT_FOR:
+            raise ValueError(f"count_for must be one of {list(COUNT_FOR)}, got {self.count_for!r}")
         if self.refine_passes < 0:
             raise ValueError(f"refine_passes must be >= 0, got {self.refine_passes}")
         check_range(self, "seed", 0, 2**64 - 1)
@@ -89,8 +95,11 @@ def solve_once(cfg: PackConfig, task: TaskContext) -> None:
 
     rdir = task.reduced_path("")
     rdir.mkdir(parents=True, exist_ok=True)
+    shift = count_shift(task, cfg)
+    if shift:
+        task.stats.info.update(count_for=cfg.count_for, count_shift=shift)
     with task.stats.timer("solve"):
-        sol = solve(task, cfg, PACKABLE, rdir / "slots.parquet")
+        sol = solve(task, cfg, PACKABLE, rdir / "slots.parquet", shift=shift)
     lb = -(-sol.tokens // cfg.seq_len)
     task.stats.inc("items", sol.n_items)
     task.stats.inc("bins", len(sol.bin_load))
@@ -100,6 +109,19 @@ def solve_once(cfg: PackConfig, task: TaskContext) -> None:
         with atomic_write(rdir / name) as tmp:
             np.save(tmp, np.asarray(arr, np.int64))
     save_arrays(rdir / "summary.npz", counts=sol.counts, report_lengths=sol.report_lengths)
+
+
+def count_shift(task: TaskContext, cfg: PackConfig) -> int:
+    """Tokens the target trainer counts fewer than ``lengths`` per sample: 0 for ovpipe's; for ``llava-ov`` the
+    template tail its task encoder drops (``packing.official.tail_tokens`` of the lengths step's tokenizer)."""
+    if cfg.count_for == "ovpipe":
+        return 0
+    from ovpipe.inputs import upstream_config
+    from packing.lengths import STEP as LENGTHS
+    from packing.official import tail_tokens
+    from packing.tokens import load_tokenizer
+
+    return tail_tokens(load_tokenizer(upstream_config(task.run_dir, cfg.lengths_step, LENGTHS)[1].tokenizer))
 
 
 def write_packs(cfg: PackConfig, task: TaskContext) -> None:
@@ -122,8 +144,11 @@ def write_packs(cfg: PackConfig, task: TaskContext) -> None:
             c_hi = min(c_lo + chunk, hi)
             a, b = int(start[c_lo]), int(start[c_hi])
             slots = read_slots(pf, a, b, ["sample_id", "length"])
-            table = packs_rows(slots.column("sample_id").combine_chunks(), slots.column("length").to_numpy(),
-                               np.asarray(start[c_lo:c_hi + 1]) - a, np.asarray(load[c_lo:c_hi]), c_lo, c_hi, pps)
+            lens, offs, tot = slots.column("length").to_numpy(), np.asarray(start[c_lo:c_hi + 1]) - a, load[c_lo:c_hi]
+            if cfg.count_for != "ovpipe":   # the bins' loads are the target trainer's count; a pack holds ovpipe's
+                tot = np.add.reduceat(lens.astype(np.int64), offs[:-1])
+            table = packs_rows(slots.column("sample_id").combine_chunks(), lens, offs, np.asarray(tot), c_lo, c_hi,
+                               pps)
             if shards is not None:
                 with task.stats.timer("write_shards"):
                     shards.write(table)

@@ -11,8 +11,11 @@ keeps a row with that status (counted ``status/<status>``); a pack with none lef
 Exact lengths: every written sub-sample is re-encoded the way the official task encoder does
 (``official_encode``) and must come to ``lengths − tail`` tokens (the rule in ``packing.official``), and
 every entry's sum must fit ``seq_len``; either failing stops the task naming the sample, so a dataset this
-step completed is one the official trainer loads without a length assertion. The pack's bins were made
-with ovpipe's counts, ``tail`` tokens per sub-sample longer, so they fit with room to spare.
+step completed is one the official trainer loads without a length assertion. A pack step with the default
+``count_for: ovpipe`` made its bins with ovpipe's counts, ``tail`` tokens per sub-sample longer, so they fit
+with that much room to spare; one with ``count_for: llava-ov`` filled them to ``seq_len`` under the official
+count. ``finalize`` reports the fill, official tokens / (entries × ``seq_len``), as the ``official_fill``
+counter (the summary line's ``fill``).
 
 Work split: ranks take whole shards of ``pack_step`` (``pack.shard_bounds``); shard ``j`` becomes
 ``data/pack-{j:06d}.tar`` with the same packs, so the output is byte-identical for any task count.
@@ -156,6 +159,28 @@ def finalize(cfg: PackOfficialConfig, task: TaskContext) -> None:
         with task.stats.timer("energon_prepare"):
             prepare(task.step_dir, n_shards, task.step_dir / "logs" / "energon_prepare.log", sample_type=None)
         write_meta(task.step_dir)
+    tokens, entries = official_fill(task)
+    if entries:     # no entry: the fill is undefined, no counter
+        from ovpipe.inputs import upstream_config
+        from packing.pack import STEP as PACK
+
+        seq_len = upstream_config(task.run_dir, cfg.pack_step, PACK)[1].seq_len
+        task.stats.inc("official_fill", round(tokens / (entries * seq_len), 6))
+
+
+def official_fill(task: TaskContext) -> tuple[int, int]:
+    """(official tokens, entries written) from the ``official_packs`` parts, a part's two columns at a time (a
+    rank's part holds whole packs, so the entries are counted per part)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    tokens = entries = 0
+    for f in task.output_files("official_packs"):
+        t = pq.read_table(f, columns=["pack_id", "official_tokens", "status"])
+        t = t.filter(pc.equal(t.column("status"), "ok"))
+        tokens += int(pc.sum(t.column("official_tokens")).as_py() or 0)
+        entries += int(pc.count_distinct(t.column("pack_id")).as_py())
+    return tokens, entries
 
 
 INPUTS = {

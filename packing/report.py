@@ -61,8 +61,14 @@ def packing_report(cfg, task) -> dict:
     plt.savefig(task.step_dir / "fill_histogram.png", dpi=110)
     plt.close()
 
+    count = ""
+    if getattr(cfg, "count_for", "ovpipe") != "ovpipe":
+        from packing.pack import count_shift
+
+        count = (f" Lengths are the {cfg.count_for} trainer's count: `lengths` − {count_shift(task, cfg)} per item "
+                 f"(`count_for`); the packs' shard entries hold ovpipe's encoding, that many tokens more per item.")
     lines = [f"Packed {n_items} items ({tokens} tokens) into {ours['bins']} bins of {C} "
-             f"(lower bound {lb}; bins/LB = {fig['bins_over_lower_bound']:.6f}).", "",
+             f"(lower bound {lb}; bins/LB = {fig['bins_over_lower_bound']:.6f}).{count}", "",
              "| packer | bins | fill rate | padding tokens | our padding is … less |", "| --- | ---: | ---: | ---: | ---: |",
              f"| ovpipe BFD (hash buckets) | {ours['bins']} | {ours['fill_rate']:.4%} | {ours['padding_tokens']} | 1× |",
              f"| pad every sample to seq_len | {n_items} | {tokens / max(n_items * C, 1):.4%} | {pad_every} | "

@@ -88,9 +88,10 @@ def copies_lookup(task, kind: str, step: str | None):
     return u[keep], c[keep]
 
 
-def iter_items(task, cfg, packable: tuple[str, ...]):
+def iter_items(task, cfg, packable: tuple[str, ...], shift: int = 0):
     """The items to pack, in item-index order (canonical ``lengths`` order, copies side by side), as
-    ``ITEM`` record arrays — one ``lengths`` batch at a time."""
+    ``ITEM`` record arrays — one ``lengths`` batch at a time. ``shift``: tokens taken off every length (the
+    count of the trainer the packs are for, ``PackConfig.count_for``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -121,6 +122,11 @@ def iter_items(task, cfg, packable: tuple[str, ...]):
         u = canonical_ids_to_u64(sid)
         src = canonical_ids_to_u64(batch.column("source_sample_id"), "source_sample_id")
         L = batch.column("total_tokens").to_numpy(zero_copy_only=False).astype(np.int64)
+        if shift:
+            L = L - shift
+            if len(L) and L.min() < 1:
+                raise ValueError(f"count_for: a sample of {int(L.min()) + shift} tokens is no longer than the "
+                                 f"{shift}-token tail the target trainer drops")
         turns = pc.fill_null(batch.column("turns_kept"), 0).to_numpy(zero_copy_only=False)
         if lookup is None:
             copies = np.ones(len(u), np.int64)
@@ -205,9 +211,11 @@ def partition_of(rec: np.ndarray, base: np.ndarray, bits: np.ndarray) -> np.ndar
 
 # ------------------------------------------------------------------------------------------ solve
 
-def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
+def solve(task, cfg, packable: tuple[str, ...], out_path: Path, shift: int = 0) -> Solution:
     """Stream the items, solve the packing and write ``out_path`` (Parquet: per slot, bin after bin in
-    ``pack_id`` order: sample_id, length, turns_kept, source_sample_id, 64K-row row groups)."""
+    ``pack_id`` order: sample_id, length, turns_kept, source_sample_id, 64K-row row groups). ``shift``: the
+    bins are solved on ``lengths − shift`` (``iter_items``; the histogram, loads and report are in that
+    count), while ``out_path`` keeps each sample's ``lengths`` count, the tokens its shard entry holds."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -226,7 +234,7 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
         n = 0
         prog = task.progress(None, unit="items", desc="pack: stream items")
         with open(work / "items.bin", "wb") as f:
-            for rec in iter_items(task, cfg, packable):
+            for rec in iter_items(task, cfg, packable, shift):
                 if len(rec):
                     lo, hi = int(rec["L"].min()), int(rec["L"].max())
                     if lo < 1 or hi > C:
@@ -315,7 +323,8 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path) -> Solution:
                 pending: list = []
                 for a in range(0, n, 1 << 16):
                     r = out[a:a + (1 << 16)]
-                    t = pa.table({"sample_id": u64_to_hex(r["sid"]), "length": pa.array(r["L"].astype(np.int32)),
+                    t = pa.table({"sample_id": u64_to_hex(r["sid"]),
+                                  "length": pa.array((r["L"] + shift if shift else r["L"]).astype(np.int32)),
                                   "turns_kept": pa.array(r["turns"]), "source_sample_id": u64_to_hex(r["src"])},
                                  schema=schema)
                     pending.append(pool.submit(w.write_table, t))

@@ -256,6 +256,22 @@ class DataPlan:
                 f"{frac} (GBS × steps decides what is seen)")
 
 
+def check_pack_step(run_dir: str | Path, step: str) -> None:
+    """A pack step made for another trainer is refused, in one line: under ``count_for: llava-ov`` its bins
+    fill ``seq_len`` under the official task encoder's count, so its packs run up to one template tail per
+    sample over ``seq_len`` in ovpipe's own encoding (``packing.pack``)."""
+    from ovpipe.inputs import upstream_config
+
+    try:
+        count_for = getattr(upstream_config(run_dir, step)[1], "count_for", "ovpipe")
+    except (OSError, ValueError, KeyError):     # no such step yet (the stage's input check names it) or not ovpipe's
+        return
+    if count_for != "ovpipe":
+        raise ValueError(f"data: the pack step {step!r} was packed for the {count_for} trainer (count_for: "
+                         f"{count_for}; its packs exceed seq_len in ovpipe's encoding) — train on a pack step with "
+                         f"count_for: ovpipe, or hand {step!r} to `ovpipe pack-official`")
+
+
 def plan_data(run_dir: str | Path, step: str, micro_batch: int, grad_accum: int, dp: int,
               steps: int | None = None, epochs: float | None = None, count_samples: bool = True) -> DataPlan:
     """Exactly one of ``steps`` / ``epochs``; with ``epochs``, ``steps = ceil(epochs × packs / gbs)``
@@ -276,6 +292,7 @@ def plan_data(run_dir: str | Path, step: str, micro_batch: int, grad_accum: int,
         raise ValueError(f"--epochs must be > 0, got {epochs}")
     if steps is not None and steps < 0:
         raise ValueError(f"--steps must be >= 0, got {steps}")
+    check_pack_step(run_dir, step)
     gbs = micro_batch * grad_accum * dp
     try:
         files = manifest_files(run_dir, "packs", step)

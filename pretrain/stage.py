@@ -119,7 +119,11 @@ class StageConfig:
 
 def check_start(cfg: StageConfig, run_dir: Path) -> None:
     """Before any work: the checkpoint the stage starts from is there (``init: previous``), or the user
-    asked for random initialisation. One line naming the folder and the three ways on."""
+    asked for random initialisation. One line naming the folder and the three ways on. And the pack step it
+    reads was packed for ovpipe's trainer (``pretrain.data.check_pack_step``)."""
+    from pretrain.data import check_pack_step
+
+    check_pack_step(run_dir, cfg.data)
     if cfg.init == "scratch" or (Path(run_dir) / cfg.start_from / "executor.json").exists() \
             or (Path(run_dir) / cfg.start_from / "dist_ckpt").is_dir():
         return

@@ -258,3 +258,71 @@ def test_pack_official_refuses_a_pack_step_without_shards_before_any_work(offici
     assert main(["pack", "--set", f"seq_len={SEQ}", "--set", "write_shards=false", "--run-dir", str(run), "--quiet"]) == 0
     assert main(["pack-official", "--run-dir", str(run), "--quiet"]) == 2
     assert "pack_step" in capsys.readouterr().err and not (run / "pack-official").exists()
+
+
+def test_count_for_llava_ov_fills_the_bins_under_the_official_count(official_run, tmp_path, capsys):
+    """`pack --set count_for=llava-ov` bins `lengths − tail`: no entry exceeds seq_len under the official
+    encoding, the entries are at least as full as under ovpipe's count, the ovpipe packs keep ovpipe's lengths
+    (so they may exceed seq_len by one tail per sample) and ovpipe's trainer refuses them; the default keeps
+    the hash a PackConfig without the field gives; a wrong value is refused before any work, naming the field."""
+    import dataclasses
+
+    from ovpipe.config import config_hash, load_config
+    from packing.pack import PackConfig
+    from packing.shards import iter_packed, packed_shards
+    from pretrain.data import check_pack_step, plan_data
+
+    run = tmp_path / "run"
+    for step in ("ingest-conv", "lengths", "pack", "pack-official"):
+        shutil.copytree(official_run / step, run / step)
+    common = ["--set", f"seq_len={SEQ}", "--set", "packs_per_shard=2", "--run-dir", str(run), "--quiet"]
+    assert main(["pack", "--name", "pack-ov", "--set", "count_for=llava-ov", *common]) == 0
+    assert main(["pack-official", "--name", "official-ov", "--set", "pack_step=pack-ov", "--run-dir", str(run),
+                 "--quiet"]) == 0
+    tail = 1
+    length = dict(zip(*read_manifest(run, "lengths", step="lengths").select(["sample_id", "total_tokens"])
+                      .to_pydict().values()))
+    packs = read_manifest(run, "packs", step="pack-ov").to_pylist()
+    assert sorted(s for p in packs for s in p["sample_ids"]) == sorted(
+        s for p in read_manifest(run, "packs", step="pack").to_pylist() for s in p["sample_ids"])
+    for p in packs:     # the bin fits under the official count; the pack holds ovpipe's encoding
+        assert p["lengths"] == [length[s] for s in p["sample_ids"]] and p["total_tokens"] == sum(p["lengths"])
+        assert p["total_tokens"] - tail * len(p["lengths"]) <= SEQ
+    assert max(p["total_tokens"] for p in packs) > SEQ         # the slack used: ovpipe's own trainer must refuse
+    assert {q.pack_id: len(q.input_ids) for f in packed_shards(run, "pack-ov") for q in iter_packed(f)} == \
+        {p["pack_id"]: p["total_tokens"] for p in packs}
+    fill = {}
+    for step in ("pack-official", "official-ov"):
+        per_entry = {}
+        for r in read_manifest(run, "official_packs", step=step).to_pylist():
+            if r["status"] == "ok":
+                per_entry[r["pack_id"]] = per_entry.get(r["pack_id"], 0) + r["official_tokens"]
+        assert max(per_entry.values()) <= SEQ
+        fill[step] = sum(per_entry.values()) / (len(per_entry) * SEQ)
+        stats = json.loads((run / step / "stats.json").read_text())["counters"]
+        assert stats["official_fill"] == round(fill[step], 6)
+    assert fill["official-ov"] >= fill["pack-official"]
+    assert len(packs) <= len(read_manifest(run, "packs", step="pack").to_pylist())
+    assert "llava-ov trainer's count" in (run / "pack-ov" / "report.md").read_text()
+    # ovpipe's trainer refuses the llava-ov pack step, in one line naming it; the default one passes
+    check_pack_step(run, "pack")
+    for call in (lambda: check_pack_step(run, "pack-ov"), lambda: plan_data(run, "pack-ov", 1, 1, 1, steps=1)):
+        with pytest.raises(ValueError, match="'pack-ov' was packed for the llava-ov trainer") as e:
+            call()
+        assert "\n" not in str(e.value)
+    assert main(["pretrain", "--recipe", "tiny", "--stage", "1.5", "--init", "scratch", "--steps", "1",
+                 "--data", "pack-ov", "--run-dir", str(run)]) == 2
+    assert "count_for: llava-ov" in capsys.readouterr().err and not (run / "pretrain").exists()
+    # at its default the field is out of the hash: the pack step keeps the hash of a config without it
+    without = dataclasses.make_dataclass("PackConfig", [(f.name, f.type, f) for f in dataclasses.fields(PackConfig)
+                                                        if f.name != "count_for"])
+    made = json.loads((run / "pack" / "executor.json").read_text())["config_hash"]
+    cfg = json.loads((run / "pack" / "config.json").read_text())
+    assert config_hash(load_config(PackConfig, cfg)) == made == config_hash(
+        without(**{k: v for k, v in cfg.items() if k != "count_for"}))
+    assert config_hash(load_config(PackConfig, {**cfg, "count_for": "llava-ov"})) != made
+    # a wrong value: refused before any work, naming the field
+    assert main(["pack", "--name", "pack-bad", "--set", "count_for=official", *common]) == 2
+    assert "count_for" in capsys.readouterr().err and not (run / "pack-bad").exists()
+    with pytest.raises(ValueError, match="count_for"):
+        PackConfig(count_for="official")
