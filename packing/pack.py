@@ -24,6 +24,14 @@ streams the ``samples`` manifests the lengths step read (its ``samples_steps``) 
 samples' rows, encodes each with ``packing.tokens.encode_conversation`` (cut to the turns ``lengths``
 kept) and checks the length against the manifest; it writes all of the sample's images (0..n) in
 order, with their grids.
+``count_for`` names the trainer whose token count fills the bins. ``ovpipe`` (the default): ``lengths``.
+``llava-ov``: the official LLaVA-OneVision-1.5 task encoder's, ``lengths − tail`` for every item (the chat
+template's last newline, which that encoder drops: ``packing.official``), so ``pack-official`` writes entries
+full to ``seq_len`` as that trainer counts them. The bins, loads and report are then in that count, while the
+``packs`` manifest and shards keep ovpipe's encoding (``lengths``, ``total_tokens`` = Σ lengths, up to one tail
+per item over ``seq_len``) — which is why ovpipe's trainer refuses such a step (``pretrain.data.check_pack_step``).
+The tail is taken off every item, carriable by the official flavour or not: one ``pack-official`` leaves out
+of its entry has no official count, so the entry's official sum stays ≤ the bin's load ≤ ``seq_len``.
 ``finalize`` writes the packing report (``report.md``, ``fill_histogram.png``): bins vs the lower
 bound ⌈Σ lengths / seq_len⌉, fill rate, padding tokens, and padding compression against padding
 every sample to ``seq_len`` and against an online rolling-buffer packer (B = 64, 512, 4096); then, with
