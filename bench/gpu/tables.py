@@ -76,12 +76,14 @@ def titan_table(d: Path) -> list[str]:
 
 
 def offload_table(d: Path) -> list[str]:
-    s = load(d, "c_offload_4b")
     rows = ["| run | offload | recompute | tokens/s | peak GPU GiB | peak host GiB | losses |", "|---|---|---|---|---|---|---|"]
-    if s is None:
-        rows.append(f"| 4B stage 1.5, DP = 1, 79.2 GiB cap | {TBD} | {TBD} | {TBD} | {TBD} | {TBD} | {TBD} |")
-    else:
-        rows.append(f"| 4B stage 1.5, DP = 1, {s.get('memory_gib_cap')} GiB cap{_dry(s)} | {s.get('optimizer_offload')} | "
+    for name, label in (("c_offload_4b", "4B stage 1.5, DP = 1, 79.2 GiB cap"),
+                        ("e_8b_auto", "8B stage 1.5, DP = 1, recompute auto (the whole card)")):
+        s = load(d, name)
+        if s is None:
+            rows.append(f"| {label} | {TBD} | {TBD} | {TBD} | {TBD} | {TBD} | {TBD} |")
+            continue
+        rows.append(f"| {label}{_dry(s)} | {s.get('optimizer_offload')} | "
                     f"{s.get('recompute')}/{s.get('vision_recompute')}/{s.get('loss_kernel')} | "
                     f"{_f(s['tokens_per_s_median'], ',.0f')} | {_f(s['peak_mem_gib'], '.1f')} | "
                     f"{_f(s.get('host_peak_rss_gib'), '.1f')} | {', '.join(f'{x:.4f}' for x in s['losses'])} |")
