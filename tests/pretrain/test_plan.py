@@ -82,7 +82,10 @@ def test_the_command_prints_layouts_and_a_time(capsys):
     best = next(ln for ln in out.splitlines() if ln.startswith("best: "))
     assert " h (" in best and "days)" in best and "--executor slurm --nodes 16" in best
     assert main(["plan", "--recipe", "llava-ov-1.5-4b", "--stage", "1.5", "--samples", "1000000",
-                 "--gpus", "1xH100"]) == 1                   # the 4B stage 1.5 does not fit one 80 GB card
+                 "--gpus", "1xH100"]) == 0                   # the 4B stage 1.5 fits one 80 GB card offloaded
+    assert "offloaded to the host" in capsys.readouterr().out
+    assert main(["plan", "--recipe", "llava-ov-1.5-8b", "--stage", "1.5", "--samples", "1000000",
+                 "--gpus", "1xH100", "--seq-len", "65536"]) == 1     # 64K-token packs: not even offloaded
     assert "no layout fits" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["plan", "--gpus", "8xB200", "--samples", "10"])
