@@ -152,7 +152,8 @@ def _estimate(a, ran: dict) -> float | None:
     lay = Layout(tp=ran.get("tp", 1), pp=ran.get("pp", 1), cp=ran.get("cp", 1), dp=ran.get("dp", 1),
                  sequence_parallel=ran.get("sequence_parallel", False),
                  distributed_optimizer=ran.get("distributed_optimizer", True),
-                 grad_accum=ran.get("grad_accum", a.grad_accum), bf16=ran.get("bf16", True))
+                 grad_accum=ran.get("grad_accum", a.grad_accum), bf16=ran.get("bf16", True),
+                 offload=ran.get("optimizer_offload") or 0.0)
     return estimate(RECIPES[a.recipe], STAGES[a.stage].trainable, ran["recompute"], ran["vision_recompute"],
                     ran.get("loss_kernel") or "megatron", a.micro_batch * tokens, lay)["total"]
 
