@@ -3,10 +3,11 @@
 
 Both sides train the Qwen3-4B decoder (the 4B recipe's LLM, no tower) from a fresh initialisation on the
 same sequences: the first ``--steps`` packs of RUN's pack step (``pretrain.data.iter_batches``), one pack per
-step, every sample of a pack its own causal document (torchtitan's ``varlen`` attention from per-document
-positions; ovpipe's packed THD attention from ``cu_seqlens``), so the FLOPs are the same.
+step, every sample of a pack its own causal document (torchtitan's document-masked flex attention from
+per-document positions, its default; ovpipe's packed THD attention from ``cu_seqlens``), so the FLOPs are the
+same.
 
-- ``titan``: torchtitan's own model (``torchtitan.models.qwen3.model_registry("4B", attn_backend="varlen")``),
+- ``titan``: torchtitan's own model (``torchtitan.models.qwen3.model_registry("4B")``, flex attention),
   its float8 converter (``Float8LinearConverter``, filter ``auto_filter_small_kn`` and the output layer
   kept in bf16) and its per-``TransformerBlock`` ``torch.compile`` (as ``apply_compile`` does), fp32 weights
   and torch's fused AdamW, the matmuls in bf16 autocast (what its FSDP mixed precision computes in; at one
@@ -19,8 +20,8 @@ positions; ovpipe's packed THD attention from ``cu_seqlens``), so the FLOPs are 
 MFU: 6·N per token plus causal attention per sample (``pretrain.trainer.flops``), over ``--peak-tflops``
 (989, the dense bf16 peak, also for fp8: MFU against the bf16 peak). ``--cpu``: a dry run of the code
 path at a tiny shape (torchtitan's ``debugmodel``, ovpipe's ``tiny`` LLM, random tokens), for the device
-script's checks, not a figure; torchtitan's side runs its forward only there (flex attention, as torch has no
-CPU kernel for varlen attention and no CPU backward for flex).
+script's checks, not a figure; torchtitan's side runs its forward only there (torch's flex attention has no CPU
+backward).
 """
 from __future__ import annotations
 
@@ -81,8 +82,7 @@ def titan(a, seqs, dev, log):
         recipe = a.precision.split("-", 1)[1]
         conv = [Float8LinearConverter.Config(recipe_name=recipe, filter_fqns=["auto_filter_small_kn", "lm_head"],
                                              emulate=a.cpu)]
-    spec = model_registry("debugmodel" if a.cpu else "4B", attn_backend="flex" if a.cpu else "varlen",   # varlen: CUDA only
-                          converters=conv)
+    spec = model_registry("debugmodel" if a.cpu else "4B", attn_backend=a.titan_attention, converters=conv)
     with torch.device("meta"):
         model = spec.model.build()
     model.to_empty(device=dev)
@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-compile", dest="compile", action="store_false", help="titan: eager blocks")
+    ap.add_argument("--titan-attention", choices=["flex", "varlen"], default="flex",
+                    help="torchtitan's attention backend (default flex, its own default: its varlen path passes "
+                         "enable_gqa to torch's varlen_attn, which torch 2.11 lacks, and has no CPU kernel)")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--cpu", action="store_true", help="dry run on the CPU at a tiny shape (no figure)")
     ap.add_argument("--out", help="write the per-step records and the summary here (JSON)")
