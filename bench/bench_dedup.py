@@ -1,8 +1,7 @@
 """``dedup`` at scale on the CPU, beside a brute-force reference; the alignment step's text tower rate.
 
 1. **The step**: ``--rows`` × ``--dim`` random-but-clustered unit vectors (``--rows / 500`` centres, each
-   row ``normalize(2.6·centre + 0.17·noise)``: neighbours at cosine ≈ 0.85–0.92, like photos of the same
-   kind) with ``--planted`` of them copied at cosine 0.97–0.995 (resize / recompression / crop), written as
+   row ``normalize(centre + 0.45·noise/√dim)``: neighbours at cosine ≈ 0.83, like photos of the same kind) with ``--planted`` of them copied at cosine 0.97–0.995 (resize / recompression / crop), written as
    an ``embed-images`` run (fp16 ``.npy`` shards + manifests) and deduplicated by ``ovpipe dedup`` through
    the local executor (``--tasks``, ``--workers``): wall time, CPU time, each task's peak memory (what it
    recorded: ``peak_rss_bytes/*``), and precision / recall of the planted pairs.
@@ -45,7 +44,7 @@ def clustered(n: int, d: int, planted: int, seed: int = 0, chunk: int = 65536):
     for a in range(0, base, chunk):
         b = min(a + chunk, base)
         c = rng.integers(0, len(centres), b - a)
-        out[a:b] = _unit(centres[c] * 2.6 + rng.normal(size=(b - a, d)).astype(np.float32) * 0.17)
+        out[a:b] = _unit(centres[c] + rng.normal(size=(b - a, d)).astype(np.float32) * (0.45 / np.sqrt(d)))
     src = rng.choice(base, planted, replace=False)
     for a in range(0, planted, chunk):
         s = src[a:a + chunk]
@@ -160,6 +159,24 @@ def brute_force(x: np.ndarray, area: np.ndarray, a) -> dict:
             "only_dedup": len(got - want), "only_brute": len(want - got)}
 
 
+def nearest_rate(dim: int, rows: int = 16384, k: int = 4096, reps: int = 2) -> dict:
+    """Seconds per (row × centroid) of the reduce's nearest-centroid search (faiss ``IndexFlatIP``), the part
+    of its streaming pass that grows with k: ``bench_scale`` scales it by N·k, the rest by N."""
+    from curation.dedup import nearest
+
+    rng = np.random.default_rng(0)
+    cents = _unit(rng.normal(size=(k, dim)).astype(np.float32))
+    x = _unit(rng.normal(size=(rows, dim)).astype(np.float32))
+    nearest(cents, x[:256])
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        nearest(cents, x)
+        ts.append(time.perf_counter() - t0)
+    return {"rows": rows, "centroids": k, "s": min(ts), "s_per_row_centroid": min(ts) / (rows * k),
+            "load": os.getloadavg()[0]}
+
+
 def text_tower_figures(batch: int = 16, reps: int = 2, threads: int = 2) -> dict:
     """FLOPs per 77-token caption of open_clip ViT-H-14's text tower and its CPU time per caption."""
     import open_clip
@@ -201,9 +218,20 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=Path("runs/bench-dedup"))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true", help="100K × 256, a 10K subset, no text tower")
+    ap.add_argument("--rates-into", type=Path, help="measure only the nearest-centroid rate (and the text tower, "
+                    "with --align) and add them to this saved --json")
     a = ap.parse_args(argv or [])
     if a.quick:
         a.rows, a.dim, a.subset, a.cluster_rows, a.align = 100_000, 256, 10_000, 5_000, False
+    if a.rates_into:
+        saved = json.loads(a.rates_into.read_text())
+        saved["nearest"] = nearest_rate(saved["dim"])
+        print(f"nearest centroid: {saved['nearest']['s_per_row_centroid'] * 1e9:.2f} ns per row × centroid "
+              f"(d={saved['dim']}, load {saved['nearest']['load']:.1f})")
+        if a.align:
+            saved["text_tower"] = text_tower_figures()
+        a.rates_into.write_text(json.dumps(saved, indent=1, default=str) + "\n")
+        return 0
     print(f"bench_dedup: {a.rows:,} × {a.dim}, {a.planted:.0%} planted, subset {a.subset:,}, ε = {a.eps}, "
           f"cluster_rows {a.cluster_rows}, {a.tasks} tasks / {a.workers} workers, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
@@ -220,6 +248,7 @@ def main(argv=None) -> int:
            "train_per_cluster": dflt.train_per_cluster, "max_train_rows": dflt.max_train_rows,
            "workers": a.workers, "cpus": os.cpu_count(), "load_start": os.getloadavg()[0]}
     out["step"] = step_figures(run, ids, rows_in_order, truth, a)
+    out["nearest"] = nearest_rate(a.dim)
     s = out["step"]
     print(f"\n| dedup step, {a.rows:,} × {a.dim} | wall s | CPU s | CPU µs / row | peak GiB (map / reduce / apply) | "
           f"planted pairs: precision / recall |\n| --- | ---: | ---: | ---: | --- | --- |")

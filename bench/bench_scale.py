@@ -703,22 +703,29 @@ def dedup_projection(d: dict, a) -> None:
 
     def cpu_h(rows):        # the reduce's parts (wall × the cores BLAS used) + the streaming phases' CPU
         pair = t.get("pairwise", 0) * rows / n
-        assign = t.get("assign", 0) * (rows / n) * (k_of(rows) / k_of(n))
+        near = d.get("nearest", {}).get("s_per_row_centroid")
+        if near:          # the pass's nearest-centroid search × N·k, the rest of it (reads, spills) × N
+            assign = (t.get("assign", 0) - near * n * k_of(n)) * rows / n + near * rows * k_of(rows)
+        else:             # without the rate: the whole pass × N·k, an upper bound
+            assign = t.get("assign", 0) * (rows / n) * (k_of(rows) / k_of(n))
         km = t.get("kmeans", 0) * (k_of(rows) / k_of(n)) * (train_of(rows) / train_of(n))
         stream = (t.get("total", 0) + t.get("apply", 0)) * rows / n     # map + apply tasks' time, one core each
         return ((pair + assign + km) * threads + stream) / 3600
 
     def gpu_h(rows):
         fl = 2 * dim * (rows * m + rows * k_of(rows) + train_of(rows) * k_of(rows) * 20)
-        return fl / (a.gpu_tflops * 1e12 * a.assign_eff) / 3600
+        return fl / (a.gpu_fp32_tflops * 1e12 * a.assign_eff) / 3600
 
     print(f"\n| job | basis | GPU-hours at 85M | GPU-hours at 500M | CPU core-hours at 85M | at 500M |\n"
           f"| --- | --- | ---: | ---: | ---: | ---: |")
     print(f"| dedup: k-means + cosine inside clusters, d={dim}, {m:,} rows a cluster | measured at {n:,} rows "
           f"(`python -m bench.bench_dedup`, {d['step']['wall_s']:.0f} s on {threads} cores): pairwise "
           f"{t.get('pairwise', 0):.0f} s (× N), nearest centroid {t.get('assign', 0):.0f} s (× N·k), k-means "
-          f"{t.get('kmeans', 0):.0f} s (× k · training rows); GPU: 2·d·(N·{m:,} + N·k + 20 iterations) FLOPs at "
-          f"{a.gpu_tflops:g} TFLOP/s × {a.assign_eff:.0%} | {gpu_h(85e6):,.2f} | {gpu_h(500e6):,.2f} | "
+          f"{t.get('kmeans', 0):.0f} s (× k · training rows)"
+          + (f", the nearest-centroid search {d['nearest']['s_per_row_centroid'] * 1e9:.2f} ns per row × centroid"
+             if d.get("nearest") else "") +
+          f"; GPU: 2·d·(N·{m:,} + N·k + 20·training rows·k) fp32 FLOPs at {a.gpu_fp32_tflops:g} TFLOP/s × "
+          f"{a.assign_eff:.0%} | {gpu_h(85e6):,.2f} | {gpu_h(500e6):,.2f} | "
           f"{cpu_h(85e6):,.0f} | {cpu_h(500e6):,.0f} |")
     tt = d.get("text_tower")
     if tt:
@@ -799,6 +806,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-measured-note", default="", help="where --gpu-measured comes from")
     ap.add_argument("--gpu-json", type=Path, nargs="+", help="rates measured by `python -m bench.bench_curation --gpu --json F` "
                     "(ViT-H-14 through embed_rows, assign): replace the assumed GPU rates")
+    ap.add_argument("--gpu-fp32-tflops", type=float, default=67.0, help="dense fp32 peak of the GPU (H100 SXM: 67): "
+                    "dedup's cosines and k-means run in fp32")
     ap.add_argument("--dedup-json", type=Path, help="rates measured by `python -m bench.bench_dedup --json F`: the "
                     "projection's dedup and align rows")
     ap.add_argument("--cpu-gflops", type=float,
