@@ -90,6 +90,26 @@ def percentile_threshold(hist: np.ndarray, percentile: float) -> float:
     return -1.0 + 2.0 * b / BINS
 
 
+def aligned(left, right):
+    """Pairs of equally long record batches from two streams of the same rows cut differently (their parts
+    and row groups differ): each pair is the longest run both have buffered."""
+    lb = rb = None
+    left, right = iter(left), iter(right)
+    while True:
+        if lb is None or not lb.num_rows:
+            lb = next(left, None)
+        if rb is None or not rb.num_rows:
+            rb = next(right, None)
+        if lb is None or rb is None:
+            if (lb is not None and lb.num_rows) or (rb is not None and rb.num_rows):
+                raise ValueError("align: image_embeddings and samples have different row counts — rerun embed-images")
+            return
+        n = min(lb.num_rows, rb.num_rows)
+        if n:
+            yield lb.slice(0, n), rb.slice(0, n)
+        lb, rb = lb.slice(n), rb.slice(n)
+
+
 def _model(cfg: AlignConfig, task: TaskContext) -> tuple[str, str]:
     from ovpipe.inputs import upstream_config
 
@@ -127,8 +147,8 @@ def score_slice(cfg: AlignConfig, task: TaskContext) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with PartWriter(path, "alignment") as out:
-            for e, s in zip(emb, smp):
-                if e.num_rows != s.num_rows or e.column("sample_id") != s.column("sample_id"):
+            for e, s in aligned(emb, smp):
+                if e.column("sample_id") != s.column("sample_id"):
                     raise ValueError("align: image_embeddings and samples disagree row for row — rerun embed-images")
                 rows = s.to_pylist()
                 status = e.column("status").to_pylist()

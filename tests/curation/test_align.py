@@ -102,3 +102,19 @@ def test_scores_cut_and_bytes_at_1_and_2_tasks(tmp_path):
     assert low_ids <= mismatched | {7}, low_ids - mismatched     # what the cut marks are the planted mismatches
     assert (tmp_path / "t1" / "align" / "scores.png").stat().st_size > 1000
     assert "| books |" in (tmp_path / "t1" / "align" / "report.md").read_text()
+
+
+def test_streams_cut_differently_are_paired_row_for_row():
+    import pyarrow as pa
+
+    from curation.align import aligned
+
+    rows = pa.table({"x": list(range(10))})
+    left = rows.to_batches(max_chunksize=3)
+    right = [rows.slice(0, 4).to_batches()[0], rows.slice(4, 1).to_batches()[0], rows.slice(5).to_batches()[0]]
+    pairs = list(aligned(left, right))
+    assert all(a.num_rows == b.num_rows for a, b in pairs)
+    assert [v for a, _ in pairs for v in a.column("x").to_pylist()] == list(range(10))
+    assert [v for _, b in pairs for v in b.column("x").to_pylist()] == list(range(10))
+    with pytest.raises(ValueError, match="different row counts"):
+        list(aligned(left, right[:2]))
