@@ -38,6 +38,11 @@ Map → reduce → apply (``docs/scale.md``): no task holds the corpus.
 * finalize: ``concept_counts`` (count_before from the reduce, count_after = Σ of the apply ranks'
   bincounts = ``Σ_i copies_i · [c ∈ topK(i)]``).
 
+With ``dedup_step`` / ``alignment_step`` (declared inputs), the rows those steps mark ``near_duplicate`` /
+``low_alignment`` are skipped: they count for no concept and enter no sum, and their ``balanced`` row has
+weight 0 and no copy. Each phase then reads its rows of ``assignments`` through a DuckDB anti-join
+(``_kept_rows``) under the task's memory limit instead of the plain stream.
+
 ``balance()`` is the same computation on in-memory arrays (tests, bench).
 """
 from __future__ import annotations
