@@ -142,13 +142,15 @@ def ovpipe(a, seqs, dev, log):
     for g in opt.param_groups:
         g["lr"] = a.lr
     schedule = get_forward_backward_func()
+    for s in seqs:      # the rotary tables, as the trainer's loader workers make them ahead of the step
+        s["rotary"] = rotary_tables(s["positions"], size.kv_channels, size.rope_theta)
 
     def forward_step(it, m):
         s = next(it)
-        rot = rotary_tables(s["positions"], size.kv_channels, size.rope_theta)
         per_tok = m(s["tokens"][None].to(dev), s["positions"][None].to(dev), attention_mask=None,
                     labels=s["labels"][None].to(dev),
-                    packed_seq_params=packed_seq_params(s["cu"].to(dev), s["max"], tuple(t.to(dev) for t in rot)))
+                    packed_seq_params=packed_seq_params(s["cu"].to(dev), s["max"],
+                                                        tuple(t.to(dev) for t in s["rotary"])))
 
         def loss_func(out):
             total = out.float().sum()
