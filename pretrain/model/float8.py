@@ -66,7 +66,8 @@ def convert(llm, precision: str, compile: bool | None = None) -> list[str]:
     config = Float8LinearConfig.from_recipe_name(RECIPES[precision])
     modules = dict(linears(llm))
     names = selected(llm, precision)
-    if names and (compile if compile is not None else modules[names[0]].weight.is_cuda):
+    compile = bool(names) and (modules[names[0]].weight.is_cuda if compile is None else compile)
+    if compile:
         import torch._dynamo
 
         # one compiled Float8Linear.forward serves every layer, recompiled per weight shape (4 in a Qwen3 layer),
@@ -77,12 +78,13 @@ def convert(llm, precision: str, compile: bool | None = None) -> list[str]:
         shell = _shell(mod)
         shell.weight = mod.weight                      # the same Parameter: megatron's name, buffers, main_grad
         f8 = Float8Linear.from_float(shell, config=config)
-        run = torch.compile(f8, dynamic=True) if (mod.weight.is_cuda if compile is None else compile) else f8
-        mod.__dict__["_forward_impl"] = _forward_impl(mod, mod._forward_impl, f8, run)
+        run = torch.compile(f8, dynamic=True) if compile else f8
+        mod.__dict__["_forward_impl"] = _forward_impl(mod._forward_impl, f8, run)
     return names
 
 
-def _forward_impl(mod, megatron_impl, f8, run):
+def _forward_impl(megatron_impl, f8, run):
+    """The megatron layer's ``_forward_impl`` in float8: the same arguments, megatron's own for a frozen weight."""
     def impl(input, weight, bias=None, *args, **kwargs):
         if not weight.requires_grad:                   # frozen: megatron's forward-only path
             return megatron_impl(input, weight, bias, *args, **kwargs)
