@@ -87,9 +87,18 @@ def offload_table(d: Path) -> list[str]:
                     f"{s.get('recompute')}/{s.get('vision_recompute')}/{s.get('loss_kernel')} | "
                     f"{_f(s['tokens_per_s_median'], ',.0f')} | {_f(s['peak_mem_gib'], '.1f')} | "
                     f"{_f(s.get('host_peak_rss_gib'), '.1f')} | {', '.join(f'{x:.4f}' for x in s['losses'])} |")
-    rows.append(f"| tiny, 3 steps, offload 1 vs 0 | 1.0 / 0 | none | – | – | – | "
-                f"{'see the log (gpu test)' if (d / 'log.txt').exists() else TBD} |")
+    rows.append(f"| tiny, 3 steps, offload 1 vs 0 | 1.0 / 0 | none | – | – | – | {offload_test(d)} |")
     return rows
+
+
+def offload_test(d: Path) -> str:
+    """The GPU test's outcome from the call's log (its losses within 2% of the GPU optimizer's, step 1 equal)."""
+    log = (d / "log.txt").read_text() if (d / "log.txt").exists() else ""
+    if "=== gpu tests" not in log:
+        return TBD
+    if "FAILED tests/pretrain/test_optimizer_offload.py" in log:
+        return "failed (see the log)"
+    return "within 2% (test passed)" if " passed" in log.split("=== gpu tests", 1)[1] else TBD
 
 
 def profile_lines(d: Path) -> list[str]:
