@@ -182,3 +182,15 @@ def parse_entry(members: dict) -> tuple[list[str], list[str], list[bytes]]:
     if missing:
         raise ValueError(f"missing_image: no img{missing[0]}.jpg member ({len(missing)} of {len(names)} missing)")
     return prompts, captions, [members[f"img{i}.jpg"] for i in range(len(names))]
+
+
+def count_shift(run_dir, count_for: str, lengths_step: str) -> int:
+    """Tokens the target trainer counts fewer than ``lengths`` per sample: 0 for ovpipe's; for ``llava-ov`` the
+    template tail its task encoder drops (``tail_tokens`` of the lengths step's tokenizer)."""
+    if count_for == "ovpipe":
+        return 0
+    from ovpipe.inputs import upstream_config
+    from packing.lengths import STEP as LENGTHS
+    from packing.tokens import load_tokenizer
+
+    return tail_tokens(load_tokenizer(upstream_config(run_dir, lengths_step, LENGTHS)[1].tokenizer))

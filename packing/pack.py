@@ -120,16 +120,10 @@ def solve_once(cfg: PackConfig, task: TaskContext) -> None:
 
 
 def count_shift(task: TaskContext, cfg: PackConfig) -> int:
-    """Tokens the target trainer counts fewer than ``lengths`` per sample: 0 for ovpipe's; for ``llava-ov`` the
-    template tail its task encoder drops (``packing.official.tail_tokens`` of the lengths step's tokenizer)."""
-    if cfg.count_for == "ovpipe":
-        return 0
-    from ovpipe.inputs import upstream_config
-    from packing.lengths import STEP as LENGTHS
-    from packing.official import tail_tokens
-    from packing.tokens import load_tokenizer
+    """Tokens the target trainer counts fewer than ``lengths`` per sample (``packing.official.count_shift``)."""
+    from packing.official import count_shift as shift
 
-    return tail_tokens(load_tokenizer(upstream_config(task.run_dir, cfg.lengths_step, LENGTHS)[1].tokenizer))
+    return shift(task.run_dir, cfg.count_for, cfg.lengths_step)
 
 
 def write_packs(cfg: PackConfig, task: TaskContext) -> None:

@@ -63,9 +63,10 @@ def packing_report(cfg, task) -> dict:
 
     count = ""
     if getattr(cfg, "count_for", "ovpipe") != "ovpipe":
-        from packing.pack import count_shift
+        from packing.official import count_shift
 
-        count = (f" Lengths are the {cfg.count_for} trainer's count: `lengths` − {count_shift(task, cfg)} per item "
+        shift = count_shift(task.run_dir, cfg.count_for, cfg.lengths_step)
+        count = (f" Lengths are the {cfg.count_for} trainer's count: `lengths` − {shift} per item "
                  f"(`count_for`); the packs' shard entries hold ovpipe's encoding, that many tokens more per item.")
     lines = [f"Packed {n_items} items ({tokens} tokens) into {ours['bins']} bins of {C} "
              f"(lower bound {lb}; bins/LB = {fig['bins_over_lower_bound']:.6f}).{count}", "",
