@@ -174,7 +174,7 @@ def ovpipe(a, seqs, dev, log):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--side", choices=["titan", "ovpipe"], required=True)
+    ap.add_argument("--side", choices=["titan", "ovpipe"], help="required on a GPU or with --cpu")
     ap.add_argument("--precision", choices=["bf16", "fp8-tensorwise", "fp8-rowwise"], default="bf16")
     ap.add_argument("--run-dir", help="a run whose pack step holds 8K-token packs (default: random tokens)")
     ap.add_argument("--data", default="pack", help="the pack step (default pack)")
@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--cpu", action="store_true", help="dry run on the CPU at a tiny shape (no figure)")
     ap.add_argument("--out", help="write the per-step records and the summary here (JSON)")
+    ap.add_argument("--quick", action="store_true", help="(make bench) same as the default on CPU: skip")
     a = ap.parse_args(argv)
     import torch
 
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if not a.cpu and not torch.cuda.is_available():
         print("bench_titan: needs a CUDA GPU (or --cpu for a dry run); skipped")
         return 0
+    if a.side is None:
+        ap.error("--side titan or --side ovpipe")
     if a.cpu:
         a.compile = False
         torch.set_num_threads(2)
