@@ -161,7 +161,8 @@ def predict(recipe, stage: str, gpu: Gpu, n_gpus: int, tp: int, pp: int, cp: int
     return Plan(tp, pp, cp, dp, micro_batch, grad_accum, c.recompute, c.vision_recompute, c.loss_kernel,
                 c.peak_gib, step, {"compute": compute, "bubble": bubble, "tp": t_tp, "cp": t_cp, "dp": exposed_dp},
                 step_tokens / step / n_gpus, mf * grad_accum * dp / step / (n_gpus * gpu.peak_tflops * 1e12),
-                steps * step / 3600, steps * step / 3600 * n_gpus, lay.offload, host_bytes(recipe, trainable, lay) / GIB)
+                steps * step / 3600, steps * step / 3600 * n_gpus, lay.offload,
+                host_bytes(recipe, trainable, lay) / GIB)
 
 
 def plan(recipe_name: str, stage: str, gpus: str, steps: int, global_batch: int, seq_len: int = 8192,

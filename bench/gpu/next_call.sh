@@ -18,7 +18,8 @@ if [ -n "${DRY:-}" ]; then     # the CPU: no install, no card; the same function
   R=/tmp/devres/r; rm -rf $R; mkdir -p $R; LOG=$OUT/log.txt
   save() { cp $LOG $R/log.txt; tar -C /tmp/devres -czf $OUT/results.tgz r; }
   PY=.venv/bin/python; TITAN_PATH=/tmp/site-titan:$PWD
-  rm -rf /tmp/site-titan; $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-titan .whl-titan/*.whl
+  rm -rf /tmp/site-titan
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-titan .whl-titan/*.whl
 else
   source bench/gpu/lib.sh
   PY=python3; TITAN_PATH=/tmp/site-titan:/tmp/site:$PWD
@@ -43,7 +44,8 @@ run4b() {  # name timeout args... : one 4B bench_mfu run (lib.sh's mfu; on the C
 import json, sys
 name, p, src, dst = sys.argv[1:]
 ms = json.load(open(src))["metrics"]
-json.dump({"summary": {"dry_run": True, "precision": "fp8-tensorwise" if p == "fp8" else "bf16", "losses": [m["loss"] for m in ms],
+json.dump({"summary": {"dry_run": True, "precision": "fp8-tensorwise" if p == "fp8" else "bf16",
+           "losses": [m["loss"] for m in ms],
            "tokens_per_s_median": ms[-1]["tokens_per_s"], "mfu_median": ms[-1]["mfu"], "peak_mem_gib": None,
            "host_peak_rss_gib": None, "optimizer_share": None, "command": "(dry run)"}}, open(dst, "w"))
 PY
@@ -108,4 +110,8 @@ want rowwise && run4b a_fp8_rowwise 140 $A_ARGS --steps 12 --warmup 4 --precisio
 # weights, gradients and Adam state alone exceed an H200), so its tokens/s per GPU is measured, not extrapolated
 want eightb && run4b e_8b_auto 200 --recipe llava-ov-1.5-8b --recompute auto --steps 4 --warmup 1
 # (d) the parallel layouts (several ranks on the one card, host-staged collectives) go here when they are ready
-if [ -z "${DRY:-}" ]; then finish; else echo "=== done at $(( $(date +%s) - T0 ))s" >> $LOG; save; cat $LOG | grep -E "^===|^rc|Error|error:" ; fi
+if [ -z "${DRY:-}" ]; then
+  finish
+else
+  echo "=== done at $(( $(date +%s) - T0 ))s" >> $LOG; save; grep -E "^===|^rc|Error|error:" $LOG
+fi

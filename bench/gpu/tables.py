@@ -44,8 +44,8 @@ def loss_gap(a: list, b: list, skip: int = SKIP) -> float | None:
 
 def fp8_table(d: Path) -> list[str]:
     base = load(d, "a_bf16")
-    rows = ["| precision | tokens/s | MFU (vs the bf16 peak) | peak GiB | steps | loss gap vs bf16 (steps 11+) | final loss |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| precision | tokens/s | MFU (vs the bf16 peak) | peak GiB | steps | loss gap vs bf16 (steps 11+) "
+            "| final loss |", "|---|---|---|---|---|---|---|"]
     for label, name in A_RUNS:
         s = load(d, name)
         if s is None:
@@ -70,13 +70,15 @@ def titan_table(d: Path) -> list[str]:
         ratio = ""
         if side == "ovpipe" and got.get(name.replace("ovpipe", "titan")):
             ratio = f"{s['tokens_per_s_median'] / got[name.replace('ovpipe', 'titan')]['tokens_per_s_median']:.2f}×"
-        rows.append(f"| {side}{_dry(s)} | {prec} | {_f(s['tokens_per_s_median'], ',.0f')} | {_f(s['mfu_median'], '.1%')} | "
+        rows.append(f"| {side}{_dry(s)} | {prec} | {_f(s['tokens_per_s_median'], ',.0f')} | "
+                    f"{_f(s['mfu_median'], '.1%')} | "
                     f"{_f(s['peak_mem_gib'], '.1f')} | {ratio} |")
     return rows
 
 
 def offload_table(d: Path) -> list[str]:
-    rows = ["| run | offload | recompute | tokens/s | peak GPU GiB | peak host GiB | losses |", "|---|---|---|---|---|---|---|"]
+    rows = ["| run | offload | recompute | tokens/s | peak GPU GiB | peak host GiB | losses |",
+            "|---|---|---|---|---|---|---|"]
     for name, label in (("c_offload_4b", "4B stage 1.5, DP = 1, 79.2 GiB cap"),
                         ("e_8b_auto", "8B stage 1.5, DP = 1, recompute auto (the whole card)")):
         s = load(d, name)
@@ -123,7 +125,8 @@ def render(d: Path, card: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="the unpacked results.tgz's r/ folder (or any folder; missing runs: to be measured)")
+    ap.add_argument("results", help="the unpacked results.tgz's r/ folder (any folder: a missing run is a row "
+                                    "to be measured)")
     ap.add_argument("--card", default="h200")
     a = ap.parse_args(argv)
     sys.stdout.write(render(Path(a.results), a.card))

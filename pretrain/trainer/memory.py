@@ -294,7 +294,8 @@ def resolve_auto(cfg, recipe, trainable: str, sizes: dict, tokens: int, attn_sq:
             f"recipe {cfg.recipe!r} stage {cfg.stage}: weights, gradients and optimizer state need "
             f"{states:.1f} GiB per rank at tp={lay.tp} pp={lay.pp} dp={lay.dp} (distributed_optimizer="
             f"{lay.distributed_optimizer}, optimizer_offload={lay.offload}), more than this GPU's "
-            f"{memory_gib:.1f} GiB: {suggest(recipe, trainable, cfg.loss_kernel or 'megatron', tokens, lay, memory_gib)}")
+            f"{memory_gib:.1f} GiB: "
+            f"{suggest(recipe, trainable, cfg.loss_kernel or 'megatron', tokens, lay, memory_gib)}")
     c = choose(recipe, trainable, kernels, tokens, attn_sq, lay, memory_gib, cfg.vision_recompute)
     if not c.fits:
         where = (f"even recompute {c.recompute} (tower {c.vision_recompute}, loss {c.loss_kernel}) is estimated at "

@@ -164,8 +164,8 @@ ONE = LLMSize(1, 1024, 1536, 8, 2, 128, 2048)      # WIDE's widths, one layer
 
 
 def _megatron_steps(precision, steps=2):
-    """``steps`` optimizer steps of a one-layer WIDE LLM through megatron's DDP, optimizer and schedule (fp32 on the CPU:
-    megatron's bf16 optimizer wants CUDA tensors); the losses and the first step's ``main_grad``s."""
+    """``steps`` optimizer steps of a one-layer WIDE LLM through megatron's DDP, optimizer and schedule (fp32 on
+    the CPU: megatron's bf16 optimizer wants CUDA tensors); the losses and the first step's ``main_grad``s."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
