@@ -178,7 +178,7 @@ def score_slice(cfg: AlignConfig, task: TaskContext) -> None:
                         h = hists.setdefault(str(name), np.zeros(BINS, np.int64))
                         h += np.bincount(b[src == name], minlength=BINS)
                 for x in st:
-                    task.stats.inc(f"status/{x}" if x != "ok" else "scored")
+                    task.stats.inc("scored" if x == "ok" else f"unscored/{x}")
                 out.write(pa.table({
                     "sample_id": e.column("sample_id"), "source": s.column("source"),
                     "text_kind": pa.array([k if st[j] == "ok" else None for j, k in enumerate(kinds)], pa.string()),
@@ -225,7 +225,8 @@ def apply_cut(cfg: AlignConfig, task: TaskContext) -> None:
             status = np.asarray(b.column("status").to_pylist(), object)
             low = (status == "ok") & ~np.isnan(thr) & (score < thr)
             status[low] = "low_alignment"
-            task.stats.inc("low_alignment", int(low.sum()))
+            for x, n in zip(*np.unique(status.astype(str), return_counts=True)):
+                task.stats.inc(f"status/{x}", int(n))
             out.write(pa.table({**{k: b.column(k) for k in ("sample_id", "source", "text_kind", "score")},
                                 "threshold": pa.array(thr.astype(np.float32), mask=np.isnan(thr)),
                                 "status": pa.array(status, pa.string()), "error": b.column("error")}))

@@ -492,11 +492,8 @@ def write_dedup(cfg: DedupConfig, task: TaskContext) -> None:
                 "duplicate_of": pa.array(dup_of, pa.string()),
                 "similarity": pa.array(sim, mask=np.isnan(sim)),
                 "status": pa.array(status, pa.string()), "error": error}))
-            task.stats.inc("rows", batch.num_rows)
-            task.stats.inc("near_duplicate", len(dup))
-            for s, n in zip(*np.unique(status[status != "ok"].astype(str), return_counts=True)):
-                if s != "near_duplicate":
-                    task.stats.inc(f"skipped/{s}", int(n))
+            for s, n in zip(*np.unique(status.astype(str), return_counts=True)):
+                task.stats.inc(f"status/{s}", int(n))
 
 
 def _finalize(cfg: DedupConfig, task: TaskContext) -> None:
