@@ -39,7 +39,7 @@ SLOW: dict[str, float] = {
     "tests/curation/test_ingest_shuffle.py::test_id_range_parts_same_bytes_for_any_split": 24.2,
     "tests/curation/test_assign_streaming.py::test_assign_peak_memory_does_not_grow_with_embedding_rows": 27.9,
     "tests/curation/test_recaption_memory.py": 12.5,
-    "tests/curation/test_align.py::test_scores_cut_and_bytes_at_1_and_2_tasks": 20.4,
+    "tests/curation/test_align.py::test_scores_cut_and_bytes_at_1_and_2_tasks": 6.3,
     "tests/curation/test_recaption_select_memory.py": 7.0,
     "tests/curation/test_recaption.py::test_part_is_the_slice_sorted_whatever_the_chunking": 5.9,
     "tests/curation/test_embed_decode.py::test_threads_and_worker_processes_give_the_same_step_output_at_any_task_count": 4.1,

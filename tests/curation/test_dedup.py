@@ -147,3 +147,22 @@ def test_block_keep_equals_the_greedy_keep_over_every_pair(block_rows):
         assert (want_d >= 0).sum() > 10
         assert got[t][0].tolist() == want_d.tolist()
         assert np.array_equal(got[t][1], want_s, equal_nan=True)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_same_keep_and_the_planted_pairs_found():
+    """k-means on the GPU (faiss, where it has GPUs) and the cosines in torch on CUDA: the block keep equals the
+    CPU's on the same vectors, and the whole computation finds the planted pairs."""
+    import torch
+
+    from curation.dedup import dedup_vectors, keep_blocks
+
+    vectors, areas, truth = planted_set()
+    x = unit(vectors)
+    cpu = keep_blocks(x[:400], [0.95], 64, "cpu")[0.95][0]
+    gpu = keep_blocks(x[:400], [0.95], 64, "cuda")[0.95][0]
+    assert torch.cuda.is_available() and (cpu == gpu).mean() > 0.99
+    _, dup_of, _, _ = dedup_vectors(x, areas, DedupConfig(cluster_rows=120), device="cuda")
+    found = {frozenset((int(j), int(dup_of[j]))) for j in np.flatnonzero(dup_of >= 0)}
+    pairs = {frozenset(p) for p in truth.items()}
+    assert len(found & pairs) >= 0.95 * len(pairs) and len(found & pairs) >= 0.95 * len(found)
