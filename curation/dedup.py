@@ -15,8 +15,8 @@ Map → reduce → apply (``docs/scale.md``), no task holding the corpus:
 
 * map (``sample_for_training``): rank r streams its share of ``image_embeddings`` and keeps the rows whose
   seeded draw ``u(sample_id) < k · train_per_cluster / N`` (at most ``max_train_rows`` in all): the same
-  rows whatever the task count. Partial: their ids and fp16 vectors.
-* reduce (``find_duplicates``): trains k-means on the sample sorted by id; streams every ``ok`` row in
+  rows whatever the task count. Partial: their ids, shards and rows (not their vectors), and its ok count.
+* reduce (``find_duplicates``): gathers the drawn vectors in id order and trains k-means on them; streams every ``ok`` row in
   canonical order (DuckDB joins the image area from ``samples``), assigns it to its centroid and spills
   (cluster, area, position, vector) to one of ≤ 1024 bucket files; then per bucket, per cluster —
   a cluster above ``max_cluster_rows`` is split again by k-means — the cosine matrix in row blocks of
@@ -276,34 +276,52 @@ def _draws(ids_u64: np.ndarray, seed: int) -> np.ndarray:
 # ------------------------------------------------------------------------------------- the step
 
 def sample_for_training(cfg: DedupConfig, task: TaskContext) -> None:
-    """Map: this rank's share of ``image_embeddings`` → the ok rows drawn to train k-means (ids, fp16)."""
+    """Map: this rank's share of ``image_embeddings`` → where the ok rows drawn to train k-means lie (id,
+    shard, row: 16 bytes and a shard index a row; the reduce gathers their vectors) and the ok count."""
     import pyarrow.compute as pc
 
-    from curation.assign import NpyShards
     from manifests.ids import hex_ids_to_u64
 
     n = task.input_num_rows("image_embeddings")
     frac = min(1.0, min(cfg.clusters_for(n) * cfg.train_per_cluster, cfg.max_train_rows) / max(n, 1))
-    ids, vecs = [], []
+    ids, files, rows = [], [], []
     n_ok = 0
+    for batch in task.iter_input_share("image_embeddings", EMB_COLUMNS):
+        ok = batch.filter(pc.equal(batch.column("status"), "ok"))
+        task.stats.inc("images", ok.num_rows)
+        n_ok += ok.num_rows
+        u64 = hex_ids_to_u64(ok.column("sample_id"))
+        pick = np.flatnonzero(_draws(u64, cfg.seed) < frac)
+        ids.append(u64[pick])
+        files.append(ok.column("file").to_numpy(zero_copy_only=False)[pick].astype(str))
+        rows.append(ok.column("row").to_numpy()[pick].astype(np.int64))
+    task.write_partial("train", ok=np.array([n_ok], np.int64),
+                       ids=np.concatenate(ids) if ids else np.zeros(0, np.uint64),
+                       files=np.concatenate(files) if files else np.zeros(0, str),
+                       rows=np.concatenate(rows) if rows else np.zeros(0, np.int64))
+
+
+def _training_rows(task: TaskContext) -> tuple[np.ndarray | None, int]:
+    """The drawn rows' vectors (fp32, in sample_id order, gathered from the mapped shards) and the ok count."""
+    from curation.assign import NpyShards
+
+    ids, files, rows = [], [], []
+    n_ok = 0
+    for part in task.iter_partials("train"):
+        ids.append(part["ids"])
+        files.append(part["files"])
+        rows.append(part["rows"])
+        n_ok += int(part["ok"][0])
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
+    if not len(ids):
+        return None, n_ok
+    order = np.argsort(ids, kind="stable")
     shards = NpyShards(task.run_dir)
     try:
-        for batch in task.iter_input_share("image_embeddings", EMB_COLUMNS):
-            ok = batch.filter(pc.equal(batch.column("status"), "ok"))
-            task.stats.inc("images", ok.num_rows)
-            n_ok += ok.num_rows
-            u64 = hex_ids_to_u64(ok.column("sample_id"))
-            pick = np.flatnonzero(_draws(u64, cfg.seed) < frac)
-            files = ok.column("file").to_numpy(zero_copy_only=False)
-            if len(pick):
-                ids.append(u64[pick])
-                vecs.append(shards.gather(files[pick], ok.column("row").to_numpy()[pick], np.float16))
-            shards.release(keep=set(files.tolist()))
+        return shards.gather(np.concatenate(files)[order].astype(object), np.concatenate(rows)[order],
+                             np.float32), n_ok
     finally:
         shards.close()
-    d = vecs[0].shape[1] if vecs else 0
-    task.write_partial("train", ok=np.array([n_ok], np.int64), ids=np.concatenate(ids) if ids else np.zeros(0, np.uint64),
-                       vectors=np.concatenate(vecs) if vecs else np.zeros((0, d), np.float16))
 
 
 def _canonical_rows(task: TaskContext, con, batch_rows: int = 65_536):
@@ -370,15 +388,7 @@ def find_duplicates(cfg: DedupConfig, task: TaskContext) -> None:
     from curation.assign import NpyShards
     from manifests.ids import hex_ids_to_u64
 
-    ids, vecs = [], []
-    n_ok = 0
-    for part in task.iter_partials("train"):
-        ids.append(part["ids"])
-        vecs.append(part["vectors"])
-        n_ok += int(part["ok"][0])
-    ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
-    order = np.argsort(ids, kind="stable")
-    train = np.concatenate(vecs)[order].astype(np.float32) if len(ids) else None
+    train, n_ok = _training_rows(task)
     n_total = task.input_num_rows("image_embeddings")
     device = _torch_device(cfg.device)
     gpu = _gpu(cfg.device)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from manifests.io import write_part
+from manifests.io import as_manifest_table, write_part, write_table
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -16,10 +16,10 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 
 def embedded_run(run: Path, vectors: np.ndarray, areas=None, parts: int = 2, bad: int = 0, captions=None,
-                 sources=None, ids=None, conversations=None) -> list[str]:
+                 sources=None, ids=None, conversations=None, row_group_rows=None) -> list[str]:
     """``run/ingest/samples`` and ``run/embed-images/{image_embeddings,data}`` for ``vectors`` (one ok sample
     each, ``areas`` = width × height as width w, height 1), plus ``bad`` samples without a vector
-    (decode_error); ``conversations[k]`` (a list of (role, text), or None) makes ok sample k a conversation.
+    (decode_error), parts in row groups of ``row_group_rows`` (default: write_part's); ``conversations[k]`` (a list of (role, text), or None) makes ok sample k a conversation.
     The embed folder is a finished step (executor.json, config.json, finalized), so a
     step that reads ``samples`` through it resolves the ingest folder. Returns the sample ids, in order."""
     from curation.embed import EmbedImagesConfig
@@ -57,8 +57,13 @@ def embedded_run(run: Path, vectors: np.ndarray, areas=None, parts: int = 2, bad
                        "conversation": conv, "turns": len(conv), "turn_ratings": None, "status": "ok", "error": None})
             ee.append({"sample_id": ids[i], "file": file if ok else None, "row": at[i] if ok else -1,
                        "status": "ok" if ok else "decode_error", "error": None if ok else "broken"})
-        write_part(ss, run / "ingest" / "samples" / f"part-{k:05d}.parquet", "samples")
-        write_part(ee, emb_dir / "image_embeddings" / f"part-{k:05d}.parquet", "image_embeddings")
+        for rows, path, kind in ((ss, run / "ingest" / "samples", "samples"),
+                                 (ee, emb_dir / "image_embeddings", "image_embeddings")):
+            if row_group_rows:
+                path.mkdir(parents=True, exist_ok=True)
+                write_table(as_manifest_table(rows, kind), path / f"part-{k:05d}.parquet", row_group_rows)
+            else:
+                write_part(rows, path / f"part-{k:05d}.parquet", kind)
     cfg = EmbedImagesConfig(model="ovpipe-tiny-clip", pretrained="")
     (emb_dir / "config.json").write_text(config_json(cfg))
     (emb_dir / "executor.json").write_text(json.dumps({"step": "embed-images", "tasks": parts, "config_hash": "x",
