@@ -1,8 +1,9 @@
 """``dedup`` at scale on the CPU, beside a brute-force reference; the alignment step's text tower rate.
 
 1. **The step**: ``--rows`` × ``--dim`` random-but-clustered unit vectors (``--rows / 500`` centres, each
-   row ``normalize(centre + 0.45·noise/√dim)``: neighbours at cosine ≈ 0.83, like photos of the same kind) with ``--planted`` of them copied at cosine 0.97–0.995 (resize / recompression / crop), written as
-   an ``embed-images`` run (fp16 ``.npy`` shards + manifests) and deduplicated by ``ovpipe dedup`` through
+   row ``normalize(centre + 0.45·noise/√dim)``: neighbours at cosine ≈ 0.83, like photos of the same kind)
+   with ``--planted`` of them copied at cosine 0.97–0.995 (resize / recompression / crop), written as an
+   ``embed-images`` run (fp16 ``.npy`` shards + manifests) and deduplicated by ``ovpipe dedup`` through
    the local executor (``--tasks``, ``--workers``): wall time, CPU time, each task's peak memory (what it
    recorded: ``peak_rss_bytes/*``), and precision / recall of the planted pairs.
 2. **Brute force on a subset**: the first ``--subset`` rows (canonical order) through ``dedup_vectors``

@@ -16,11 +16,11 @@ Map → reduce → apply (``docs/scale.md``), no task holding the corpus:
 * map (``sample_for_training``): rank r streams its share of ``image_embeddings`` and keeps the rows whose
   seeded draw ``u(sample_id) < k · train_per_cluster / N`` (at most ``max_train_rows`` in all): the same
   rows whatever the task count. Partial: their ids, shards and rows (not their vectors), and its ok count.
-* reduce (``find_duplicates``): gathers the drawn vectors in id order and trains k-means on them; streams every ``ok`` row in
-  canonical order (DuckDB joins the image area from ``samples``), assigns it to its centroid and spills
-  (cluster, area, position, vector) to one of ≤ 1024 bucket files; then per bucket, per cluster —
-  a cluster above ``max_cluster_rows`` is split again by k-means — the cosine matrix in row blocks of
-  ``block_rows`` (memory: one cluster + one block), the pairs above the threshold and the greedy keep.
+* reduce (``find_duplicates``): gathers the drawn vectors in id order and trains k-means on them; streams
+  every ``ok`` row in canonical order (DuckDB joins the image area from ``samples``), assigns it to its
+  centroid and spills (cluster, area, position, vector) to one of ≤ 1024 bucket files; then per bucket, per
+  cluster — a cluster above ``max_cluster_rows`` is split again by k-means — the greedy keep block by block
+  (``keep_blocks``: a block of ``block_rows`` rows against every earlier row; memory one cluster + one block).
   Artifact: row-aligned ``.npy`` arrays over the ok rows in canonical order (sample id, cluster, the
   position it duplicates or −1, its cosine), memory-mapped by the apply ranks, and the removals per ε.
 * apply (``write_dedup``): rank r streams its canonical slice and writes its ``dedup`` part: every row

@@ -59,7 +59,8 @@ def contact_sheet(pairs: list[dict], path, thumb: int = 96) -> None:
                 sheet.paste(t, (pad + c * (thumb + pad), y))
             except Exception as e:  # noqa: BLE001 — a missing image is drawn as its error, not a failed report
                 draw.text((pad + c * (thumb + pad), y), type(e).__name__, fill="red")
-        draw.text((pad, y + thumb + 1), f"cos {p['similarity']:.4f}  {p['kept_area']} px | {p['area']} px", fill="black")
+        draw.text((pad, y + thumb + 1), f"cos {p['similarity']:.4f}  {p['kept_area']} px | {p['area']} px",
+                  fill="black")
     sheet.save(path)
 
 
@@ -94,8 +95,9 @@ def planted_found(planted: str, task) -> list[str]:
             WHERE p.original IS NOT NULL GROUP BY p.kind ORDER BY p.kind""").fetchall()
         other = con.execute(f"""
             SELECT count(*) FROM read_parquet({d}) x WHERE x.status = 'near_duplicate' AND NOT EXISTS (
-                SELECT 1 FROM read_parquet({p}) p WHERE (p.sample_id = x.sample_id AND p.original = x.duplicate_of)
-                                                  OR (p.original = x.sample_id AND p.sample_id = x.duplicate_of))""").fetchone()[0]
+                SELECT 1 FROM read_parquet({p}) p
+                WHERE (p.sample_id = x.sample_id AND p.original = x.duplicate_of)
+                   OR (p.original = x.sample_id AND p.sample_id = x.duplicate_of))""").fetchone()[0]
     found = sum(r[2] for r in rows)
     marked = found + int(other)
     task.stats.info["planted"] = {k: {"planted": n, "found": f} for k, n, f in rows}

@@ -19,9 +19,10 @@ def embedded_run(run: Path, vectors: np.ndarray, areas=None, parts: int = 2, bad
                  sources=None, ids=None, conversations=None, row_group_rows=None) -> list[str]:
     """``run/ingest/samples`` and ``run/embed-images/{image_embeddings,data}`` for ``vectors`` (one ok sample
     each, ``areas`` = width × height as width w, height 1), plus ``bad`` samples without a vector
-    (decode_error), parts in row groups of ``row_group_rows`` (default: write_part's); ``conversations[k]`` (a list of (role, text), or None) makes ok sample k a conversation.
-    The embed folder is a finished step (executor.json, config.json, finalized), so a
-    step that reads ``samples`` through it resolves the ingest folder. Returns the sample ids, in order."""
+    (decode_error), parts in row groups of ``row_group_rows`` (default: write_part's); ``conversations[k]``
+    (a list of (role, text), or None) makes ok sample k a conversation. The embed folder is a finished step
+    (executor.json, config.json, finalized), so a step that reads ``samples`` through it resolves the ingest
+    folder. Returns the sample ids, in order."""
     from curation.embed import EmbedImagesConfig
     from ovpipe.config import config_json
 

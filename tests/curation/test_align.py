@@ -53,7 +53,8 @@ def test_conversation_text_is_the_first_user_and_assistant_turn():
 def test_scores_cut_and_bytes_at_1_and_2_tasks(tmp_path):
     net, _, tokenizer, _ = _tiny_clip(tmp_path / "tiny.pt")
     rng = np.random.default_rng(0)
-    captions = [f"a {COLOURS[i % 6]} {SHAPES[(i // 6) % 6]} and a {COLOURS[(i * 5) % 6]} {SHAPES[i % 5]}" for i in range(40)]
+    captions = [f"a {COLOURS[i % 6]} {SHAPES[(i // 6) % 6]} and a {COLOURS[(i * 5) % 6]} {SHAPES[i % 5]}"
+                for i in range(40)]
     with torch.no_grad():
         img = torch.nn.functional.normalize(net.encode_text(tokenizer(captions)), dim=-1).numpy()
     img = img + rng.normal(scale=0.02, size=img.shape)     # an image vector near its caption's
