@@ -48,12 +48,12 @@ weight 0 and no copy. Each phase then reads its rows of ``assignments`` through 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import numpy as np
 
-from ovpipe.config import check_range, check_step_folder
+from ovpipe.config import HASHED_UNLESS_DEFAULT, check_range, check_step_folder
 from ovpipe.inputs import Input
 from ovpipe.step import Step, TaskContext
 
@@ -67,8 +67,10 @@ class BalanceConfig:
     t: float | None = None                # metaclip threshold; solved from target_size if None
     count_top: int | None = None          # concepts per image that count (default: all K)
     seed: int = 0
-    dedup_step: str = ""                  # a dedup step folder: its near_duplicate rows get no copy and no count
-    alignment_step: str = ""              # an align step folder: its low_alignment rows likewise
+    # a dedup step folder: its near_duplicate rows get no copy and no count; an align step folder: its
+    # low_alignment rows likewise. Out of the config hash while empty: earlier balance runs keep their hash.
+    dedup_step: str = field(default="", metadata=HASHED_UNLESS_DEFAULT)
+    alignment_step: str = field(default="", metadata=HASHED_UNLESS_DEFAULT)
 
     @property
     def skipping(self) -> bool:
