@@ -17,7 +17,7 @@ MiB = 1 << 20
 MEASURE = r"""
 import json, sys
 from pathlib import Path
-import numpy, pyarrow, pyarrow.parquet, pyarrow.compute, duckdb, faiss, torch   # imports are not the task's memory
+import numpy, pyarrow, pyarrow.parquet, pyarrow.compute, duckdb       # imports are not the task's memory
 import curation.dedup, curation.assign, manifests.io, manifests.ids, ovpipe.executors.task
 from ovpipe.executors.task import run_task
 from ovpipe.mapreduce import vmhwm_bytes
