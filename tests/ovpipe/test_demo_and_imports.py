@@ -58,7 +58,7 @@ def test_demo_data_cli_writes_conversation_sets_deterministically(tmp_path):
     assert {"llava-558k/blip_laion_cc_sbu_558k.json", "instruct/llava/instruct.json",
             "instruct/finevision/train-00000.parquet", "eval-tasks/demo_vqa.yaml", "eval-tasks/test.jsonl"} <= set(a)
     assert sum(k.startswith("llava-558k/images/") for k in a) >= 290
-    write_demo_corpus(tmp_path / "c", n_samples=40, seed=5, shards=2)   # the caption corpus alone
+    write_demo_corpus(tmp_path / "c", n_samples=40, seed=5, shards=2, planted=24)   # the caption corpus alone
     c = _tree_digest(tmp_path / "c")
     assert {k: a[k] for k in c} == c
     recs = json.loads((tmp_path / "a" / "instruct" / "llava" / "instruct.json").read_text())
