@@ -97,7 +97,7 @@ ingest: demo-data
 # (slurm-up, slurm-down, slurm-demo) in mk/slurm.mk.
 -include mk/*.mk
 
-DEMO_ORDER  := curation packing pretrain recaption rl gym
+DEMO_ORDER  := curation packing official pretrain recaption rl gym
 DEMO_STAGES ?= ingest $(filter $(DEMO_TARGETS),$(DEMO_ORDER))
 # The demo's terminal shows each step's progress and one summary line; third-party warnings go to the
 # task logs (make demo VERBOSE=1 shows everything). The output is teed to RUN/demo-output.log and

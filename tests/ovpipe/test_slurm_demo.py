@@ -28,8 +28,8 @@ pytestmark = [
 TARGETS = ["ingest", "curation", "packing", "rl"]
 SMALL = ["DEMO_DATA_ARGS=--samples 300", "DEMO_CLIP_ARGS=--set steps=20", "TASKS=2", "WORKERS=2"]
 # every manifest these targets write; each one's dump must be the same bytes (in part order, no ORDER BY)
-MANIFESTS = ["samples", "image_embeddings", "concepts", "assignments", "concept_counts", "balanced", "lengths",
-             "packs", "mixed", "rl_prompts", "rollouts", "rewards", "selection"]
+MANIFESTS = ["samples", "image_embeddings", "concepts", "assignments", "dedup", "alignment", "concept_counts",
+             "balanced", "lengths", "packs", "mixed", "rl_prompts", "rollouts", "rewards", "selection"]
 
 
 def _make(run: Path, data: Path, executor: str, env: dict) -> tuple[subprocess.CompletedProcess, float]:
