@@ -3,10 +3,6 @@
 DEMO_TARGETS += curation
 CLIP_CKPT = $(abspath $(RUN))/demo-clip/data/tiny-clip.pt
 DEMO_CLIP_ARGS ?=
-# DEDUP=off leaves out dedup and align, and balance reads neither: the Makefile-on-Slurm test
-# (tests/ovpipe/test_slurm_demo.py) does, as both steps have Slurm tests of their own (test_dedup_slurm.py)
-DEDUP ?= on
-WITH_DEDUP = $(filter on,$(DEDUP))
 
 .PHONY: curation
 curation:
@@ -16,7 +12,7 @@ curation:
 	$(OVPIPE) embed-concepts --config configs/demo/embed-concepts.yaml --set pretrained=$(CLIP_CKPT) \
 	  --set vocabulary=$(abspath $(DEMO_DATA))/concepts.txt $(STEP_ARGS)
 	$(OVPIPE) assign --config configs/demo/assign.yaml $(STEP_ARGS)
-	$(if $(WITH_DEDUP),$(OVPIPE) dedup --config configs/demo/dedup.yaml --set planted=$(abspath $(DEMO_DATA))/planted.parquet $(STEP_ARGS))
-	$(if $(WITH_DEDUP),$(OVPIPE) align --config configs/demo/align.yaml --set planted=$(abspath $(DEMO_DATA))/planted.parquet $(STEP_ARGS))
-	$(OVPIPE) balance --config configs/demo/balance.yaml $(if $(WITH_DEDUP),,--set dedup_step='""' --set alignment_step='""') $(STEP_ARGS)
+	$(OVPIPE) dedup --config configs/demo/dedup.yaml --set planted=$(abspath $(DEMO_DATA))/planted.parquet $(STEP_ARGS)
+	$(OVPIPE) align --config configs/demo/align.yaml --set planted=$(abspath $(DEMO_DATA))/planted.parquet $(STEP_ARGS)
+	$(OVPIPE) balance --config configs/demo/balance.yaml $(STEP_ARGS)
 	$(OVPIPE) balance-report --config configs/demo/balance-report.yaml $(EXEC_ARGS)

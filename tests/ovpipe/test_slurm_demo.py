@@ -1,9 +1,7 @@
 """The Makefile on Slurm: the curation + packing + rl part of the demo with EXECUTOR=slurm TASKS=2 WORKERS=2 on
 the loopback cluster gives the manifests of the same targets run locally, byte for byte (``ovpipe sql`` dumps).
 
-Kept as small as the targets allow: a 300-sample demo corpus and a 20-step demo CLIP (both runs alike), and
-curation without dedup and align (DEDUP=off: both have Slurm tests of their own, test_dedup_slurm.py, and on
-this test's two cores the two steps' jobs would add about two minutes to the suite).
+Kept as small as the targets allow: a 300-sample demo corpus and a 20-step demo CLIP (both runs alike).
 The whole demo, pretrain included, is `make slurm-up && make slurm-demo && make slurm-down` (docs/slurm.md)."""
 import os
 import subprocess
@@ -28,10 +26,10 @@ pytestmark = [
 ]
 
 TARGETS = ["ingest", "curation", "packing", "rl"]
-SMALL = ["DEMO_DATA_ARGS=--samples 300", "DEMO_CLIP_ARGS=--set steps=20", "TASKS=2", "WORKERS=2", "DEDUP=off"]
+SMALL = ["DEMO_DATA_ARGS=--samples 300", "DEMO_CLIP_ARGS=--set steps=20", "TASKS=2", "WORKERS=2"]
 # every manifest these targets write; each one's dump must be the same bytes (in part order, no ORDER BY)
-MANIFESTS = ["samples", "image_embeddings", "concepts", "assignments", "concept_counts", "balanced", "lengths",
-             "packs", "mixed", "rl_prompts", "rollouts", "rewards", "selection"]
+MANIFESTS = ["samples", "image_embeddings", "concepts", "assignments", "dedup", "alignment", "concept_counts",
+             "balanced", "lengths", "packs", "mixed", "rl_prompts", "rollouts", "rewards", "selection"]
 
 
 def _make(run: Path, data: Path, executor: str, env: dict) -> tuple[subprocess.CompletedProcess, float]:
