@@ -1,4 +1,4 @@
-"""The kill drill: SIGKILL the training process group at 10 random points — inside a step, inside a
+"""The kill drill: SIGKILL the training process group at 7 random points — inside a step, inside a
 save (megatron's writer slowed down so a kill lands before, during or after its write) — and rerun
 the same command (``ovpipe pretrain …``) after each kill. The stage must end with the uninterrupted run's losses, grad
 norms and learning rates, bit for bit (fp32, CPU), and leave no half-written checkpoint behind."""
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-STEPS, SAVE_EVERY, KILLS, SAVE_DELAY_S = 14, 2, 10, 1.0
+STEPS, SAVE_EVERY, KILLS, SAVE_DELAY_S = 12, 2, 7, 1.0
 
 
 def _records(run):
