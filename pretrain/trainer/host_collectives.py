@@ -100,10 +100,13 @@ def _collective(name: str, outputs: tuple[str, ...], inputs: tuple[str, ...]):
     caller inside ``_coalescing_manager`` finds its results there when the manager's handle is waited on)."""
     import inspect
 
+    sig = []          # the original's signature, read once at the first call (the originals exist after apply)
+
     def run(*args, **kwargs):
         orig = _ORIG[name]
-        bound = inspect.signature(orig).bind(*args, **kwargs)
-        a = bound.arguments
+        if not sig:
+            sig.append(inspect.signature(orig))
+        a = sig[0].bind(*args, **kwargs).arguments
         async_op = a.pop("async_op", False)
         div = None
         if "op" in a:
