@@ -24,8 +24,9 @@ Map → reduce → apply, byte-identical at any task count:
   drawn to train lie — a seeded hash draw of the sample id, so the same rows whatever the task count.
 * reduce (``build_index``): gathers the drawn vectors in id order, trains (k-means, PCA, PQ: fixed seeds, one
   process), streams every ok row in canonical order into the index (memory: the index's codes + one batch) and
-  writes ``data/index.faiss``, ``data/ids.npy`` (uint64 sample id of each index position) and the row-aligned
-  ``reduced/{xy,cluster}.npy``.
+  writes ``data/index.faiss``, ``data/ids.npy`` (uint64 sample id of each index position, ascending),
+  ``data/rows.npy`` (its vector's shard — ``index.json``'s ``shards`` — and row, for exact cosines) and the
+  row-aligned ``reduced/{xy,cluster}.npy``.
 * apply (``write_map``): rank r writes its ``embedding_map`` part — every ``image_embeddings`` row with its
   2-D place, cluster, and ``in_map`` (a seeded draw of ≈ ``map_rows`` rows, the points the map page draws).
 """
@@ -43,6 +44,7 @@ from ovpipe.step import Step, TaskContext
 
 KINDS = ("auto", "flat", "ivf", "ivfpq")
 EMB_COLUMNS = ["sample_id", "file", "row", "status"]
+ROW_DTYPE = np.dtype([("shard", "<i4"), ("row", "<i8")])   # data/rows.npy: where position p's vector lies
 
 
 @dataclass
@@ -164,14 +166,15 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
     from manifests.ids import hex_ids_to_u64
 
     x, n_ok = _training_rows(task)
-    meta = {"kind": cfg.kind_for(n_ok), "rows": n_ok, "dim": 0, "nlist": 0, "nprobe": 0}
+    meta = {"kind": cfg.kind_for(n_ok), "rows": n_ok, "dim": 0, "nlist": 0, "nprobe": 0, "shards": []}
     data = task.step_dir / "data"
     data.mkdir(parents=True, exist_ok=True)
-    tmp = {name: data / f".tmp-{os.getpid()}-{name}" for name in ("index.faiss", "ids.npy")}
+    tmp = {name: data / f".tmp-{os.getpid()}-{name}" for name in ("index.faiss", "ids.npy", "rows.npy")}
     tmp.update({name: task.reduced_path(f".tmp-{os.getpid()}-{name}") for name in ("xy.npy", "cluster.npy")})
     task.reduced_path("x").parent.mkdir(parents=True, exist_ok=True)
     try:
         ids = np.lib.format.open_memmap(tmp["ids.npy"], mode="w+", dtype=np.uint64, shape=(n_ok,))
+        rows = np.lib.format.open_memmap(tmp["rows.npy"], mode="w+", dtype=ROW_DTYPE, shape=(n_ok,))
         xy = np.lib.format.open_memmap(tmp["xy.npy"], mode="w+", dtype=np.float32, shape=(n_ok, 2))
         cluster = np.lib.format.open_memmap(tmp["cluster.npy"], mode="w+", dtype=np.int32, shape=(n_ok,))
         if x is None:
@@ -185,7 +188,7 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
             del x
             meta.update(dim=index.d, nlist=len(cents), nprobe=int(getattr(index, "nprobe", 0)))
             shards = NpyShards(task.run_dir)
-            at, last = 0, None
+            at, last, shard_no = 0, None, {}
             with task.stats.timer("add"):
                 for batch in task.iter_input_canonical("image_embeddings", EMB_COLUMNS):
                     import pyarrow.compute as pc
@@ -203,6 +206,8 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
                     c = nearest(cents, v)
                     index.add(v)
                     ids[at:at + len(u)] = u
+                    rows["shard"][at:at + len(u)] = [shard_no.setdefault(f, len(shard_no)) for f in files.tolist()]
+                    rows["row"][at:at + len(u)] = batch.column("row").to_numpy()
                     cluster[at:at + len(u)] = c
                     xy[at:at + len(u)] = layout(pca, cents, c, v, cfg.spread)
                     at, last = at + len(u), u[-1]
@@ -210,13 +215,14 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
             if at != n_ok:
                 raise RuntimeError(f"index: image_embeddings changed under the reduce: {at} ok rows, {n_ok} mapped")
             faiss.write_index(index, str(tmp["index.faiss"]))
-        for a in (ids, xy, cluster):
+            meta["shards"] = list(shard_no)
+        for a in (ids, rows, xy, cluster):
             a.flush()
-        del ids, xy, cluster
+        del ids, rows, xy, cluster
         (data / ".tmp-index.json").write_text(json.dumps(meta, sort_keys=True) + "\n")
         os.replace(data / ".tmp-index.json", data / "index.json")
         for name, p in tmp.items():
-            os.replace(p, (data if name in ("index.faiss", "ids.npy") else task.reduced_path("")) / name)
+            os.replace(p, (data if name in ("index.faiss", "ids.npy", "rows.npy") else task.reduced_path("")) / name)
     finally:
         for p in tmp.values():
             p.unlink(missing_ok=True)
