@@ -39,23 +39,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from curation.dedup import _draws, _training_rows, nearest, write_training_draw
 from ovpipe.config import check_range, check_step_folder
 from ovpipe.step import Step, TaskContext
 
 KINDS = ("auto", "flat", "ivf", "ivfpq")
 EMB_COLUMNS = ["sample_id", "file", "row", "status"]
+SMALL_TRAIN = 1 << 24                  # training floats below which faiss trains on one thread
 ROW_DTYPE = np.dtype([("shard", "<i4"), ("row", "<i8")])   # data/rows.npy: where position p's vector lies
 
 
 @dataclass
 class IndexConfig:
     kind: str = "auto"                 # flat | ivf | ivfpq; auto: by rows (the two thresholds below)
-    exact_max_rows: int = 300_000      # auto: flat (exact) up to here — a query scans them all (≈ 25 ms at 300K)
+    exact_max_rows: int = 200_000      # auto: flat (exact) up to here — a query scans them all (≈ 90 ms at 200K)
     ivfpq_min_rows: int = 2_000_000    # auto: IVF-PQ from here (fp16 codes: 4 GB at 2M × 1024), IVF-SQfp16 below
-    nlist: int = 0                     # IVF lists = layout clusters; 0: 4·√N (faiss's guideline), ≤ 65,536
+    nlist: int = 0                     # IVF lists = layout clusters; 0: √N (1,000 at 1M, 9,200 at 85M), ≤ 65,536
+    train_per_list: int = 64           # rows drawn to train per list (faiss warns below 39)
     nprobe: int = 32                   # IVF lists scanned a query (stored in the index)
     pq_bytes: int = 64                 # IVF-PQ bytes a vector (d must be a multiple of it)
-    train_rows: int = 200_000          # at most this many rows drawn to train (× d fp32 in the reduce: 0.8 GB)
+    train_rows: int = 600_000          # at most this many rows drawn to train (× d fp32 in the reduce: 2.5 GB)
     map_rows: int = 1_000_000          # rows the map draws (``in_map``): WebGL stays interactive up to ≈ 1M
     spread: float = 0.35               # a point's own offset from its centroid's place, shrunk by this
     niter: int = 20                    # k-means iterations
@@ -66,8 +69,8 @@ class IndexConfig:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
-        for name in ("exact_max_rows", "ivfpq_min_rows", "nprobe", "pq_bytes", "train_rows", "map_rows", "niter",
-                     "batch_rows"):
+        for name in ("exact_max_rows", "ivfpq_min_rows", "nprobe", "pq_bytes", "train_per_list", "train_rows",
+                     "map_rows", "niter", "batch_rows"):
             check_range(self, name, lo=1)
         check_range(self, "nlist", lo=0, hi=65_536)
         check_range(self, "spread", lo=0, hi=1)
@@ -78,41 +81,20 @@ class IndexConfig:
             return self.kind
         return "flat" if n <= self.exact_max_rows else ("ivf" if n < self.ivfpq_min_rows else "ivfpq")
 
-    def clusters_for(self, n: int, n_train: int) -> int:
-        """k-means centroids: ``nlist`` or 4·√N, at most one per 39 training rows (faiss's minimum)."""
-        k = self.nlist or int(4 * math.sqrt(max(n, 1)))
-        return max(1, min(k, n_train // 39 or 1, 65_536))
+    def clusters_for(self, n: int) -> int:
+        """k-means centroids (the IVF lists): ``nlist`` or √N."""
+        return max(1, min(self.nlist or int(math.sqrt(max(n, 1))), 65_536))
 
-
-def _draws(ids_u64: np.ndarray, seed: int) -> np.ndarray:
-    from curation.dedup import _draws as draws
-
-    return draws(ids_u64, seed)
+    def train_fraction(self, n: int) -> float:
+        """The share of rows drawn to train: ``train_per_list`` a list, at most ``train_rows``."""
+        return min(1.0, min(self.train_rows, self.train_per_list * self.clusters_for(n)) / max(n, 1))
 
 
 # ------------------------------------------------------------------------------------- the step
 
 def draw_training_rows(cfg: IndexConfig, task: TaskContext) -> None:
     """Map: where this rank's drawn ok rows lie (id, shard, row) and its ok count."""
-    import pyarrow.compute as pc
-
-    from manifests.ids import hex_ids_to_u64
-
-    frac = min(1.0, cfg.train_rows / max(task.input_num_rows("image_embeddings"), 1))
-    ids, files, rows, n_ok = [], [], [], 0
-    for batch in task.iter_input_share("image_embeddings", EMB_COLUMNS):
-        ok = batch.filter(pc.equal(batch.column("status"), "ok"))
-        n_ok += ok.num_rows
-        u64 = hex_ids_to_u64(ok.column("sample_id"))
-        pick = np.flatnonzero(_draws(u64, cfg.seed) < frac)
-        ids.append(u64[pick])
-        files.append(ok.column("file").to_numpy(zero_copy_only=False)[pick].astype(str))
-        rows.append(ok.column("row").to_numpy()[pick].astype(np.int64))
-    task.stats.inc("images", n_ok)
-    task.write_partial("train", ok=np.array([n_ok], np.int64),
-                       ids=np.concatenate(ids) if ids else np.zeros(0, np.uint64),
-                       files=np.concatenate(files) if files else np.zeros(0, str),
-                       rows=np.concatenate(rows) if rows else np.zeros(0, np.int64))
+    write_training_draw(task, cfg.train_fraction(task.input_num_rows("image_embeddings")), cfg.seed)
 
 
 def train(x: np.ndarray, n: int, cfg: IndexConfig):
@@ -121,7 +103,19 @@ def train(x: np.ndarray, n: int, cfg: IndexConfig):
     import faiss
 
     d = x.shape[1]
-    k = cfg.clusters_for(n, len(x))
+    threads = faiss.omp_get_max_threads()
+    if x.size < SMALL_TRAIN:             # OpenMP's spin-waits cost more than a second thread gains here: measured
+        faiss.omp_set_num_threads(1)     # 0.5 s against 11 s for IVF-PQ on 1,200 rows on the loaded 2-core machine
+    try:
+        return _train(x, n, cfg, d)
+    finally:
+        faiss.omp_set_num_threads(threads)
+
+
+def _train(x: np.ndarray, n: int, cfg: IndexConfig, d: int):
+    import faiss
+
+    k = max(1, min(cfg.clusters_for(n), len(x) // 39))      # faiss's minimum: 39 training rows a centroid
     km = faiss.Kmeans(d, k, niter=cfg.niter, seed=cfg.seed % (2**31 - 1) or 1, spherical=True, verbose=False,
                       max_points_per_centroid=max(256, -(-len(x) // k)), min_points_per_centroid=1)
     km.train(x)
@@ -162,7 +156,6 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
     import faiss
 
     from curation.assign import NpyShards
-    from curation.dedup import _training_rows, nearest
     from manifests.ids import hex_ids_to_u64
 
     x, n_ok = _training_rows(task)
@@ -204,7 +197,11 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
                         raise RuntimeError("index: image_embeddings is not in sample_id order or changed under the "
                                            "reduce — rerun embed-images, then this step with --overwrite")
                     c = nearest(cents, v)
-                    index.add(v)
+                    if meta["kind"] == "flat":
+                        index.add(v)
+                    else:                        # the lists are the layout's clusters: assigned once, not twice
+                        lists = c.astype(np.int64)
+                        index.add_core(len(v), faiss.swig_ptr(v), None, faiss.swig_ptr(lists))
                     ids[at:at + len(u)] = u
                     rows["shard"][at:at + len(u)] = [shard_no.setdefault(f, len(shard_no)) for f in files.tolist()]
                     rows["row"][at:at + len(u)] = batch.column("row").to_numpy()

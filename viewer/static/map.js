@@ -29,7 +29,9 @@
     var k = d.head.labels.length, count = new Uint32Array(k + 1), i;
     for (i = 0; i < n; i++) count[d.v[i]]++;
     var xs = [], ys = [], ps = [], fill = new Uint32Array(k + 1);
-    for (i = 0; i <= k; i++) { xs.push(new Float32Array(count[i])); ys.push(new Float32Array(count[i])); ps.push(new Uint32Array(count[i])); }
+    for (i = 0; i <= k; i++) {
+      xs.push(new Float32Array(count[i])); ys.push(new Float32Array(count[i])); ps.push(new Uint32Array(count[i]));
+    }
     for (i = 0; i < n; i++) {
       var c = d.v[i], j = fill[c]++;
       xs[c][j] = d.x[i]; ys[c][j] = d.y[i]; ps[c][j] = d.pos[i];
@@ -48,7 +50,8 @@
     fetch("/map/region?" + query).then(function (r) { return r.json(); }).then(function (got) {
       var grid = document.getElementById("region-grid"), link = document.getElementById("region-sql-link");
       if (got.error) { document.getElementById("region-count").textContent = got.error; return; }
-      document.getElementById("region-count").textContent = got.total + " images in the region (first " + got.rows.length + " below).";
+      document.getElementById("region-count").textContent =
+        got.total + " images in the region (first " + got.rows.length + " below).";
       document.getElementById("region-sql").textContent = got.sql;
       link.href = "/sql?q=" + encodeURIComponent(got.sql);
       link.hidden = false;
@@ -99,5 +102,8 @@
       if (pt && positions[pt.curveNumber]) window.location = "/map/point/" + positions[pt.curveNumber][pt.pointIndex];
     });
   });
-  document.getElementById("colour").addEventListener("change", function (e) { window.mapReady = false; draw(e.target.value); });
+  document.getElementById("colour").addEventListener("change", function (e) {
+    window.mapReady = false;
+    draw(e.target.value);
+  });
 })();
