@@ -154,6 +154,7 @@ def layout(pca, cents: np.ndarray, cluster: np.ndarray, x: np.ndarray, spread: f
 def build_index(cfg: IndexConfig, task: TaskContext) -> None:
     """Reduce: train on the drawn rows, add every ok row in canonical order, write the index and the layout."""
     import faiss
+    import pyarrow.compute as pc
 
     from curation.assign import NpyShards
     from manifests.ids import hex_ids_to_u64
@@ -164,7 +165,7 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
     data.mkdir(parents=True, exist_ok=True)
     tmp = {name: data / f".tmp-{os.getpid()}-{name}" for name in ("index.faiss", "ids.npy", "rows.npy")}
     tmp.update({name: task.reduced_path(f".tmp-{os.getpid()}-{name}") for name in ("xy.npy", "cluster.npy")})
-    task.reduced_path("x").parent.mkdir(parents=True, exist_ok=True)
+    task.reduced_path("").mkdir(parents=True, exist_ok=True)
     try:
         ids = np.lib.format.open_memmap(tmp["ids.npy"], mode="w+", dtype=np.uint64, shape=(n_ok,))
         rows = np.lib.format.open_memmap(tmp["rows.npy"], mode="w+", dtype=ROW_DTYPE, shape=(n_ok,))
@@ -184,8 +185,6 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
             at, last, shard_no = 0, None, {}
             with task.stats.timer("add"):
                 for batch in task.iter_input_canonical("image_embeddings", EMB_COLUMNS):
-                    import pyarrow.compute as pc
-
                     batch = batch.filter(pc.equal(batch.column("status"), "ok"))
                     if not batch.num_rows:
                         continue

@@ -63,7 +63,7 @@ def meaning_run(view_run, tmp_path_factory):
                 "status": ["near_duplicate" if i == twin else "ok" for i in range(len(ok))],
                 "error": [None] * len(ok)}, dd / "dedup" / "part-00000.parquet", "dedup")
     np.save(run / "c.npy", centres.astype(np.float16))        # the concepts manifest names row k of c.npy
-    assert main(["index", "--run-dir", str(run), "--tasks", "2", "--quiet"]) == 0
+    assert main(["index", "--run-dir", str(run), "--quiet"]) == 0
     return {"run": run, "kept": ok[kept], "twin": ok[twin], "planted": ok[planted], "ok": ok}
 
 
