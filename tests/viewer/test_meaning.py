@@ -154,10 +154,15 @@ def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path
             page.screenshot(path=tmp_path / "map.png")
             page.goto(f"{base}/similar/{meaning_run['kept']}")
             twin = page.get_attribute("#neighbours .card >> nth=0", "data-sample")
+            page.screenshot(path=tmp_path / "similar.png")
             page.goto(base + "/search")
             page.fill("#q", QUERY)
             page.click("button[type=submit]")
             first = page.get_attribute("#results .card >> nth=0", "data-sample")
+            page.screenshot(path=tmp_path / "search.png")
+            page.goto(base + "/duplicates")
+            page.wait_for_selector("#groups .member")
+            page.screenshot(path=tmp_path / "duplicates.png")
         finally:
             browser.close()
     assert errors == []
