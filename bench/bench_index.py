@@ -208,6 +208,37 @@ def text_tower_ms(model: str, repeat: int = 10) -> float:
     return 1000 * statistics.median(times)
 
 
+def demo_ranks(run: Path, data: Path) -> dict:
+    """Text search on ``make demo``'s own tiny CLIP: each concept of the vocabulary that some indexed image holds
+    (the corpus' ``ground_truth.parquet``), its text as the query, the rank of the first image holding it and the
+    share of the top 10 that hold it; against the share a random image holds it (chance)."""
+    import pyarrow.parquet as pq
+
+    from viewer.catalog import RunCatalog
+    from viewer.files import allowed_roots
+    from viewer.similarity import EmbeddingIndex, find_index
+
+    cat = RunCatalog(run)
+    ix = EmbeddingIndex(run, find_index(cat), allowed_roots(run))
+    texts = (data / "concepts.txt").read_text().splitlines()
+    gt = pq.read_table(data / "ground_truth.parquet", columns=["sample_id", "concept_ids"]).to_pylist()
+    holds = {}
+    for r in gt:
+        if ix.position(r["sample_id"]) is not None:
+            for c in r["concept_ids"] or []:
+                holds.setdefault(c, set()).add(r["sample_id"])
+    first, p10, chance = [], [], []
+    for c, ids in sorted(holds.items()):
+        hits = [sid for sid, _ in ix.search(ix.text_vector(texts[c]), 100)]
+        at = next((i + 1 for i, sid in enumerate(hits) if sid in ids), None)
+        first.append(at if at is not None else 101)
+        p10.append(sum(sid in ids for sid in hits[:10]) / 10)
+        chance.append(len(ids) / len(ix))
+    return {"concepts": len(first), "images": len(ix), "median_first_rank": float(np.median(first)),
+            "first_at_rank_1": float(np.mean([f == 1 for f in first])), "precision_at_10": float(np.mean(p10)),
+            "chance_at_10": float(np.mean(chance))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[100_000])
@@ -218,8 +249,13 @@ def main(argv=None) -> int:
     ap.add_argument("--text-tower", help="an open_clip model whose text tower is timed (ViT-H-14-quickgelu)")
     ap.add_argument("--quick", action="store_true", help="10K rows of 256 dims")
     ap.add_argument("--out", type=Path, help="also write the table here")
+    ap.add_argument("--demo-ranks", type=Path, nargs=2, metavar=("RUN", "DATA"),
+                    help="text-search ranks on a demo run (after `ovpipe index`) and its demo-data folder")
     ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)     # internal: one measurement, as JSON
     args = ap.parse_args(argv)
+    if args.demo_ranks:
+        print(json.dumps(demo_ranks(*args.demo_ranks)))
+        return 0
     if args.measure:
         print(json.dumps(measure(args.measure, args.browser)))
         return 0

@@ -120,6 +120,11 @@ def _load_text_tower(run_dir: Path, step_dir: Path):
     from curation.clip import load_clip
     from ovpipe.inputs import upstream_config
 
+    import torch
+
+    # One thread, as for faiss above: the demo's text tower answers in ≈ 45 ms on one thread and ≈ 1.5 s on two
+    # at load average 36 on the 2-core machine (bench/bench_index.py --demo-ranks ran 127 queries either way).
+    torch.set_num_threads(1)
     cfg = json.loads((step_dir / "config.json").read_text())
     _, ecfg = upstream_config(run_dir, cfg.get("embeddings_step", "embed-images"))
     net, _, tokenizer, device = load_clip(ecfg.model, ecfg.pretrained, "cpu")
