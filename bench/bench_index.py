@@ -195,6 +195,7 @@ def text_tower_ms(model: str, repeat: int = 10) -> float:
     from curation.concepts import embed_texts
 
     register_configs()
+    torch.set_num_threads(1)          # as the viewer runs it (viewer.similarity)
     net, _, _ = open_clip.create_model_and_transforms(model, pretrained=None)
     net.visual = None                 # the text query never runs the image tower
     tok = open_clip.get_tokenizer(model)
@@ -204,7 +205,6 @@ def text_tower_ms(model: str, repeat: int = 10) -> float:
         t = time.perf_counter()
         embed_texts([f"a handwritten receipt {i}"], ["{}"], net, tok, "cpu", 1)
         times.append(time.perf_counter() - t)
-    del torch
     return 1000 * statistics.median(times)
 
 
@@ -253,6 +253,9 @@ def main(argv=None) -> int:
                     help="text-search ranks on a demo run (after `ovpipe index`) and its demo-data folder")
     ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)     # internal: one measurement, as JSON
     args = ap.parse_args(argv)
+    if args.text_tower and not args.rows[1:] and args.rows == [0]:     # --rows 0 --text-tower M: the tower alone
+        print(f"text tower of {args.text_tower}: {text_tower_ms(args.text_tower):.0f} ms a query")
+        return 0
     if args.demo_ranks:
         print(json.dumps(demo_ranks(*args.demo_ranks)))
         return 0
@@ -271,7 +274,10 @@ def main(argv=None) -> int:
         b = build(run, args.tasks)
         print(json.dumps(b), flush=True)
         cmd = [sys.executable, "-m", "bench.bench_index", "--measure", str(run)] + (["--browser"] * args.browser)
-        m = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        got = subprocess.run(cmd, capture_output=True, text=True)
+        if got.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{got.stderr[-3000:]}")
+        m = json.loads(got.stdout.splitlines()[-1])
         print(json.dumps(m), flush=True)
         lines.append(f"| {rows:,} | {b['kind']} | {b['nlist']}/{b['nprobe']} | {b['build_s']:.0f} ({b['train_s']:.0f}, "
                      f"{b['add_s']:.0f}) | {b['reduce_peak_mib']:,.0f} | {b['index_mib']:,.0f} | {m['load_s']:.1f} "
