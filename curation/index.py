@@ -3,8 +3,8 @@
 The index answers "more like this" and text queries (cosine = inner product of unit vectors):
 
 * ``flat`` — exact: every vector as fp16 codes (``SQfp16``, exact over the fp16 shards embed wrote),
-  2 bytes × d a row; a query scans all of them (≈ 9 ms at 100K, ≈ 80 ms at 1M × 1024 on the 2-core
-  machine, ``bench/results/bench_index.txt``), so ``auto`` takes it up to ``exact_max_rows``;
+  2 bytes × d a row; a query scans all of them (43 ms at 100K, 539 ms at 1M × 1024 on the shared 2-core
+  machine), so ``auto`` takes it up to ``exact_max_rows``;
 * ``ivf`` — ``IVF{nlist},SQfp16``: the same codes in ``nlist`` k-means lists, ``nprobe`` lists scanned a query;
 * ``ivfpq`` — ``IVF{nlist},PQ{pq_bytes}``: ``pq_bytes`` a row (64: 32× smaller than fp16 at d = 1024),
   from ``ivfpq_min_rows`` on, where fp16 codes stop fitting a serving machine (85M × 1024 × 2 = 174 GB;
@@ -16,7 +16,8 @@ centroids projected to 2-D by PCA (faiss ``PCAMatrix``), each point drawn at ``(
 the centroids' top two principal axes, so clusters far apart in d dimensions can land on top of each other, and
 2-D distance is not cosine (the neighbour pages query the index, never the map). UMAP and openTSNE keep local
 neighbourhoods better but cost a kNN graph over every row (not measured here: neither is installed, and UMAP
-brings numba); this costs one k-means and one projection, ≈ 1 min at 1M rows on 2 cores.
+brings numba); this costs one k-means and one projection (at 1M × 1024: k-means 309 s at load ≈ 40 on the
+2-core machine, ``bench/results/bench_index.txt``).
 
 Map → reduce → apply, byte-identical at any task count:
 
