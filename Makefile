@@ -108,7 +108,7 @@ demo: bytecode
 	@bash -o pipefail -c '$(if $(VERBOSE),OVPIPE_VERBOSE=1 )$(MAKE) --no-print-directory $(if $(VERBOSE),,-s) $(DEMO_STAGES) 2>&1 | tee $(RUN)/demo-output.log'
 	@$(if $(VERBOSE),true,$(BIN)/python scripts/check_demo_output.py $(RUN)/demo-output.log $(RUN))
 	@$(OVPIPE) summary $(RUN)
-	@echo "Look at the run in a browser: make view (ovpipe view $(RUN)), then open http://127.0.0.1:$(VIEW_PORT)/"
+	@echo "Look at the run in a browser: make view (ovpipe view $(RUN)), then open http://127.0.0.1:$(VIEW_PORT)/ — the embedding map is at http://127.0.0.1:$(VIEW_PORT)/map"
 
 # The viewer over the run (docs/view.md): a read-only page on this machine only (127.0.0.1); Ctrl-C stops it.
 VIEW_PORT ?= 8765

@@ -278,12 +278,18 @@ def _draws(ids_u64: np.ndarray, seed: int) -> np.ndarray:
 def sample_for_training(cfg: DedupConfig, task: TaskContext) -> None:
     """Map: this rank's share of ``image_embeddings`` → where the ok rows drawn to train k-means lie (id,
     shard, row: 16 bytes and a shard index a row; the reduce gathers their vectors) and the ok count."""
+    n = task.input_num_rows("image_embeddings")
+    drawn = min(cfg.clusters_for(n) * cfg.train_per_cluster, cfg.max_train_rows)
+    write_training_draw(task, min(1.0, drawn / max(n, 1)), cfg.seed)
+
+
+def write_training_draw(task: TaskContext, frac: float, seed: int) -> None:
+    """This rank's share of ``image_embeddings`` → the partial ``train``: where the ok rows whose seeded draw
+    ``u(sample_id) < frac`` lie (the same rows at any task count) and the ok count (``_training_rows`` reads it)."""
     import pyarrow.compute as pc
 
     from manifests.ids import hex_ids_to_u64
 
-    n = task.input_num_rows("image_embeddings")
-    frac = min(1.0, min(cfg.clusters_for(n) * cfg.train_per_cluster, cfg.max_train_rows) / max(n, 1))
     ids, files, rows = [], [], []
     n_ok = 0
     for batch in task.iter_input_share("image_embeddings", EMB_COLUMNS):
@@ -291,7 +297,7 @@ def sample_for_training(cfg: DedupConfig, task: TaskContext) -> None:
         task.stats.inc("images", ok.num_rows)
         n_ok += ok.num_rows
         u64 = hex_ids_to_u64(ok.column("sample_id"))
-        pick = np.flatnonzero(_draws(u64, cfg.seed) < frac)
+        pick = np.flatnonzero(_draws(u64, seed) < frac)
         ids.append(u64[pick])
         files.append(ok.column("file").to_numpy(zero_copy_only=False)[pick].astype(str))
         rows.append(ok.column("row").to_numpy()[pick].astype(np.int64))

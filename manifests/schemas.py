@@ -86,6 +86,16 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("status", STATUS),
         ("error", pa.string()),
     ]),
+    # index — one row per image_embeddings row: its place in the faiss index and on the viewer's 2-D map.
+    "embedding_map": pa.schema([
+        ("sample_id", pa.string()),
+        ("position", pa.int64()),           # row of the index (data/ids.npy); -1 without a vector
+        ("x", pa.float32()),                # 2-D layout (k-means centroids by PCA + own offset); NULL without
+        ("y", pa.float32()),                # a vector
+        ("cluster", pa.int32()),            # k-means cluster (the IVF list); -1 without a vector
+        ("in_map", pa.bool_()),             # drawn for the map page (≈ map_rows rows, a seeded draw)
+        ("status", STATUS),                 # the embed status
+    ]),
     # align — image–text cosine of each sample's image and caption (a conversation: its first user +
     # assistant turn) through the same CLIP. status: ok | low_alignment (score < threshold) | no_text |
     # the embed status of a row that has no vector.
@@ -275,6 +285,7 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "image_embeddings": ("sample_id",),
     "dedup": ("sample_id",),
     "alignment": ("sample_id",),
+    "embedding_map": ("sample_id",),
     "concepts": ("concept_id",),
     "assignments": ("sample_id",),
     "concept_counts": ("concept_id",),

@@ -1,5 +1,6 @@
 # curation: demo CLIP (demo only) → image / concept embeddings → top-K concepts → near-duplicates + alignment
-# → balance (skipping near_duplicate / low_alignment) → report
+# → the faiss index and map layout (the viewer's search by meaning) → balance (skipping near_duplicate /
+# low_alignment) → report
 DEMO_TARGETS += curation
 CLIP_CKPT = $(abspath $(RUN))/demo-clip/data/tiny-clip.pt
 DEMO_CLIP_ARGS ?=
@@ -14,5 +15,6 @@ curation:
 	$(OVPIPE) assign --config configs/demo/assign.yaml $(STEP_ARGS)
 	$(OVPIPE) dedup --config configs/demo/dedup.yaml --set planted=$(abspath $(DEMO_DATA))/planted.parquet $(STEP_ARGS)
 	$(OVPIPE) align --config configs/demo/align.yaml --set planted=$(abspath $(DEMO_DATA))/planted.parquet $(STEP_ARGS)
+	$(OVPIPE) index --config configs/demo/index.yaml $(STEP_ARGS)
 	$(OVPIPE) balance --config configs/demo/balance.yaml $(STEP_ARGS)
 	$(OVPIPE) balance-report --config configs/demo/balance-report.yaml $(EXEC_ARGS)

@@ -17,6 +17,7 @@ STEPS: dict[str, tuple[str, str]] = {
     "embed-concepts": ("curation.concepts", "the concept vocabulary through the CLIP text tower"),
     "assign": ("curation.assign", "top-K concepts per image, exact inner product"),
     "dedup": ("curation.dedup", "semantic near-duplicates: k-means + cosine per cluster"),
+    "index": ("curation.index", "faiss index + 2-D map layout of the image vectors"),
     "align": ("curation.align", "image–text CLIP score per sample; low_alignment cut"),
     "balance": ("curation.balance", "concept frequencies → inverse-frequency resampling"),
     "balance-report": ("curation.report", "did balancing lift the long tail: before/after + plot"),

@@ -13,6 +13,7 @@ KEY_COUNTERS: dict[str, tuple[tuple[str, str], ...]] = {
     "embed-images": (("embedded", "embedded"),),
     "embed-concepts": (("concepts", "concepts"), ("empty_concepts", "empty")),
     "assign": (("images", "images"),),
+    "index": (("images", "images indexed"), ("in_map", "on the map")),
     "balance": (("samples", "samples"), ("copies", "copies"), ("dropped", "dropped")),
     "mix": (("target", "target"), ("copies", "copies"), ("shortfall", "shortfall")),
     "recaption": (("captions", "captions"),),

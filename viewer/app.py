@@ -17,14 +17,14 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from viewer import pages
+from viewer import meaning, pages
 from viewer.catalog import SAMPLE_FILTERS, RunCatalog
 from viewer.files import (SERVED_SUFFIXES, Refused, allowed_roots, blob_thumbnail, run_file, step_overview,
                           thumbnail)
 
 HERE = Path(__file__).parent
-NAV = (("overview", "/"), ("samples", "/samples"), ("concepts", "/concepts"), ("packs", "/packs"),
-       ("training", "/training"), ("RL selection", "/rl"), ("SQL", "/sql"))
+NAV = (("overview", "/"), ("samples", "/samples"), ("map", "/map"), ("search", "/search"), ("duplicates", "/duplicates"),
+       ("concepts", "/concepts"), ("packs", "/packs"), ("training", "/training"), ("RL selection", "/rl"), ("SQL", "/sql"))
 THUMB_PX = (96, 160, 320, 640)
 SQL_MAX_ROWS = 200
 
@@ -167,6 +167,7 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB") -> Starlette:
         Route("/packs/{step}/{pack_id:int}", pack), Route("/training", training), Route("/rl", rl),
         Route("/rl/{prompt_id}", prompt), Route("/rl/{prompt_id}/image/{index:int}", prompt_img),
         Route("/sql", sql), Route("/files/{path:path}", files), Route("/static/plotly.min.js", plotly_js),
+        *meaning.routes(cat, roots, page),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: partial(_error, templates)})

@@ -1,0 +1,299 @@
+"""The ``index`` step and the viewer's search by meaning at scale: N unit vectors of ``--dim`` (clustered, fp16
+``.npy`` shards as ``embed-images`` writes them) → ``ovpipe index`` → the queries and the map.
+
+    .venv/bin/python -m bench.bench_index --rows 100000 1000000 3000000 --work runs/bench-index \
+        --text-tower ViT-H-14-quickgelu --browser --out bench/results/bench_index.txt
+
+Per N: the step's wall time and its reduce's peak memory (``stats.json``), the index kind and size; then, in a
+fresh process, the time to load the index, "more like this" (``EmbeddingIndex.like``: index search + exact
+re-rank, k = 24) over 50 random samples — median and 95th percentile —, recall@10 against exact search over the
+fp16 vectors (20 queries), the map's points body (server time and size) and, with ``--browser``, the map's first
+render in headless Chromium (navigation to ``window.mapReady``: the points fetched, parsed and drawn by
+WebGL). ``--text-tower``: the time of one text query through that open_clip model's text tower (weights left
+random: the architecture sets the time), which a text search adds to the search itself.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHARD_ROWS = 250_000
+
+
+def write_run(work: Path, rows: int, dim: int, seed: int = 0) -> Path:
+    """``embed-images`` as it leaves a run: ``image_embeddings`` parts and fp16 shards of ``SHARD_ROWS`` rows."""
+    from curation.embed import EmbedImagesConfig
+    from manifests.ids import u64_to_hex
+    from manifests.io import write_part
+    from ovpipe.config import config_json
+
+    run = work / f"run-{rows}-{dim}"
+    emb = run / "embed-images"
+    parts = -(-rows // SHARD_ROWS)
+    if (emb / "completions" / "finalized").exists():
+        return run
+    shutil.rmtree(run, ignore_errors=True)
+    (emb / "data").mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    ids = np.unique(rng.integers(0, 2**63, rows + rows // 100 + 10, dtype=np.uint64))[:rows]   # sorted, distinct
+    centres = rng.standard_normal((2000, dim)).astype(np.float32)
+    for k, sl in enumerate(np.array_split(np.arange(rows), parts)):
+        file = f"embed-images/data/emb-{k:05d}.npy"
+        out = np.lib.format.open_memmap(run / file, mode="w+", dtype=np.float16, shape=(len(sl), dim))
+        for a in range(0, len(sl), 50_000):
+            b = min(len(sl), a + 50_000)
+            x = centres[rng.integers(0, len(centres), b - a)] + 0.9 * rng.standard_normal((b - a, dim), np.float32)
+            out[a:b] = x / np.linalg.norm(x, axis=1, keepdims=True)
+        out.flush()
+        del out
+        write_part({"sample_id": u64_to_hex(ids[sl]), "file": [file] * len(sl),
+                    "row": np.arange(len(sl), dtype=np.int32),
+                    "status": ["ok"] * len(sl), "error": [None] * len(sl)},
+                   emb / "image_embeddings" / f"part-{k:05d}.parquet", "image_embeddings")
+    (emb / "config.json").write_text(config_json(EmbedImagesConfig(model="ovpipe-tiny-clip", pretrained="")))
+    (emb / "executor.json").write_text(json.dumps({"step": "embed-images", "tasks": parts, "config_hash": "x",
+                                                   "outputs": ["image_embeddings"]}))
+    (emb / "completions").mkdir()
+    (emb / "completions" / "finalized").touch()
+    return run
+
+
+def build(run: Path, tasks: int) -> dict:
+    from ovpipe.cli import main as cli
+
+    if not (run / "index" / "completions" / "finalized").exists():
+        t = time.perf_counter()
+        assert cli(["index", "--run-dir", str(run), "--tasks", str(tasks), "--quiet"]) == 0
+        (run / "index" / "bench_wall_s").write_text(f"{time.perf_counter() - t:.1f}")
+    st = json.loads((run / "index" / "stats.json").read_text())
+    meta = json.loads((run / "index" / "data" / "index.json").read_text())
+    return {"kind": meta["kind"], "nlist": meta["nlist"], "nprobe": meta["nprobe"],
+            "build_s": float((run / "index" / "bench_wall_s").read_text()),
+            "train_s": st["timings_s"].get("train"), "add_s": st["timings_s"].get("add"),
+            "reduce_peak_mib": st["info"]["peak_rss_bytes/reduce"] / 2**20,
+            "index_mib": (run / "index" / "data" / "index.faiss").stat().st_size / 2**20}
+
+
+def measure(run: Path, browser: bool) -> dict:
+    """In this (fresh) process: load, more-like-this latency, recall@10, map body and first render."""
+    from starlette.testclient import TestClient
+
+    from viewer.app import create_app
+    from viewer.similarity import EmbeddingIndex, find_index
+
+    app = create_app(run)
+    cat, roots = app.state.catalog, app.state.roots
+    t = time.perf_counter()
+    ix = EmbeddingIndex(run, find_index(cat), roots)
+    out = {"load_s": time.perf_counter() - t}
+    rng = np.random.default_rng(1)
+    picks = [f"{int(ix.ids[p]):016x}" for p in rng.integers(0, len(ix), 50)]
+    ix.like(picks[0], 24)
+    times = []
+    for sid in picks:
+        t = time.perf_counter()
+        ix.like(sid, 24)
+        times.append(time.perf_counter() - t)
+    out["like_ms_median"] = 1000 * statistics.median(times)
+    out["like_ms_p95"] = 1000 * float(np.quantile(times, 0.95))
+    out["recall_at_10"] = recall(ix, picks[:20])
+    client = TestClient(app)
+    t = time.perf_counter()
+    body = client.get("/map/points", params={"colour": "cluster"}).content
+    out["map_points_s"], out["map_points_mib"] = time.perf_counter() - t, len(body) / 2**20
+    if browser:
+        out["map_first_render_s"], out["plotly_alone_s"] = first_render(run)
+    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def recall(ix, picks: list[str], k: int = 10) -> float:
+    """Share of the exact top-k (brute force over the fp16 shards, in blocks) that the index's top-k holds."""
+    q = ix.vectors([ix.position(s) for s in picks])
+    best = np.full((len(q), 0), -1, np.int64), np.full((len(q), 0), -np.inf, np.float32)
+    at = 0
+    for shard in ix.shards:
+        for a in range(0, len(shard), 100_000):
+            s = np.asarray(shard[a:a + 100_000], np.float32) @ q.T
+            pos = np.arange(at + a, at + a + len(s))
+            cos = np.concatenate([best[1], s.T], 1)
+            ids = np.concatenate([best[0], np.broadcast_to(pos, (len(q), len(pos)))], 1)
+            top = np.argsort(-cos, 1)[:, :k + 1]
+            best = np.take_along_axis(ids, top, 1), np.take_along_axis(cos, top, 1)
+        at += len(shard)
+    hit = 0
+    for j, sid in enumerate(picks):
+        mine = ix.position(sid)
+        exact = [p for p in best[0][j] if p != mine][:k]
+        got = {ix.position(h) for h, _ in ix.like(sid, k)}
+        hit += len(got & set(exact))
+    return hit / (k * len(picks))
+
+
+def first_render(run: Path) -> float:
+    """Seconds from navigating to /map until its points are drawn, in headless Chromium (median of 3)."""
+    import contextlib  # noqa: F401
+    import socket
+    import threading
+
+    import uvicorn
+    from playwright.sync_api import sync_playwright
+
+    from viewer.app import create_app
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(run), log_level="warning"))
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    while not server.started:
+        th.join(0.05)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/map"
+    out, base = [], []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=shutil.which("chromium") or shutil.which("chromium-browser"),
+                                         args=["--no-sandbox"])
+            try:
+                for _ in range(3):
+                    page = browser.new_page(viewport={"width": 1280, "height": 900})
+                    t = time.perf_counter()
+                    page.goto(url)
+                    page.wait_for_function("window.mapReady === true", timeout=120_000, polling=20)
+                    out.append(time.perf_counter() - t)
+                    page.close()
+                    page = browser.new_page()         # the baseline every chart page pays: plotly.min.js alone
+                    t = time.perf_counter()
+                    page.goto(url.replace("/map", "/static/style.css"))
+                    page.set_content(f'<script src="{url.replace("/map", "/static/plotly.min.js")}"></script>')
+                    page.wait_for_function("typeof Plotly !== 'undefined'", timeout=120_000, polling=20)
+                    base.append(time.perf_counter() - t)
+                    page.close()
+            finally:
+                browser.close()
+    finally:
+        server.should_exit = True
+        th.join(10)
+    return statistics.median(out), statistics.median(base)
+
+
+def text_tower_ms(model: str, repeat: int = 10) -> float:
+    """One query's time through ``model``'s text tower on this CPU (random weights: the architecture sets it)."""
+    import open_clip
+    import torch
+
+    from curation.clip import register_configs
+    from curation.concepts import embed_texts
+
+    register_configs()
+    torch.set_num_threads(1)          # as the viewer runs it (viewer.similarity)
+    net, _, _ = open_clip.create_model_and_transforms(model, pretrained=None)
+    net.visual = None                 # the text query never runs the image tower
+    tok = open_clip.get_tokenizer(model)
+    embed_texts(["warm up"], ["{}"], net.eval(), tok, "cpu", 1)
+    times = []
+    for i in range(repeat):
+        t = time.perf_counter()
+        embed_texts([f"a handwritten receipt {i}"], ["{}"], net, tok, "cpu", 1)
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+def demo_ranks(run: Path, data: Path) -> dict:
+    """Text search on ``make demo``'s own tiny CLIP: each concept of the vocabulary that some indexed image holds
+    (the corpus' ``ground_truth.parquet``), its text as the query, the rank of the first image holding it and the
+    share of the top 10 that hold it; against the share a random image holds it (chance)."""
+    import pyarrow.parquet as pq
+
+    from viewer.catalog import RunCatalog
+    from viewer.files import allowed_roots
+    from viewer.similarity import EmbeddingIndex, find_index
+
+    cat = RunCatalog(run)
+    ix = EmbeddingIndex(run, find_index(cat), allowed_roots(run))
+    texts = (data / "concepts.txt").read_text().splitlines()
+    gt = pq.read_table(data / "ground_truth.parquet", columns=["sample_id", "concept_ids"]).to_pylist()
+    holds = {}
+    for r in gt:
+        if ix.position(r["sample_id"]) is not None:
+            for c in r["concept_ids"] or []:
+                holds.setdefault(c, set()).add(r["sample_id"])
+    first, p10, chance = [], [], []
+    for c, ids in sorted(holds.items()):
+        hits = [sid for sid, _ in ix.search(ix.text_vector(texts[c]), 100)]
+        at = next((i + 1 for i, sid in enumerate(hits) if sid in ids), None)
+        first.append(at if at is not None else 101)
+        p10.append(sum(sid in ids for sid in hits[:10]) / 10)
+        chance.append(len(ids) / len(ix))
+    return {"concepts": len(first), "images": len(ix), "median_first_rank": float(np.median(first)),
+            "first_at_rank_1": float(np.mean([f == 1 for f in first])), "precision_at_10": float(np.mean(p10)),
+            "chance_at_10": float(np.mean(chance))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[100_000])
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--tasks", type=int, default=2)
+    ap.add_argument("--work", type=Path, default=Path("runs/bench-index"))
+    ap.add_argument("--browser", action="store_true", help="time the map's first render in headless Chromium")
+    ap.add_argument("--text-tower", help="an open_clip model whose text tower is timed (ViT-H-14-quickgelu)")
+    ap.add_argument("--quick", action="store_true", help="10K rows of 256 dims")
+    ap.add_argument("--out", type=Path, help="also write the table here")
+    ap.add_argument("--demo-ranks", type=Path, nargs=2, metavar=("RUN", "DATA"),
+                    help="text-search ranks on a demo run (after `ovpipe index`) and its demo-data folder")
+    ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)     # internal: one measurement, as JSON
+    args = ap.parse_args(argv)
+    if args.text_tower and not args.rows[1:] and args.rows == [0]:     # --rows 0 --text-tower M: the tower alone
+        print(f"text tower of {args.text_tower}: {text_tower_ms(args.text_tower):.0f} ms a query")
+        return 0
+    if args.demo_ranks:
+        print(json.dumps(demo_ranks(*args.demo_ranks)))
+        return 0
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.browser)))
+        return 0
+    if args.quick:
+        args.rows, args.dim = [10_000], 256
+    lines = ["| rows | index | nlist/nprobe | build s (train, add) | reduce peak MiB | index MiB | load s "
+             "| like ms median / p95 | recall@10 | map body s / MiB | map first render s (plotly.min.js alone) "
+             "| viewer peak MiB |", "| --- " * 12 + "|"]
+    for rows in args.rows:
+        t = time.perf_counter()
+        run = write_run(args.work, rows, args.dim)
+        print(f"{rows:,} vectors × {args.dim} in {run} ({time.perf_counter() - t:.1f} s)", flush=True)
+        b = build(run, args.tasks)
+        print(json.dumps(b), flush=True)
+        cmd = [sys.executable, "-m", "bench.bench_index", "--measure", str(run)] + (["--browser"] * args.browser)
+        got = subprocess.run(cmd, capture_output=True, text=True)
+        if got.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{got.stderr[-3000:]}")
+        m = json.loads(got.stdout.splitlines()[-1])
+        print(json.dumps(m), flush=True)
+        lines.append(f"| {rows:,} | {b['kind']} | {b['nlist']}/{b['nprobe']} | {b['build_s']:.0f} ({b['train_s']:.0f}, "
+                     f"{b['add_s']:.0f}) | {b['reduce_peak_mib']:,.0f} | {b['index_mib']:,.0f} | {m['load_s']:.1f} "
+                     f"| {m['like_ms_median']:.1f} / {m['like_ms_p95']:.1f} | {m['recall_at_10']:.3f} "
+                     f"| {m['map_points_s']:.2f} / {m['map_points_mib']:.1f} "
+                     f"| {m.get('map_first_render_s', float('nan')):.2f} ({m.get('plotly_alone_s', float('nan')):.2f}) "
+                     f"| {m['peak_rss_mib']:,.0f} |")
+    if args.text_tower:
+        ms = text_tower_ms(args.text_tower)
+        lines.append(f"\nText tower of {args.text_tower}, one query on this CPU: {ms:.0f} ms")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""Search by meaning in the viewer, over the viewer's small run plus vectors the test plants: a near-duplicate
+pair (one marked ``duplicate_of`` the other), an image placed on a text's vector through a seeded tiny CLIP, and
+concept vectors; the ``index`` step runs on them. Requests through starlette's client, then one headless
+Chromium session for the map (select a region → its samples and SQL), "more like this" and text search."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+QUERY = "a handwritten receipt"
+
+
+@pytest.fixture(scope="module")
+def meaning_run(view_run, tmp_path_factory):
+    import open_clip
+    import torch
+
+    from curation.clip import register_configs
+    from curation.concepts import embed_texts
+    from curation.embed import EmbedImagesConfig
+    from manifests.io import write_part
+    from ovpipe.cli import main
+    from ovpipe.config import config_json
+
+    run = tmp_path_factory.mktemp("meaning") / "run"
+    shutil.copytree(view_run["run"], run)
+    ok = view_run["ok"]
+    register_configs()
+    torch.manual_seed(0)
+    net, _, _ = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
+    ckpt = run.parent / "tiny-clip.pt"
+    torch.save({"state_dict": net.state_dict()}, ckpt)
+    text = embed_texts([QUERY], ["{}"], net.eval(), open_clip.get_tokenizer("ovpipe-tiny-clip"), "cpu", 1)[0]
+
+    rng = np.random.default_rng(0)
+    d = len(text)
+    centres = rng.standard_normal((4, d))
+    x = centres[np.arange(len(ok)) % 4] + 0.8 * rng.standard_normal((len(ok), d))
+    kept, twin, planted = 0, 1, 2
+    x[twin] = x[kept] + 0.02 * rng.standard_normal(d)
+    x[planted] = text * np.linalg.norm(x[planted]) + 0.05 * rng.standard_normal(d)
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
+    emb = run / "embed-images"
+    (emb / "data").mkdir(parents=True)
+    (emb / "completions").mkdir()
+    (emb / "completions" / "finalized").touch()
+    np.save(emb / "data" / "emb-00000.npy", x)
+    write_part({"sample_id": ok, "file": ["embed-images/data/emb-00000.npy"] * len(ok), "row": list(range(len(ok))),
+                "status": ["ok"] * len(ok), "error": [None] * len(ok)},
+               emb / "image_embeddings" / "part-00000.parquet", "image_embeddings")
+    (emb / "config.json").write_text(config_json(EmbedImagesConfig(model="ovpipe-tiny-clip", pretrained=str(ckpt))))
+    (emb / "executor.json").write_text(json.dumps({"step": "embed-images", "tasks": 1, "config_hash": "x",
+                                                   "outputs": ["image_embeddings"]}))
+    cos = float(x[twin].astype(np.float32) @ x[kept].astype(np.float32))
+    dd = run / "dedup"
+    dd.mkdir()
+    write_part({"sample_id": ok, "cluster": [0] * len(ok),
+                "duplicate_of": [ok[kept] if i == twin else None for i in range(len(ok))],
+                "similarity": [cos if i == twin else None for i in range(len(ok))],
+                "status": ["near_duplicate" if i == twin else "ok" for i in range(len(ok))],
+                "error": [None] * len(ok)}, dd / "dedup" / "part-00000.parquet", "dedup")
+    np.save(run / "c.npy", centres.astype(np.float16))        # the concepts manifest names row k of c.npy
+    assert main(["index", "--run-dir", str(run), "--quiet"]) == 0
+    return {"run": run, "kept": ok[kept], "twin": ok[twin], "planted": ok[planted], "ok": ok}
+
+
+@pytest.fixture(scope="module")
+def client(meaning_run):
+    from starlette.testclient import TestClient
+
+    from viewer.app import create_app
+
+    return TestClient(create_app(meaning_run["run"]))
+
+
+def _ranked(html: str, grid: str) -> list[str]:
+    import re
+
+    part = html.split(f'id="{grid}"')[1]
+    return re.findall(r'data-sample="([0-9a-f]{16})"', part)
+
+
+def test_more_like_this_text_search_and_groups_through_the_client(meaning_run, client):
+    r = client.get(f"/similar/{meaning_run['kept']}")
+    assert r.status_code == 200 and _ranked(r.text, "neighbours")[0] == meaning_run["twin"]
+    assert "grouped with it by dedup" in r.text.split('data-rank="2"')[0]
+    r = client.get("/search", params={"q": QUERY})
+    assert r.status_code == 200 and _ranked(r.text, "results")[0] == meaning_run["planted"]
+    r = client.get("/duplicates")
+    assert r.status_code == 200 and f"/similar/{meaning_run['kept']}" in r.text and 'data-cos="' in r.text
+    r = client.get("/concepts/0/neighbours")
+    assert r.status_code == 200 and len(_ranked(r.text, "neighbourhood")) == 48
+
+
+@pytest.mark.parametrize("path,params,says", [
+    ("/search", {"q": "x" * 201}, "the cap is 200"),
+    ("/similar/not-an-id", {}, "16 hex digits"),
+    ("/similar/0000000000000000", {"k": "1000"}, "between 1 and 100"),
+    ("/map/points", {"colour": "x); DROP TABLE samples; --"}, "one of"),
+    ("/map/region", {"box": "0,1,2"}, "x0,x1,y0,y1"),
+    ("/map/region", {"lasso": "0,0;1,nan;1,1"}, "not a finite number"),
+])
+def test_bad_queries_are_refused_with_a_message(client, path, params, says):
+    r = client.get(path, params=params)
+    assert r.status_code == 400 and says in r.text
+
+
+def test_map_body_and_regions_agree_with_the_manifest(meaning_run, client):
+    from manifests.io import read_manifest
+
+    body = client.get("/map/points", params={"colour": "near duplicate"}).content
+    hlen = int.from_bytes(body[:4], "little")
+    head = json.loads(body[4:4 + hlen])
+    m = read_manifest(meaning_run["run"], "embedding_map").to_pydict()
+    assert head["n"] == sum(m["in_map"]) and set(head["labels"]) == {"ok", "near_duplicate"}
+    xs, ys = np.array(m["x"], np.float64), np.array(m["y"], np.float64)
+    x0, x1, y0, y1 = np.quantile(xs, 0.2), np.quantile(xs, 0.7), np.quantile(ys, 0.1), np.quantile(ys, 0.8)
+    box = client.get("/map/region", params={"box": f"{x0},{x1},{y0},{y1}"}).json()
+    square = client.get("/map/region", params={"lasso": f"{x0},{y0};{x1},{y0};{x1},{y1};{x0},{y1}"}).json()
+    inside = int(((xs > x0) & (xs < x1) & (ys > y0) & (ys < y1)).sum())
+    assert box["total"] == square["total"] == inside > 0 and "embedding_map" in box["sql"]
+    assert [r["sample_id"] for r in box["rows"]] == [r["sample_id"] for r in square["rows"]]
+
+
+def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path):
+    """One browser session: the map draws, a box over it fills the grid and shows its SQL; "more like this" on
+    the planted near-duplicate shows its twin first; the text query shows the planted image first."""
+    import shutil as sh
+
+    chromium = sh.which("chromium") or sh.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (scripts/install_system_deps.sh installs Debian's)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (make install)")
+    errors: list[str] = []
+    with _serve(meaning_run["run"]) as base, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda m: m.type == "error" and errors.append(f"{page.url}: {m.text}"))
+            page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
+            page.goto(base + "/map")
+            page.wait_for_function("window.mapReady === true", timeout=20_000)
+            area = page.locator("#map .nsewdrag").first.bounding_box()
+            page.mouse.move(area["x"] + 2, area["y"] + 2)
+            page.mouse.down()
+            page.mouse.move(area["x"] + area["width"] / 2, area["y"] + area["height"] / 2, steps=5)
+            page.mouse.move(area["x"] + area["width"] - 2, area["y"] + area["height"] - 2, steps=5)
+            page.mouse.up()
+            page.wait_for_selector("#region-grid .card img", timeout=10_000)
+            count, sql = page.inner_text("#region-count"), page.inner_text("#region-sql")
+            page.screenshot(path=tmp_path / "map.png")
+            page.goto(f"{base}/similar/{meaning_run['kept']}")
+            twin = page.get_attribute("#neighbours .card >> nth=0", "data-sample")
+            page.screenshot(path=tmp_path / "similar.png")
+            page.goto(base + "/search")
+            page.fill("#q", QUERY)
+            page.click("button[type=submit]")
+            first = page.get_attribute("#results .card >> nth=0", "data-sample")
+            page.screenshot(path=tmp_path / "search.png")
+            page.goto(base + "/duplicates")
+            page.wait_for_selector("#groups .member")
+            page.screenshot(path=tmp_path / "duplicates.png")
+        finally:
+            browser.close()
+    assert errors == []
+    assert count.startswith(f"{len(meaning_run['ok'])} images") and "FROM embedding_map" in sql
+    assert twin == meaning_run["twin"] and first == meaning_run["planted"]
+
+
+def _serve(run):
+    import contextlib
+    import socket
+    import threading
+
+    import uvicorn
+
+    from viewer.app import create_app
+
+    @contextlib.contextmanager
+    def serving():
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(create_app(run), log_level="warning"))
+        t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        t.start()
+        while not server.started:
+            t.join(0.05)
+        try:
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        finally:
+            server.should_exit = True
+            t.join(10)
+
+    return serving()

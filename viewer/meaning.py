@@ -1,0 +1,142 @@
+"""The viewer's pages over the ``index`` step: the map, "more like this", text search, duplicate groups and a
+concept's neighbourhood (``viewer.similarity`` computes; this module turns requests into pages). All GET, all
+read-only; a refused query (``QueryError``) is a 400 page that says why.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from viewer import similarity as sim
+from viewer.catalog import RunCatalog
+from viewer.files import Refused
+
+NEIGHBOURS = 24
+
+
+def _k(request: Request, default: int = NEIGHBOURS) -> int:
+    v = request.query_params.get("k", "")
+    try:
+        k = int(v) if v else default
+    except ValueError:
+        raise HTTPException(400, f"k={v!r}: expected a whole number") from None
+    if not 1 <= k <= sim.MAX_K:
+        raise HTTPException(400, f"k={k}: between 1 and {sim.MAX_K}")
+    return k
+
+
+def routes(cat: RunCatalog, roots: list[Path], page) -> list[Route]:
+    """The routes, given the app's catalog, allowed roots and page renderer ``page(request, template, **ctx)``."""
+    held: dict = {}
+    lock = threading.Lock()
+
+    def index() -> sim.EmbeddingIndex | None:
+        with lock:
+            if "index" not in held:
+                step = sim.find_index(cat)
+                try:
+                    held["index"] = sim.EmbeddingIndex(cat.run_dir, step, roots) if step else None
+                except Refused as e:
+                    raise HTTPException(403, str(e)) from None
+            return held["index"]
+
+    def missing(request: Request):
+        return page(request, "missing.html", what="the index (run `ovpipe index` after `embed-images`)")
+
+    def refused(request: Request, template: str, e: sim.QueryError, **ctx):
+        return page(request, template, error=str(e), status_code=400, **ctx)
+
+    def map_page(request: Request):
+        ix = index()
+        if ix is None:
+            return missing(request)
+        n_map = cat.one("SELECT count(*) FILTER (WHERE in_map) AS n FROM embedding_map")["n"]
+        return page(request, "map.html", colours=sorted(sim.colours(cat)), n_map=n_map, meta=ix.meta)
+
+    def map_points(request: Request):
+        if index() is None:
+            raise HTTPException(404, "no index in this run")
+        try:
+            body = sim.map_points(cat, request.query_params.get("colour", "cluster"))
+        except sim.QueryError as e:
+            raise HTTPException(400, str(e)) from None
+        return Response(body, media_type="application/octet-stream")
+
+    def map_region(request: Request):
+        if index() is None:
+            raise HTTPException(404, "no index in this run")
+        try:
+            region = sim.region_sql(request.query_params.get("box"), request.query_params.get("lasso"))
+        except sim.QueryError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        sql, rows, total = sim.region_samples(cat, region)
+        return JSONResponse({"sql": sql, "total": total, "rows": rows})
+
+    def map_point(request: Request):
+        ix = index()
+        p = request.path_params["position"]
+        if ix is None or not 0 <= p < len(ix):
+            raise HTTPException(404, "no such point")
+        return RedirectResponse(f"/similar/{int(ix.ids[p]):016x}", status_code=303)
+
+    def similar(request: Request):
+        ix = index()
+        if ix is None:
+            return missing(request)
+        sid, k = request.path_params["sample_id"], _k(request)
+        try:
+            hits = sim.describe(cat, ix.like(sid, k), of=sid)
+        except sim.QueryError as e:
+            return refused(request, "similar.html", e, sid=sid, hits=[], me=None)
+        me = sim.describe(cat, [(sid, 1.0)])[0]
+        return page(request, "similar.html", sid=sid, hits=hits, me=me, k=k)
+
+    def search(request: Request):
+        ix = index()
+        if ix is None:
+            return missing(request)
+        q, k = request.query_params.get("q", ""), _k(request)
+        if not q:
+            return page(request, "search.html", q="", hits=[], cap=sim.MAX_QUERY_CHARS)
+        try:
+            hits = sim.describe(cat, ix.search(ix.text_vector(q), k))
+        except sim.QueryError as e:
+            return refused(request, "search.html", e, q=q[:sim.MAX_QUERY_CHARS], hits=[], cap=sim.MAX_QUERY_CHARS)
+        return page(request, "search.html", q=q, hits=hits, cap=sim.MAX_QUERY_CHARS)
+
+    def duplicates(request: Request):
+        sort = request.query_params.get("sort", "size")
+        try:
+            pg = int(request.query_params.get("page", "0") or 0)
+            d = sim.duplicate_groups(cat, sort, max(0, pg))
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
+        return page(request, "duplicates.html", d=d, sort=sort, page_no=max(0, pg))
+
+    def neighbours(request: Request):
+        ix = index()
+        if ix is None:
+            return missing(request)
+        cid, k = request.path_params["concept_id"], _k(request, 48)
+        try:
+            got = sim.concept_vector(cat, cid, roots)
+        except Refused as e:
+            raise HTTPException(403, str(e)) from None
+        if got is None:
+            raise HTTPException(404, f"no vector for concept {cid} (run `ovpipe embed-concepts`)")
+        info, v = got
+        try:
+            hits = sim.describe(cat, ix.search(v, k))
+        except sim.QueryError as e:
+            raise HTTPException(400, str(e)) from None
+        return page(request, "neighbours.html", info=info, hits=hits, balanced=cat.has("balanced"))
+
+    return [Route("/map", map_page), Route("/map/points", map_points), Route("/map/region", map_region),
+            Route("/map/point/{position:int}", map_point), Route("/similar/{sample_id}", similar),
+            Route("/search", search), Route("/duplicates", duplicates),
+            Route("/concepts/{concept_id:int}/neighbours", neighbours)]
