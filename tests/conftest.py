@@ -46,6 +46,7 @@ SLOW: dict[str, float] = {
     "tests/ovpipe/test_run_safety.py::test_second_identical_command_refuses_naming_the_holder": 20.4,
     "tests/packing/test_energon.py::test_two_ranks_two_workers_read_every_pack_once": 17.5,
     "tests/packing/test_pack_solve.py::test_bin_layout_is_the_histogram_part_of_pack": 10.1,
+    "tests/packing/test_pack_step.py::test_balanced_order_same_packs_any_task_count_and_the_loader_streams_it": 15.0,
     "tests/pretrain/test_train.py::test_loss_falls_and_resume_is_exact": 19.0,
     "tests/pretrain/test_data_position.py::test_resume_continues_at_the_exact_pack": 10.8,
     "tests/pretrain/test_export.py": 12.6,

@@ -47,7 +47,8 @@ def _corpus(run: Path, n: int, parts: int = 4, seed: int = 0) -> None:
         m = len(part)
         t = pa.table({"sample_id": ids, "source": pa.array(["s"] * m), "text_tokens": L[part],
                       "image_tokens": np.zeros(m, np.int32), "total_tokens": L[part], "target_tokens": L[part] // 4,
-                      "turns_kept": np.full(m, 2, np.int32), "status": pa.array(["ok"] * m),
+                      "turns_kept": np.full(m, 2, np.int32), "images": np.zeros(m, np.int32),
+                      "vit_sq": np.zeros(m, np.int64), "status": pa.array(["ok"] * m),
                       "error": pa.nulls(m, pa.string()), "source_sample_id": ids})
         f = run / "lengths" / "lengths" / f"part-{k:05d}.parquet"
         f.parent.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,8 @@ def view_run(ingested_run, tmp_path_factory):
     d = _step(run, "lengths", "lengths")
     write_part({"sample_id": ok, "source": ["demo"] * len(ok), "text_tokens": [20] * len(ok),
                 "image_tokens": [44] * len(ok), "total_tokens": [64] * len(ok), "target_tokens": [8] * len(ok),
-                "turns_kept": [2] * len(ok), "status": ["ok"] * len(ok), "error": [None] * len(ok),
+                "turns_kept": [2] * len(ok), "images": [1] * len(ok), "vit_sq": [177 ** 2] * len(ok),
+                "status": ["ok"] * len(ok), "error": [None] * len(ok),
                 "source_sample_id": ok}, d / "lengths" / "part-00000.parquet", "lengths")
 
     # Packs of 4 samples of 64 tokens in a 256-token sequence; the loss mask on each sample's last 8 tokens.
