@@ -253,6 +253,13 @@ def test_balanced_order_same_packs_any_task_count_and_the_loader_streams_it(pack
         straggler_loss(np.array([r["cost"] for r in plain]), 3, 1, 2))
     if tasks != 1:
         return
+    # the stage's data plan says it: the straggler loss at its layout, and the layout the packs were ordered for
+    from pretrain.data import plan_data
+
+    plan = plan_data(run, "pack", 1, 2, 3, steps=1)
+    assert plan.straggler_loss == pytest.approx(info["straggler_loss_after"]) and plan.balanced_for == (3, 1, 2)
+    assert "balanced for DP 3 × 2 micro-batches of 1" in plan.describe()
+    assert plan_data(packed_run, "pack", 1, 2, 3, steps=1).balanced_for is None
     # what each DP rank's loader yields, a step (2 micro-batches) at a time, carries the costs balanced above
     # (the loader's own stream and rank split; decoding the pixels is left out)
     import types
