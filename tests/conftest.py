@@ -44,6 +44,7 @@ SLOW: dict[str, float] = {
     "tests/curation/test_recaption.py::test_part_is_the_slice_sorted_whatever_the_chunking": 5.9,
     "tests/curation/test_embed_decode.py::test_threads_and_worker_processes_give_the_same_step_output_at_any_task_count": 4.1,
     "tests/ovpipe/test_run_safety.py::test_second_identical_command_refuses_naming_the_holder": 20.4,
+    "tests/ovpipe/test_slurm_executor.py::test_balanced_pack_order_on_slurm_is_the_local_one": 31.9,
     "tests/packing/test_energon.py::test_two_ranks_two_workers_read_every_pack_once": 17.5,
     "tests/packing/test_pack_solve.py::test_bin_layout_is_the_histogram_part_of_pack": 10.1,
     "tests/packing/test_pack_step.py::test_balanced_order_same_packs_any_task_count_and_the_loader_streams_it": 15.0,
