@@ -111,3 +111,14 @@ def test_cost_weights_file_and_bad_spec(tmp_path):
         weights(str(f))
     with pytest.raises(ValueError, match="llava-ov-1.5-4b/1.5"):
         weights("no-such-recipe/9")
+
+
+def test_pack_config_refuses_a_bad_cost_or_layout_before_any_work():
+    from packing.pack import PackConfig
+
+    with pytest.raises(ValueError, match="cost_weights"):
+        PackConfig(cost_weights="no-such/1")
+    with pytest.raises(ValueError, match="balance_grad_accum"):
+        PackConfig(balance_dp=8, balance_grad_accum=0)
+    with pytest.raises(ValueError, match="balance_method"):
+        PackConfig(balance_method="greedy")
