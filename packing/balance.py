@@ -157,6 +157,6 @@ def straggler_loss_for_run(run_dir, step: str, dp: int, micro_batches: int, micr
 
     from manifests.io import manifest_files
 
-    cost = np.concatenate([pq.read_table(f, columns=["cost"]).column("cost").to_numpy()
-                           for f in manifest_files(run_dir, "packs", step)] or [np.zeros(0)])
-    return straggler_loss(cost, dp, micro_batch, micro_batches)
+    cost = np.concatenate([pq.read_table(f, columns=["cost"]).column("cost").to_numpy(zero_copy_only=False)
+                           for f in manifest_files(run_dir, "packs", step)] or [np.zeros(0)]).astype(np.float64)
+    return None if np.isnan(cost).any() else straggler_loss(cost, dp, micro_batch, micro_batches)

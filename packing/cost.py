@@ -87,3 +87,14 @@ def pack_stats(lengths, image_tokens, images, vit_sq, offs) -> dict:
 def cost_of(stats: dict, w: dict) -> np.ndarray:
     """Σ_k w[k]·stats[k] per pack, float64 (FLOPs with the model's weights)."""
     return sum(float(w[k]) * np.asarray(stats[k], np.float64) for k in TERMS)
+
+
+def entry_columns(lengths, grids, w: dict | None = None) -> dict:
+    """The ``packs`` cost columns of one packed-shard entry (its samples' ``lengths`` and its images' patch
+    ``grids``), for a step that writes entries one at a time (``import-packs``)."""
+    L = np.asarray(lengths, np.int64)
+    t = np.asarray([int(a) * int(b) for a, b in grids], np.int64) + 1
+    stats = {"tokens": int(L.sum()), "attn_sq": int((L * L).sum()), "vit_tokens": int(t.sum()),
+             "vit_sq": int((t * t).sum()), "merged": int((t - 1).sum() // 4)}
+    return {"attn_sq": stats["attn_sq"], "images": len(t), "vit_tokens": stats["vit_tokens"],
+            "vit_sq": stats["vit_sq"], "cost": float(cost_of(stats, w or weights()))}

@@ -334,7 +334,10 @@ def balance_of(run_dir, step: str, dp: int, grad_accum: int, micro_batch: int, f
 
     if not files or "cost" not in pq.read_schema(files[0]).names:
         return None, None
-    cost = np.concatenate([pq.read_table(f, columns=["cost"]).column("cost").to_numpy() for f in files])
+    cost = np.concatenate([pq.read_table(f, columns=["cost"]).column("cost").to_numpy(zero_copy_only=False)
+                           for f in files]).astype(np.float64)
+    if np.isnan(cost).any():                     # a pack without a cost: the loss is undefined, not 0
+        return None, None
     try:
         cfg = upstream_config(run_dir, step)[1]
     except (OSError, ValueError, KeyError):

@@ -103,7 +103,8 @@ def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict) -> dict:
     mb = layout.get("mb") or cfg.get("balance_micro_batch") or 1
     ga = layout.get("ga") or cfg.get("balance_grad_accum") or 1
     G = dp * mb * ga
-    cost = np.asarray([r["cost"] for r in cat.rows(f"SELECT cost FROM {src} ORDER BY pack_id")], np.float64)
+    cost = np.asarray([np.nan if r["cost"] is None else r["cost"]
+                       for r in cat.rows(f"SELECT cost FROM {src} ORDER BY pack_id")], np.float64)
     n_steps = len(cost) // G
     at = min(layout.get("at") or 0, max(n_steps - 1, 0))
     ranks = [{"rank": r, "packs": [], "cost": 0.0} for r in range(dp)]
@@ -112,7 +113,7 @@ def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict) -> dict:
         r["packs"].append(p)
         r["cost"] += cost[p]
     mean = float(np.mean([r["cost"] for r in ranks])) if ranks else 0.0
-    loss = straggler_loss(cost, dp, mb, ga)
+    loss = None if np.isnan(cost).any() else straggler_loss(cost, dp, mb, ga)   # a pack without a cost: undefined
     return {"dp": dp, "mb": mb, "ga": ga, "at": at, "steps": n_steps, "ranks": ranks, "mean": mean,
             "balanced_for": (cfg.get("balance_dp"), cfg.get("balance_micro_batch"), cfg.get("balance_grad_accum"))
             if cfg.get("balance_dp") else None, "loss": loss,
