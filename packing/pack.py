@@ -9,7 +9,7 @@ Items: every ``lengths`` row with status ``ok`` or ``truncated``, one per distin
 ``mixed.copies`` of the ``mix_step`` folder (the instruction mix); a sample missing there gets 0.
 
 Reduce → apply (a reduce-first step, ``docs/scale.md``): the reduce solves the global packing once, out of core
-(``packing.solve``: the items stream to disk and are sorted a partition at a time; ~32 bytes of memory
+(``packing.solve``: the items stream to disk and are sorted a partition at a time; ~48 bytes of memory
 per item) and writes the solution — per bin its slot range and load, per slot its sample id, length,
 turns kept and source sample — under ``reduced/``; each apply rank reads only its contiguous
 ``pack_id`` range of it, a chunk of bins at a time, and writes those packs — manifest part and tar
@@ -116,7 +116,7 @@ class PackConfig:
 
 
 def solve_once(cfg: PackConfig, task: TaskContext) -> None:
-    """Reduce: the whole packing, once, streamed (``packing.solve``: memory ~32 bytes per item, the
+    """Reduce: the whole packing, once, streamed (``packing.solve``: memory ~48 bytes per item, the
     items themselves on disk). Writes ``reduced/bin_start.npy`` and ``bin_load.npy`` (per bin, pack_id
     order), ``reduced/slots.parquet`` (sample_id, length, turns_kept, source_sample_id of every slot,
     bin after bin), so an apply rank reads only its pack range, and ``reduced/summary.npz`` (the length

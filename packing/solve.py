@@ -11,7 +11,7 @@ at 40M items, an out-of-memory kill at the recipe's 85M. The packing itself need
 So the reduce streams ``lengths`` once in canonical order (only the columns it needs, one batch at a
 time: ``TaskContext.iter_input_canonical``), drops non-packable rows and repeated ``sample_id``s,
 expands ``balanced`` / ``mixed`` copies (looked up by ``source_sample_id`` in a sorted id array),
-computes each copy's key, and appends one 32-byte record per item to a spill file, counting the
+computes each copy's key, and appends one 48-byte record per item to a spill file, counting the
 histogram as it goes. Then it sorts out of core by **partitioning**: every partition is a range of
 whole lengths, or — for a length with more items than fit one partition — one length and a range of
 the key's top bits (keys are seeded hashes, so the ranges split it evenly). Partitions in order are

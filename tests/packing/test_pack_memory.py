@@ -1,4 +1,4 @@
-"""`pack`'s reduce keeps ~32 bytes per item (the items themselves are on disk, sorted a
+"""`pack`'s reduce keeps ~48 bytes per item (the items themselves are on disk, sorted a
 partition at a time: `packing.solve`) and an apply rank's peak does not grow with the corpus (it writes
 its pack range a chunk of bins at a time). The same tasks run in a fresh process at 200K and 1.6M
 samples; what each adds to the process's peak resident memory (VmHWM after the task − VmHWM after the
@@ -84,7 +84,7 @@ def test_pack_reduce_and_apply_memory_per_item(tmp_path, monkeypatch):
     a, b = _deltas(small), _deltas(large)
     print(f"VmHWM added by the task, MiB: 200K samples {a}; 1.6M samples {b}")
     per_item = (b["reduce"] - a["reduce"]) * MiB / 1_400_000
-    # measured: ≈ 67 bytes per item (32 of them the per-slot arrays) and +26 MiB for an apply rank; the
+    # measured: ≈ 81 bytes per item (48 of them the per-slot arrays) and +15 MiB for an apply rank; the
     # in-memory solve it replaced: 328 bytes per item and +97 MiB (the 961f12b code, same corpus)
     assert per_item < 120, (a, b, per_item)
     assert b["apply"] - a["apply"] < 48, (a, b)     # 8× the packs per rank: chunks of 8K bins
