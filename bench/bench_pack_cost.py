@@ -6,7 +6,7 @@
 
 Every pack of the step (``--max-packs`` at most) is one micro-batch through the recipe's model, built fresh
 (``pretrain.model.vlm.VLM``, the stage's trainable parts): forward, loss, backward, timed (CUDA events on the
-GPU, host time on the CPU), after ``--warmup`` untimed packs, ``--repeats`` passes in a seeded order each. The
+GPU; on the CPU with ``--threads 1`` the process's CPU time, else host time), after ``--warmup`` untimed packs, ``--repeats`` passes in a seeded order each. The
 cost is recomputed from the manifest's counts with this recipe's FLOP weights (``RECIPE/STAGE`` of
 ``packing/cost_weights.json``), so the packs' own ``cost`` column (whatever weights it was written with) is not
 needed. Reported: the Spearman rank correlation of time and cost per pass (their spread) and over the per-pack
@@ -72,13 +72,16 @@ def time_packs(run_dir: str, step: str, recipe_name: str, stage: str, device: st
             t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0.record()
         else:
-            s = time.perf_counter()
+            s = clock()
         ((model(b).float() * b.loss_mask).sum()).backward()
         if cuda:
             t1.record()
             torch.cuda.synchronize()
             return t0.elapsed_time(t1) / 1e3
-        return time.perf_counter() - s
+        return clock() - s
+
+    # one CPU thread: the process's CPU time, which a machine shared with other work does not stretch
+    clock = time.process_time if not cuda and torch.get_num_threads() == 1 else time.perf_counter
 
     for b in batches[:warmup]:
         one(b)
@@ -87,6 +90,7 @@ def time_packs(run_dir: str, step: str, recipe_name: str, stage: str, device: st
     for k in range(repeats):
         for i in rng.permutation(len(batches)):
             secs[k, i] = one(batches[i])
+        print(f"pass {k + 1}/{repeats}: {secs[k].sum():.1f} s over {len(batches)} packs", file=sys.stderr, flush=True)
     return ids, secs
 
 
@@ -115,9 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-packs", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--fit-out", help="write fitted per-term weights (seconds per unit) here")
     ap.add_argument("--out", help="write the figures as JSON here")
     a = ap.parse_args(argv)
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
     counts = manifest_counts(a.run_dir, a.step)
     ids, secs = time_packs(a.run_dir, a.step, a.recipe, a.stage, a.device, a.max_packs, a.repeats, a.warmup)
     X = {k: np.array([counts[i][k] for i in ids], np.float64) for k in TERMS}
