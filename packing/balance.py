@@ -19,7 +19,7 @@ seeded order. A pack moves at most one window from where the shuffle put it, so 
 and lengths is the shuffle's; within a window steps group by cost. The last ``n mod G`` packs (a partial step)
 keep the shuffle's order. Measured (``bench/bench_balance.py``, ``docs/balance.md``): straggler loss at DP 64
 on a realistic 1M-sample mix from 21.3% to 0.87% with one pack per rank and step (window 32), and from 12.2% to
-0.01% with four (``kk``; ``lpt`` 0.05%); ordering 150K packs takes about a second.
+0.01% with four (``kk``; ``lpt`` 0.05%); ordering 150K packs takes ~3 s (``kk``) on a loaded 2-core machine.
 
 ``straggler_loss``: mean over whole steps of (slowest rank's cost ÷ mean rank's cost − 1), from the
 manifest alone. The order is a property of the costs, ``dp``, ``mb``, ``grad_accum``, ``window`` and the
