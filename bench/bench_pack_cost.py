@@ -6,7 +6,8 @@
 
 Every pack of the step (``--max-packs`` at most) is one micro-batch through the recipe's model, built fresh
 (``pretrain.model.vlm.VLM``, the stage's trainable parts): forward, loss, backward, timed (CUDA events on the
-GPU; on the CPU with ``--threads 1`` the process's CPU time, else host time), after ``--warmup`` untimed packs, ``--repeats`` passes in a seeded order each. The
+GPU; on the CPU with ``--threads 1`` the process's CPU time, else host time), after ``--warmup`` untimed
+packs, ``--repeats`` passes in a seeded order each. The
 cost is recomputed from the manifest's counts with this recipe's FLOP weights (``RECIPE/STAGE`` of
 ``packing/cost_weights.json``), so the packs' own ``cost`` column (whatever weights it was written with) is not
 needed. Reported: the Spearman rank correlation of time and cost per pass (their spread) and over the per-pack
