@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 
 
-def realistic(n: int, seed: int = 0) -> np.ndarray:
-    """Long-tailed caption/answer lengths + image tokens of a realistic spread of resolutions."""
-    from packing.tokens import ImageTokenConfig, image_tokens
+def realistic(n: int, seed: int = 0, patches: bool = False):
+    """Long-tailed caption/answer lengths + image tokens of a realistic spread of resolutions (one image
+    each). ``patches``: also each image's tower patches (``bench.bench_balance`` costs them)."""
+    from packing.tokens import ImageTokenConfig, image_grid, image_tokens
 
     rng = np.random.default_rng(seed)
     text = np.minimum(rng.lognormal(4.3, 1.0, n).astype(np.int64) + 24, 6000)
@@ -31,16 +32,19 @@ def realistic(n: int, seed: int = 0) -> np.ndarray:
     aspect = np.exp(rng.normal(0, 0.35, n))
     h = np.clip(side / np.sqrt(aspect), 32, 4000).astype(np.int64)
     w = np.clip(side * np.sqrt(aspect), 32, 4000).astype(np.int64)
-    return text + image_tokens(h, w, ImageTokenConfig())
+    L = text + image_tokens(h, w, ImageTokenConfig())
+    return (L, np.prod(image_grid(h, w, ImageTokenConfig()), axis=0)) if patches else L
 
 
-def demo_like(n: int, seed: int = 0) -> np.ndarray:
-    from packing.tokens import ImageTokenConfig, image_tokens
+def demo_like(n: int, seed: int = 0, patches: bool = False):
+    from packing.tokens import ImageTokenConfig, image_grid, image_tokens
 
     rng = np.random.default_rng(seed)
     h = rng.integers(56, 449, n)
     w = rng.integers(56, 449, n)
-    return 30 + rng.integers(0, 25, n) + image_tokens(h, w, ImageTokenConfig(max_pixels=200704))
+    cfg = ImageTokenConfig(max_pixels=200704)
+    L = 30 + rng.integers(0, 25, n) + image_tokens(h, w, cfg)
+    return (L, np.prod(image_grid(h, w, cfg), axis=0)) if patches else L
 
 
 def lognormal(n: int, C: int, seed: int = 0) -> np.ndarray:

@@ -171,7 +171,8 @@ def _write_lengths(run: Path, u_sorted: np.ndarray, text, target, image, parts: 
         return pa.table({"sample_id": ids, "source": const("web", pa.string()),
                          "text_tokens": text[a:b], "image_tokens": image[a:b],
                          "total_tokens": text[a:b] + image[a:b], "target_tokens": target[a:b],
-                         "turns_kept": np.full(m, 2, np.int32), "status": const("ok", pa.string()),
+                         "turns_kept": np.full(m, 2, np.int32), "images": np.ones(m, np.int32),
+                         "vit_sq": ((image[a:b].astype(np.int64) - 2) * 4 + 1) ** 2, "status": const("ok", pa.string()),
                          "error": pa.nulls(m, pa.string()), "source_sample_id": ids})
 
     _write_parts(run / "lengths" / "lengths", "lengths", len(u_sorted), parts, chunk, rows)

@@ -161,6 +161,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("total_tokens", pa.int32()),
         ("target_tokens", pa.int32()),      # tokens the loss is taken on (assistant turns + their end token)
         ("turns_kept", pa.int32()),         # turns after `truncate` dropped whole trailing pairs
+        ("images", pa.int32()),             # images of the kept turns
+        ("vit_sq", pa.int64()),             # Σ over them of (tower tokens: patches + 1)², for packing.cost
         ("status", STATUS),
         ("error", pa.string()),
         ("source_sample_id", pa.string()),  # the ingested sample it derives from (itself, unless recaptioned)
@@ -173,6 +175,12 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("offsets", pa.list_(pa.int32())),
         ("total_tokens", pa.int32()),
         ("shard", pa.string()),
+        # what the pack costs to train (packing.cost): its counts, and their FLOP-weighted sum
+        ("attn_sq", pa.int64()),            # Σ sample length²
+        ("images", pa.int32()),
+        ("vit_tokens", pa.int64()),         # tower tokens: patches + one class token per image
+        ("vit_sq", pa.int64()),             # Σ per image (tower tokens)²
+        ("cost", pa.float64()),             # forward + backward FLOPs (or seconds, with fitted weights)
     ]),
     # pack-official — one row per sub-sample of a pack step's packs, in the official layout (packing.official).
     "official_packs": pa.schema([

@@ -131,10 +131,14 @@ def encoded_entries(cfg, tok, img_cfg, tar: tuple[str, int], first: int, status_
 
 
 def recorded(entries, pack_rows: list, shard: str):
-    """``entries`` passed through to the shard writer, each one's ``packs`` row kept in ``pack_rows``."""
+    """``entries`` passed through to the shard writer, each one's ``packs`` row (with its cost under the
+    default weights, ``packing.cost``) kept in ``pack_rows``."""
+    from packing.cost import entry_columns
+
     for e in entries:
         pack_rows.append({"pack_id": e["pack_id"], "sample_ids": e["sample_ids"], "lengths": e["lengths"],
-                          "offsets": e["offsets"], "total_tokens": int(len(e["ids"])), "shard": shard})
+                          "offsets": e["offsets"], "total_tokens": int(len(e["ids"])), "shard": shard,
+                          **entry_columns(e["lengths"], e["grids"])})
         yield e
 
 

@@ -5,6 +5,9 @@
     total_tokens  = text_tokens + image_tokens
     target_tokens = tokens the loss is taken on: every assistant turn's text + its end-of-turn token
     turns_kept    = turns trained on (all of them, unless ``truncate`` cut trailing pairs)
+    images        = images of the turns trained on
+    vit_sq        = Σ over them of (tower tokens)², tower tokens = (h'/14)·(w'/14) + 1 (a class token):
+                    with the token counts, what a pack's cost needs (``packing.cost``)
 
 computed from the ``samples`` manifests of ``samples_steps`` (concatenated in that order, each in
 canonical order; this rank takes its contiguous slice) — no image is decoded, only the sizes in
@@ -167,6 +170,7 @@ def compute_lengths(samples, cfg: LengthsConfig, tok, stats=None, progress=None)
     convs = Conversations.from_arrow(samples.column("conversation"), samples.column("images"))
     codec = codec_for(tok)
     cols = {k: np.zeros(n, np.int64) for k in ("text", "image", "total", "target", "kept")}
+    image_hi = np.asarray(convs.image_hi, np.int64).copy()     # a truncated row keeps its kept turns' images
 
     ok = np.array([s == "ok" for s in status], bool)
     bad_img = ~aspect_ok(convs.heights, convs.widths, img_cfg)
@@ -201,6 +205,7 @@ def compute_lengths(samples, cfg: LengthsConfig, tok, stats=None, progress=None)
                      for i, k in zip(rows_t.tolist(), kept_t.tolist())], np.int64)
                 c2 = codec.count(convs, img_cfg, cfg.caption_prompt, convs.turn_lo[rows_t] + kept_t, i_hi, rows_t)
                 _store(cols, rows_t, c2)
+                image_hi[rows_t] = i_hi
                 for i, k in zip(rows_t.tolist(), kept_t.tolist()):
                     n_turns = int(convs.turn_hi[i] - convs.turn_lo[i])
                     status[i] = "truncated"
@@ -213,6 +218,7 @@ def compute_lengths(samples, cfg: LengthsConfig, tok, stats=None, progress=None)
     if progress is not None:
         progress(n - len(todo))
     measured = np.array([s in ("ok", "truncated", "too_long") for s in status], bool)
+    cols["images"], cols["vit_sq"] = tower_counts(convs, image_hi, img_cfg)
     for k in cols:
         cols[k][~measured] = 0
     cols["kept"][np.array([s == "too_long" for s in status], bool)] = 0  # nothing of it is trained on
@@ -228,7 +234,25 @@ def compute_lengths(samples, cfg: LengthsConfig, tok, stats=None, progress=None)
             "source": samples.column("source").to_pylist(),
             "text_tokens": cols["text"].astype(np.int32), "image_tokens": cols["image"].astype(np.int32),
             "total_tokens": cols["total"].astype(np.int32), "target_tokens": cols["target"].astype(np.int32),
-            "turns_kept": cols["kept"].astype(np.int32), "status": status, "error": error}
+            "turns_kept": cols["kept"].astype(np.int32), "images": cols["images"].astype(np.int32),
+            "vit_sq": cols["vit_sq"], "status": status, "error": error}
+
+
+def tower_counts(convs, image_hi: np.ndarray, img_cfg) -> tuple[np.ndarray, np.ndarray]:
+    """Per conversation, over its images ``image_lo .. image_hi`` (the trained ones): how many, and
+    Σ (tower tokens)² — the vision tower's attention count for ``packing.cost``. An image without a size
+    counts 0 (its row is ``bad_aspect_ratio``, zeroed by the caller)."""
+    from packing.cost import image_stats
+    from packing.tokens import image_grid
+
+    n = len(image_hi)
+    lo = np.asarray(convs.image_lo, np.int64)
+    per = np.maximum(np.asarray(image_hi, np.int64) - lo, 0)
+    idx = np.repeat(lo - (np.cumsum(per) - per), per) + np.arange(int(per.sum()), dtype=np.int64)
+    h, w = np.asarray(convs.heights, np.int64)[idx], np.asarray(convs.widths, np.int64)[idx]
+    sized = np.minimum(h, w) > 0
+    gh, gw = image_grid(np.where(sized, h, 28), np.where(sized, w, 28), img_cfg)
+    return image_stats(np.where(sized, gh * gw, 0), np.repeat(np.arange(n), per), n)
 
 
 def _store(cols: dict, rows: np.ndarray, c) -> None:

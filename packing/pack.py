@@ -9,7 +9,7 @@ Items: every ``lengths`` row with status ``ok`` or ``truncated``, one per distin
 ``mixed.copies`` of the ``mix_step`` folder (the instruction mix); a sample missing there gets 0.
 
 Reduce → apply (a reduce-first step, ``docs/scale.md``): the reduce solves the global packing once, out of core
-(``packing.solve``: the items stream to disk and are sorted a partition at a time; ~32 bytes of memory
+(``packing.solve``: the items stream to disk and are sorted a partition at a time; ~48 bytes of memory
 per item) and writes the solution — per bin its slot range and load, per slot its sample id, length,
 turns kept and source sample — under ``reduced/``; each apply rank reads only its contiguous
 ``pack_id`` range of it, a chunk of bins at a time, and writes those packs — manifest part and tar
@@ -32,6 +32,11 @@ full to ``seq_len`` as that trainer counts them. The bins, loads and report are 
 per item over ``seq_len``) — which is why ovpipe's trainer refuses such a step (``pretrain.data.check_pack_step``).
 The tail is taken off every item, carriable by the official flavour or not: one ``pack-official`` leaves out
 of its entry has no official count, so the entry's official sum stays ≤ the bin's load ≤ ``seq_len``.
+Every pack has a cost (``packing.cost``: its forward + backward FLOPs under ``cost_weights``, with the counts
+they come from: ``attn_sq``, ``images``, ``vit_tokens``, ``vit_sq``). With ``balance_dp`` (and
+``balance_micro_batch``, ``balance_grad_accum``: the trainer's layout) the reduce puts the bins in the balanced
+order of ``packing.balance`` before writing the solution, so ``pack_id`` order — the trainer's stream — gives
+every DP rank of a step about the same cost; the packs themselves are the unbalanced run's.
 ``finalize`` writes the packing report (``report.md``, ``fill_histogram.png``): bins vs the lower
 bound ⌈Σ lengths / seq_len⌉, fill rate, padding tokens, and padding compression against padding
 every sample to ``seq_len`` and against an online rolling-buffer packer (B = 64, 512, 4096); then, with
@@ -68,6 +73,14 @@ class PackConfig:
     # the trainer whose token count fills the bins: ovpipe's (`lengths`), or the official LLaVA-OV-1.5 task
     # encoder's (`lengths` − the template tail it drops: packs for `pack-official`, refused by ovpipe's trainer)
     count_for: Literal["ovpipe", "llava-ov"] = field(default="ovpipe", metadata=HASHED_UNLESS_DEFAULT)
+    # the `packs.cost` column (packing.cost): RECIPE/STAGE of packing/cost_weights.json, or a fitted weights file
+    cost_weights: str = field(default="llava-ov-1.5-4b/1.5", metadata=HASHED_UNLESS_DEFAULT)
+    # balanced steps (packing.balance): pack_id order balanced for this trainer layout; 0 = the seeded shuffle
+    balance_dp: int = field(default=0, metadata=HASHED_UNLESS_DEFAULT)
+    balance_micro_batch: int = field(default=1, metadata=HASHED_UNLESS_DEFAULT)    # packs per micro-batch
+    balance_grad_accum: int = field(default=1, metadata=HASHED_UNLESS_DEFAULT)     # micro-batches per step
+    balance_window: int = field(default=32, metadata=HASHED_UNLESS_DEFAULT)        # steps balanced together
+    balance_method: Literal["kk", "lpt"] = field(default="kk", metadata=HASHED_UNLESS_DEFAULT)
 
     def __post_init__(self):
         if self.seq_len < 64:
@@ -84,6 +97,17 @@ class PackConfig:
             raise ValueError(f"refine_passes must be >= 0, got {self.refine_passes}")
         check_range(self, "seed", 0, 2**64 - 1)
         check_range(self, "report_max_samples", 1)
+        check_range(self, "balance_dp", 0)
+        for name in ("balance_micro_batch", "balance_grad_accum", "balance_window"):
+            check_range(self, name, 1)
+        if self.balance_method not in ("kk", "lpt"):
+            raise ValueError(f"balance_method must be kk or lpt, got {self.balance_method!r}")
+        from packing.cost import weights
+
+        try:
+            weights(self.cost_weights)
+        except ValueError as e:
+            raise ValueError(f"cost_weights: {e}") from None
         if any(b < 1 for b in self.report_buffers):
             raise ValueError(f"report_buffers must all be >= 1, got {self.report_buffers}")
         check_step_folder("lengths_step", self.lengths_step)
@@ -92,7 +116,7 @@ class PackConfig:
 
 
 def solve_once(cfg: PackConfig, task: TaskContext) -> None:
-    """Reduce: the whole packing, once, streamed (``packing.solve``: memory ~32 bytes per item, the
+    """Reduce: the whole packing, once, streamed (``packing.solve``: memory ~48 bytes per item, the
     items themselves on disk). Writes ``reduced/bin_start.npy`` and ``bin_load.npy`` (per bin, pack_id
     order), ``reduced/slots.parquet`` (sample_id, length, turns_kept, source_sample_id of every slot,
     bin after bin), so an apply rank reads only its pack range, and ``reduced/summary.npz`` (the length
@@ -132,6 +156,9 @@ def write_packs(cfg: PackConfig, task: TaskContext) -> None:
     part streams out in ``APPLY_BINS``-row row groups."""
     import pyarrow.parquet as pq
 
+    from packing.cost import cost_of, pack_stats, weights
+
+    w = weights(cfg.cost_weights)
     pps = cfg.packs_per_shard if cfg.write_shards else None
     start = np.load(task.reduced_path("bin_start.npy"), mmap_mode="r")
     load = np.load(task.reduced_path("bin_load.npy"), mmap_mode="r")
@@ -145,12 +172,13 @@ def write_packs(cfg: PackConfig, task: TaskContext) -> None:
         for c_lo in range(lo, hi, chunk):
             c_hi = min(c_lo + chunk, hi)
             a, b = int(start[c_lo]), int(start[c_hi])
-            slots = read_slots(pf, a, b, ["sample_id", "length"])
+            slots = read_slots(pf, a, b, ["sample_id", "length", "image_tokens", "images", "vit_sq"])
             lens, offs, tot = slots.column("length").to_numpy(), np.asarray(start[c_lo:c_hi + 1]) - a, load[c_lo:c_hi]
             if cfg.count_for != "ovpipe":   # the bins' loads are the target trainer's count; a pack holds ovpipe's
                 tot = np.add.reduceat(lens.astype(np.int64), offs[:-1])
+            stats = pack_stats(lens, *(slots.column(c).to_numpy() for c in ("image_tokens", "images", "vit_sq")), offs)
             table = packs_rows(slots.column("sample_id").combine_chunks(), lens, offs, np.asarray(tot), c_lo, c_hi,
-                               pps)
+                               pps, stats, cost_of(stats, w))
             if shards is not None:
                 with task.stats.timer("write_shards"):
                     shards.write(table)
@@ -190,21 +218,40 @@ def shard_bounds(n_packs: int, packs_per_shard: int | None, rank: int, world_siz
     return min(s_lo * packs_per_shard, n_packs), min(s_hi * packs_per_shard, n_packs)
 
 
-def packs_table(sid, L, idx, P, lo: int, hi: int, packs_per_shard: int | None):
-    """The ``packs`` rows of bins [lo, hi) of a whole ``Packing`` (bench, tests)."""
+def packs_table(sid, L, idx, P, lo: int, hi: int, packs_per_shard: int | None, images: dict | None = None,
+                cost_weights: str | None = None):
+    """The ``packs`` rows of bins [lo, hi) of a whole ``Packing`` (bench, tests). ``images``: per sample
+    ``image_tokens``, ``images``, ``vit_sq`` (as ``lengths``) for the cost; None: text only."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from packing.cost import cost_of, pack_stats, weights
+
     a, b = int(P.start[lo]), int(P.start[hi])
     items = idx[P.item[a:b]]
-    return packs_rows(pc.take(sid, pa.array(items)), L[items], P.start[lo:hi + 1] - a, P.load[lo:hi], lo, hi,
-                      packs_per_shard)
+    offs = P.start[lo:hi + 1] - a
+    stats = cost = None
+    if images is not None:
+        stats = pack_stats(L[items], *(np.asarray(images[k])[items] for k in ("image_tokens", "images", "vit_sq")),
+                           offs)
+        cost = cost_of(stats, weights(cost_weights or PackConfig.cost_weights))
+    return packs_rows(pc.take(sid, pa.array(items)), L[items], offs, P.load[lo:hi], lo, hi, packs_per_shard,
+                      stats, cost)
 
 
-def packs_rows(slot_sids, slot_lens, offs, load, lo: int, hi: int, packs_per_shard: int | None):
+def packs_rows(slot_sids, slot_lens, offs, load, lo: int, hi: int, packs_per_shard: int | None,
+               stats: dict | None = None, cost=None):
     """The ``packs`` rows of bins [lo, hi) from their slots (sample ids and lengths, bin after bin), the
-    bins' slot offsets (``offs[0] = 0``) and loads — built with Arrow list arrays, no loop per bin."""
+    bins' slot offsets (``offs[0] = 0``) and loads — built with Arrow list arrays, no loop per bin. ``stats``
+    / ``cost``: the bins' ``packing.cost.pack_stats`` and cost; None: text only, the default weights."""
     import pyarrow as pa
+
+    from packing.cost import cost_of, pack_stats, weights
+
+    if stats is None:
+        z = np.zeros(len(slot_lens), np.int64)
+        stats = pack_stats(slot_lens, z, z, z, offs)
+        cost = cost_of(stats, weights())
 
     offs = np.asarray(offs).astype(np.int32)
     lens = np.asarray(slot_lens).astype(np.int32)
@@ -231,6 +278,11 @@ def packs_rows(slot_sids, slot_lens, offs, load, lo: int, hi: int, packs_per_sha
         "offsets": pa.ListArray.from_arrays(off_arr, pa.array(bin_start_tok.astype(np.int32))),
         "total_tokens": pa.array(np.asarray(load).astype(np.int32)),
         "shard": shard,
+        "attn_sq": pa.array(np.asarray(stats["attn_sq"], np.int64)),
+        "images": pa.array(np.asarray(stats["images"]).astype(np.int32)),
+        "vit_tokens": pa.array(np.asarray(stats["vit_tokens"], np.int64)),
+        "vit_sq": pa.array(np.asarray(stats["vit_sq"], np.int64)),
+        "cost": pa.array(np.asarray(cost, np.float64)),
     })
 
 

@@ -11,7 +11,7 @@ at 40M items, an out-of-memory kill at the recipe's 85M. The packing itself need
 So the reduce streams ``lengths`` once in canonical order (only the columns it needs, one batch at a
 time: ``TaskContext.iter_input_canonical``), drops non-packable rows and repeated ``sample_id``s,
 expands ``balanced`` / ``mixed`` copies (looked up by ``source_sample_id`` in a sorted id array),
-computes each copy's key, and appends one 32-byte record per item to a spill file, counting the
+computes each copy's key, and appends one 48-byte record per item to a spill file, counting the
 histogram as it goes. Then it sorts out of core by **partitioning**: every partition is a range of
 whole lengths, or — for a length with more items than fit one partition — one length and a range of
 the key's top bits (keys are seeded hashes, so the ranges split it evenly). Partitions in order are
@@ -20,9 +20,14 @@ two stable sorts inside it give exactly ``pack``'s tie-breaks. One pass scatters
 partition files; each partition is then loaded alone, sorted, and its items are written to their
 final slots (``slot_fill_order`` composed with the bin permutation).
 
-Memory: the per-slot results (``sample_id``, ``source_sample_id``, length, turns kept) and the slot →
-position map, 32 bytes per item (2.7 GB at 85M), plus one partition (``OVPIPE_PACK_PART_ITEMS``,
-default 4M items, ~130 MB sorted) and per-bin arrays. Disk: 2 × 32 bytes per item under ``reduced/``,
+Once placed, every bin's cost (``packing.cost``) is summed from its slots, and with ``balance_dp`` the bins
+are put in the balanced order (``packing.balance``) before the slots are written, so ``pack_id`` is the
+position in the trainer's stream.
+
+Memory: the per-slot results (``sample_id``, ``source_sample_id``, length, turns kept, the cost's counts) and
+the slot → position map (then the balanced order's slot index), 48 bytes per item (4.1 GB at 85M), plus one
+partition (``OVPIPE_PACK_PART_ITEMS``, default 4M items, ~200 MB sorted) and per-bin arrays. Disk: 2 × 48
+bytes per item under ``reduced/``,
 removed at the end. The output is identical to ``binpack.pack`` on the same items
 (``tests/packing/test_pack_solve.py``).
 """
@@ -36,8 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-ITEM = np.dtype([("L", "<u4"), ("turns", "<i4"), ("key", "<u8"), ("sid", "<u8"), ("src", "<u8")])
-SLOT = np.dtype([("L", "<u4"), ("turns", "<i4"), ("sid", "<u8"), ("src", "<u8")])
+# per item, besides its length and ids, what its cost needs (packing.cost): image tokens, images, Σ tower tokens²
+ITEM = np.dtype([("L", "<u4"), ("turns", "<i4"), ("key", "<u8"), ("sid", "<u8"), ("src", "<u8"),
+                 ("itok", "<u4"), ("img", "<u4"), ("vsq", "<u8")])
+SLOT = np.dtype([("L", "<u4"), ("turns", "<i4"), ("sid", "<u8"), ("src", "<u8"), ("itok", "<u4"), ("img", "<u4"),
+                 ("vsq", "<u8")])
 PART_ITEMS = 1 << 22       # items per partition (OVPIPE_PACK_PART_ITEMS)
 CHUNK = 1 << 18            # records per scatter / position chunk (8 MB of records)
 
@@ -103,7 +111,7 @@ def iter_items(task, cfg, packable: tuple[str, ...], shift: int = 0):
         lookup = copies_lookup(task, kind, step)
     last, dups = None, 0
     seed = np.uint64(cfg.seed)
-    cols = ["sample_id", "source_sample_id", "total_tokens", "turns_kept", "status"]
+    cols = ["sample_id", "source_sample_id", "total_tokens", "turns_kept", "status", "image_tokens", "images", "vit_sq"]
     for batch in task.iter_input_canonical("lengths", cols, step=cfg.lengths_step):
         batch = batch.filter(pc.is_in(batch.column("status"), value_set=pa.array(packable)))
         if not batch.num_rows:
@@ -141,6 +149,8 @@ def iter_items(task, cfg, packable: tuple[str, ...], shift: int = 0):
         copy_no = np.arange(len(idx)) - np.repeat(np.cumsum(copies) - copies, copies)
         rec = np.empty(len(idx), ITEM)
         rec["L"], rec["turns"], rec["sid"], rec["src"] = L[idx], turns[idx], u[idx], src[idx]
+        for name, col in (("itok", "image_tokens"), ("img", "images"), ("vsq", "vit_sq")):
+            rec[name] = pc.fill_null(batch.column(col), 0).to_numpy(zero_copy_only=False)[idx]
         with np.errstate(over="ignore"):
             rec["key"] = splitmix64(u[idx] ^ splitmix64(seed + copy_no.astype(np.uint64) * GOLDEN))
         yield rec
@@ -313,20 +323,26 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path, shift: int = 0) 
             assert k0 == n, (k0, n)
             del dest
 
+        with task.stats.timer("solve/balance"):
+            src, start, load = balanced_bins(task, cfg, out, start, load)
+
         with task.stats.timer("solve/write_slots"):
             schema = pa.schema([("sample_id", pa.string()), ("length", pa.int32()), ("turns_kept", pa.int32()),
-                                ("source_sample_id", pa.string())])
+                                ("source_sample_id", pa.string()), ("image_tokens", pa.int32()),
+                                ("images", pa.int32()), ("vit_sq", pa.int64())])
             # one writer thread encodes and compresses a row group (pyarrow releases the GIL) while this
             # one builds the next: FIFO on one worker, so the file is the same; at most 2 tables pending
             with atomic_write(out_path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as w, \
                     ThreadPoolExecutor(1) as pool:
                 pending: list = []
                 for a in range(0, n, 1 << 16):
-                    r = out[a:a + (1 << 16)]
+                    r = out[a:a + (1 << 16)] if src is None else out[src[a:a + (1 << 16)]]
                     t = pa.table({"sample_id": u64_to_hex(r["sid"]),
                                   "length": pa.array((r["L"] + shift if shift else r["L"]).astype(np.int32)),
-                                  "turns_kept": pa.array(r["turns"]), "source_sample_id": u64_to_hex(r["src"])},
-                                 schema=schema)
+                                  "turns_kept": pa.array(r["turns"]), "source_sample_id": u64_to_hex(r["src"]),
+                                  "image_tokens": pa.array(r["itok"].astype(np.int32)),
+                                  "images": pa.array(r["img"].astype(np.int32)),
+                                  "vit_sq": pa.array(r["vsq"].astype(np.int64))}, schema=schema)
                     pending.append(pool.submit(w.write_table, t))
                     if len(pending) > 2:
                         pending.pop(0).result()
@@ -335,3 +351,38 @@ def solve(task, cfg, packable: tuple[str, ...], out_path: Path, shift: int = 0) 
         return Solution(counts, start, np.asarray(load, np.int64), small.lengths())
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def bin_costs(out: np.ndarray, start: np.ndarray, w: dict) -> np.ndarray:
+    """Each bin's cost (``packing.cost``) from its slots' counts, a chunk of bins at a time."""
+    from packing.cost import cost_of, pack_stats
+
+    n_bins = len(start) - 1
+    cost = np.zeros(n_bins)
+    for b0 in range(0, n_bins, CHUNK):
+        b1 = min(b0 + CHUNK, n_bins)
+        a, b = int(start[b0]), int(start[b1])
+        r = out[a:b]
+        cost[b0:b1] = cost_of(pack_stats(r["L"], r["itok"], r["img"], r["vsq"], start[b0:b1 + 1] - a), w)
+    return cost
+
+
+def balanced_bins(task, cfg, out: np.ndarray, start: np.ndarray, load: np.ndarray):
+    """With ``cfg.balance_dp``: the bins in ``packing.balance.order`` (its straggler loss before and after in
+    the step's stats) as (slot index of each new slot, new bin starts, new loads); without: (None, start, load)."""
+    if not getattr(cfg, "balance_dp", 0):
+        return None, start, load
+    from packing.balance import displacement_steps, order, straggler_loss
+    from packing.cost import weights
+
+    layout = (cfg.balance_dp, cfg.balance_micro_batch, cfg.balance_grad_accum)
+    cost = bin_costs(out, start, weights(cfg.cost_weights))
+    perm = order(cost, *layout, window=cfg.balance_window, seed=cfg.seed, method=cfg.balance_method)
+    before, after = straggler_loss(cost, *layout), straggler_loss(cost[perm], *layout)
+    task.stats.info.update(straggler_loss_before=before, straggler_loss_after=after,
+                           balance_max_displacement_steps=displacement_steps(perm, *layout))
+    size = np.diff(start)[perm]
+    new_start = np.zeros(len(start), np.int64)
+    np.cumsum(size, out=new_start[1:])
+    src = np.repeat(start[:-1][perm] - new_start[:-1], size) + np.arange(int(new_start[-1]), dtype=np.int64)
+    return src, new_start, np.asarray(load)[perm]

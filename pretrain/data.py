@@ -237,6 +237,8 @@ class DataPlan:
     gbs: int                    # packs per optimizer step: micro_batch × grad_accum × dp
     steps: int
     epochs_asked: float | None = None
+    straggler_loss: float | None = None     # packing.balance at this layout (None: no costs or no whole step)
+    balanced_for: tuple | None = None       # (dp, micro_batch, grad_accum) the pack step ordered its packs for
 
     @property
     def epochs(self) -> float | None:
@@ -253,7 +255,15 @@ class DataPlan:
         samples = "?" if self.samples is None else f"{self.samples:,}"
         return (f"data {self.step}: {samples} samples → {self.packs:,} packs; "
                 f"GBS {self.gbs} packs × {self.steps:,} steps{asked} = {seen:,} packs ≈ {ep:.2f} epochs, "
-                f"{frac} (GBS × steps decides what is seen)")
+                f"{frac} (GBS × steps decides what is seen){self.describe_balance()}")
+
+    def describe_balance(self) -> str:
+        if self.straggler_loss is None:
+            return ""
+        how = ("packs in the seeded shuffle" if self.balanced_for is None else
+               "packs balanced for DP {} × {} micro-batches of {}".format(self.balanced_for[0], self.balanced_for[2],
+                                                                          self.balanced_for[1]))
+        return f"; straggler loss {100 * self.straggler_loss:.2f}% a step ({how}, packing.balance)"
 
 
 def check_pack_step(run_dir: str | Path, step: str) -> None:
@@ -309,7 +319,32 @@ def plan_data(run_dir: str | Path, step: str, micro_batch: int, grad_accum: int,
         if packs == 0:
             raise ValueError(f"--epochs: the pack step {step!r} holds no packs")
         steps = math.ceil(round(epochs * packs / gbs, 9))   # round: 0.1 × 30 is 3.0000000000000004, not 4 steps
-    return DataPlan(step, packs, samples, gbs, steps, epochs)
+    loss, balanced_for = (balance_of(run_dir, step, dp, grad_accum, micro_batch, files) if count_samples
+                          else (None, None))
+    return DataPlan(step, packs, samples, gbs, steps, epochs, loss, balanced_for)
+
+
+def balance_of(run_dir, step: str, dp: int, grad_accum: int, micro_batch: int, files) -> tuple:
+    """(straggler loss of the step's packs streamed at this layout, the layout ``pack`` balanced them for):
+    (None, …) when its manifest has no ``cost`` column (an older pack step) or no whole step."""
+    import pyarrow.parquet as pq
+
+    from ovpipe.inputs import upstream_config
+    from packing.balance import straggler_loss
+
+    if not files or "cost" not in pq.read_schema(files[0]).names:
+        return None, None
+    cost = np.concatenate([pq.read_table(f, columns=["cost"]).column("cost").to_numpy(zero_copy_only=False)
+                           for f in files]).astype(np.float64)
+    if np.isnan(cost).any():                     # a pack without a cost: the loss is undefined, not 0
+        return None, None
+    try:
+        cfg = upstream_config(run_dir, step)[1]
+    except (OSError, ValueError, KeyError):
+        cfg = None
+    dp_for = getattr(cfg, "balance_dp", 0)
+    layout = (dp_for, cfg.balance_micro_batch, cfg.balance_grad_accum) if dp_for else None
+    return straggler_loss(cost, dp, micro_batch, grad_accum), layout
 
 
 def pack_shape(run_dir: str | Path, step: str) -> tuple[int, float]:

@@ -99,7 +99,9 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB") -> Starlette:
         return page(request, "concept.html", d=pages.concept(cat, request.path_params["concept_id"]))
 
     def packs(request: Request):
-        return page(request, "packs.html", d=pages.packs(cat, request.query_params.get("step"), _int(request, "page")))
+        layout = {k: _int(request, k) for k in ("dp", "mb", "ga", "at")}
+        return page(request, "packs.html", d=pages.packs(cat, request.query_params.get("step"), _int(request, "page"),
+                                                          layout))
 
     def pack(request: Request):
         try:

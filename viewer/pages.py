@@ -65,7 +65,7 @@ def _seq_len(run_dir: Path, step: str) -> int | None:
         return None
 
 
-def packs(cat: RunCatalog, step: str | None, page: int) -> dict:
+def packs(cat: RunCatalog, step: str | None, page: int, layout: dict | None = None) -> dict:
     steps = sorted(cat.pack_dirs)
     if not steps:
         return {"missing": "packs (run `ovpipe pack`)", "steps": []}
@@ -78,12 +78,48 @@ def packs(cat: RunCatalog, step: str | None, page: int) -> dict:
                     [denom])
     summary = cat.one(f"SELECT count(*) AS packs, sum(len(sample_ids)) AS samples, avg(total_tokens) / ? AS fill "
                       f"FROM {src}", [denom])
-    rows = cat.rows(f"SELECT pack_id, len(sample_ids) AS samples, total_tokens, shard FROM {src} ORDER BY pack_id "
-                    f"LIMIT ? OFFSET ?", [PER_PAGE, page * PER_PAGE])
+    has_cost = "cost" in {r["column_name"] for r in cat.rows(f"DESCRIBE SELECT * FROM {src}")}
+    cost = "cost" if has_cost else "NULL::DOUBLE AS cost"
+    rows = cat.rows(f"SELECT pack_id, len(sample_ids) AS samples, total_tokens, {cost}, shard FROM {src} "
+                    f"ORDER BY pack_id LIMIT ? OFFSET ?", [PER_PAGE, page * PER_PAGE])
     return {"steps": steps, "step": step, "seq_len": seq_len, "summary": summary, "rows": rows, "page": page,
+            "ranks": step_ranks(cat, step, src, layout or {}) if has_cost else None,
             "pages": -(-summary["packs"] // PER_PAGE),
             "chart": charts.bars(f"Fill of the packs of {step}", {"packs": [(r["bin"], r["n"]) for r in hist]},
                                  "fill (total tokens / seq_len)", "packs")}
+
+
+def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict) -> dict:
+    """One training step's DP ranks side by side: the packs each rank reads at that step and their summed cost,
+    under a layout (``dp``, ``mb`` packs a micro-batch, ``ga`` micro-batches a step; default: the one the pack
+    step balanced for, else DP 8 × 1), and the straggler loss of the whole step folder under it."""
+    from packing.balance import straggler_loss
+
+    try:
+        cfg = json.loads((cat.run_dir / step / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    dp = layout.get("dp") or cfg.get("balance_dp") or 8
+    mb = layout.get("mb") or cfg.get("balance_micro_batch") or 1
+    ga = layout.get("ga") or cfg.get("balance_grad_accum") or 1
+    G = dp * mb * ga
+    cost = np.asarray([np.nan if r["cost"] is None else r["cost"]
+                       for r in cat.rows(f"SELECT cost FROM {src} ORDER BY pack_id")], np.float64)
+    n_steps = len(cost) // G
+    at = min(layout.get("at") or 0, max(n_steps - 1, 0))
+    ranks = [{"rank": r, "packs": [], "cost": 0.0} for r in range(dp)]
+    for p in range(at * G, min((at + 1) * G, len(cost))):
+        r = ranks[(p % G) // mb % dp]
+        r["packs"].append(p)
+        r["cost"] += cost[p]
+    mean = float(np.mean([r["cost"] for r in ranks])) if ranks else 0.0
+    loss = None if np.isnan(cost).any() else straggler_loss(cost, dp, mb, ga)   # a pack without a cost: undefined
+    return {"dp": dp, "mb": mb, "ga": ga, "at": at, "steps": n_steps, "ranks": ranks, "mean": mean,
+            "balanced_for": (cfg.get("balance_dp"), cfg.get("balance_micro_batch"), cfg.get("balance_grad_accum"))
+            if cfg.get("balance_dp") else None, "loss": loss,
+            "slowest": max((r["cost"] for r in ranks), default=0.0) / mean - 1 if mean > 0 else None,
+            "chart": charts.bars(f"Step {at + 1}: each DP rank's cost", {"cost": [(r["rank"], r["cost"]) for r in ranks]},
+                                 "DP rank", "cost")}
 
 
 def _pack_members(shard: Path, pack_id: int) -> dict:

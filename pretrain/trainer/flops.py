@@ -84,3 +84,33 @@ def model_flops(recipe, trainable: str, stats: dict, recompute: str,
 def vision_recompute_of(recompute: str) -> str:
     """The tower's mode when only the LLM's is given: ``mlp`` recomputes the tower's MLPs (``selective``)."""
     return "selective" if recompute == "mlp" else recompute
+
+
+# The FLOP model is linear in the five per-micro-batch counts, so it splits into one weight per count: the
+# weight of ``k`` is the FLOPs of a micro-batch holding one unit of ``k`` and nothing else. A pack's cost
+# (``packing.cost``) is the dot product of its counts with these weights — the accounting MFU uses, not a copy.
+STAT_TERMS = ("tokens", "attn_sq", "vit_tokens", "vit_sq", "merged")
+
+
+def term_weights(recipe, trainable: str, recompute: str = "none", vision_recompute: str | None = None,
+                 hardware: bool = False) -> dict:
+    """FLOPs per unit of each of ``STAT_TERMS`` (forward + backward, ``model_flops``'s arguments):
+    ``Σ_k weights[k]·stats[k]`` equals ``model_flops(...)[hardware]`` for any ``stats``."""
+    unit = dict.fromkeys(STAT_TERMS, 0)
+    return {k: model_flops(recipe, trainable, {**unit, k: 1}, recompute, vision_recompute)[int(hardware)]
+            for k in STAT_TERMS}
+
+
+def cost_weights_table() -> dict:
+    """The default pack-cost weights of ``packing/cost_weights.json``: model FLOPs per unit count, for every
+    recipe × stage (``python -m pretrain.trainer.flops > packing/cost_weights.json`` rewrites it)."""
+    from pretrain.recipes import RECIPES, STAGES
+
+    return {f"{name}/{stage}": term_weights(r, st.trainable) for name, r in RECIPES.items()
+            for stage, st in STAGES.items()}
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(cost_weights_table(), indent=1, sort_keys=True))

@@ -18,7 +18,7 @@ from ovpipe.cli import main
 
 def _lengths_rows(ids):
     return [{"sample_id": s, "source": "x", "text_tokens": 3, "image_tokens": 4, "total_tokens": 7,
-             "target_tokens": 3, "turns_kept": 1, "status": "ok", "error": None} for s in ids]
+             "target_tokens": 3, "turns_kept": 1, "images": 0, "vit_sq": 0, "status": "ok", "error": None} for s in ids]
 
 
 @pytest.fixture

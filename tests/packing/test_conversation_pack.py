@@ -212,7 +212,12 @@ def test_every_pack_against_the_manifests(conv_run):
                 assert (ids == pad).sum() == sum(int(g[0] * g[1]) // 4 for g in seq.image_grids[k:k + n_img])
                 assert not m[ids == pad].any()
                 assert (ids == pad).sum() + 2 * n_img == lengths[s]["image_tokens"]
+                # the cost's counts: the images of the kept turns, their tower tokens squared
+                tower = seq.image_grids[k:k + n_img].prod(axis=1).astype(np.int64) + 1
+                assert (lengths[s]["images"], lengths[s]["vit_sq"]) == (n_img, int((tower ** 2).sum()))
                 k += n_img
+            tower = seq.image_grids.prod(axis=1).astype(np.int64) + 1
+            assert (p["images"], p["vit_tokens"], p["vit_sq"]) == (len(seq.images), tower.sum(), (tower ** 2).sum())
             seen.update(seq.sample_ids)
     assert seen == {s for s, r in lengths.items() if r["status"] in ("ok", "truncated")}
     assert len(seen) == 15

@@ -1,4 +1,4 @@
-"""`pack`'s reduce keeps ~32 bytes per item (the items themselves are on disk, sorted a
+"""`pack`'s reduce keeps ~48 bytes per item (the items themselves are on disk, sorted a
 partition at a time: `packing.solve`) and an apply rank's peak does not grow with the corpus (it writes
 its pack range a chunk of bins at a time). The same tasks run in a fresh process at 200K and 1.6M
 samples; what each adds to the process's peak resident memory (VmHWM after the task − VmHWM after the
@@ -47,7 +47,8 @@ def _corpus(run: Path, n: int, parts: int = 4, seed: int = 0) -> None:
         m = len(part)
         t = pa.table({"sample_id": ids, "source": pa.array(["s"] * m), "text_tokens": L[part],
                       "image_tokens": np.zeros(m, np.int32), "total_tokens": L[part], "target_tokens": L[part] // 4,
-                      "turns_kept": np.full(m, 2, np.int32), "status": pa.array(["ok"] * m),
+                      "turns_kept": np.full(m, 2, np.int32), "images": np.zeros(m, np.int32),
+                      "vit_sq": np.zeros(m, np.int64), "status": pa.array(["ok"] * m),
                       "error": pa.nulls(m, pa.string()), "source_sample_id": ids})
         f = run / "lengths" / "lengths" / f"part-{k:05d}.parquet"
         f.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +84,7 @@ def test_pack_reduce_and_apply_memory_per_item(tmp_path, monkeypatch):
     a, b = _deltas(small), _deltas(large)
     print(f"VmHWM added by the task, MiB: 200K samples {a}; 1.6M samples {b}")
     per_item = (b["reduce"] - a["reduce"]) * MiB / 1_400_000
-    # measured: ≈ 67 bytes per item (32 of them the per-slot arrays) and +26 MiB for an apply rank; the
+    # measured: ≈ 81 bytes per item (48 of them the per-slot arrays) and +15 MiB for an apply rank; the
     # in-memory solve it replaced: 328 bytes per item and +97 MiB (the 961f12b code, same corpus)
     assert per_item < 120, (a, b, per_item)
     assert b["apply"] - a["apply"] < 48, (a, b)     # 8× the packs per rank: chunks of 8K bins

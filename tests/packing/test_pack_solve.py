@@ -40,8 +40,10 @@ def corpus(tmp_path_factory):
     src = np.array(ids, dtype=object)
     rec = rng.random(n) < 0.1
     src[rec] = np.array(ids, dtype=object)[rng.integers(0, n, int(rec.sum()))]
-    rows = {"sample_id": ids, "source": ["s"] * n, "text_tokens": L, "image_tokens": np.zeros(n, np.int32),
+    img = rng.integers(0, 3, n).astype(np.int32)             # the cost's counts ride along with each sample
+    rows = {"sample_id": ids, "source": ["s"] * n, "text_tokens": L, "image_tokens": (img * 6).astype(np.int32),
             "total_tokens": L, "target_tokens": L // 2, "turns_kept": rng.integers(2, 6, n).astype(np.int32),
+            "images": img, "vit_sq": (img * 17 ** 2).astype(np.int64),
             "status": list(status), "error": [None] * n, "source_sample_id": list(src)}
     t = pa.table(rows)
     dup = rng.choice(n, n // 30, replace=False)            # the same ids again, other lengths / statuses
@@ -79,7 +81,8 @@ def reference(run, copies_from: str, seed: int):
     with np.errstate(over="ignore"):
         keys = splitmix64(hex_ids_to_u64(sid)[idx] ^ splitmix64(np.uint64(seed) + copy_no.astype(np.uint64) * GOLDEN))
     P = pack(L[idx], SEQ, keys=keys, seed=seed, refine_passes=2)
-    return packs_table(sid, L, idx, P, 0, P.n_bins, None), L[idx], keys
+    images = {k: t.column(k).to_numpy() for k in ("image_tokens", "images", "vit_sq")}
+    return packs_table(sid, L, idx, P, 0, P.n_bins, None, images), L[idx], keys
 
 
 @pytest.mark.parametrize("copies_from,tasks,part_items", [("none", 1, 300), ("balanced", 3, 300),

@@ -84,6 +84,12 @@ def test_loader_sequence_equals_manifest_for_every_pack(packed_run):
             assert len(seq.images) == len(seq.sample_ids) == len(seq.image_grids)  # caption pairs: one image each
             assert seq.images_per_sample == [1] * len(seq.sample_ids)
             assert seq.loss_mask.sum() > 0
+            # the cost's counts are what the trainer's BatchPrep counts in the entry (packing.cost)
+            lens = np.diff(seq.cu_seqlens).astype(np.int64)
+            tower = seq.image_grids.prod(axis=1).astype(np.int64) + 1
+            assert (p["attn_sq"], p["images"], p["vit_tokens"], p["vit_sq"]) == \
+                (int((lens ** 2).sum()), len(seq.images), int(tower.sum()), int((tower ** 2).sum()))
+            assert p["cost"] > 0
             seen += 1
     assert seen == len(manifest)
 
@@ -209,3 +215,65 @@ def test_too_long_and_truncate(packed_run, tmp_path):
     for r in long:  # truncate cuts whole turn pairs only: a caption pair is one pair, so it stays too long
         assert rows2[r["sample_id"]]["status"] == "too_long"
         assert "first turn pair" in rows2[r["sample_id"]]["error"]
+
+
+BALANCE = ["--set", "balance_dp=3", "--set", "balance_grad_accum=2", "--set", "balance_window=2"]
+
+
+@pytest.mark.parametrize("tasks", [1, 3])
+def test_balanced_order_same_packs_any_task_count_and_the_loader_streams_it(packed_run, tmp_path, tasks,
+                                                                           monkeypatch):
+    """With balance_dp the packs are the unbalanced run's, in another pack_id order: byte-identical at any
+    --tasks; the loader's ranks see the balanced (step, rank) costs; a resume at a step's first pack continues
+    with exactly the packs an uninterrupted run reads next."""
+    import shutil
+
+    from packing.balance import rank_costs, straggler_loss
+    from pretrain.data import iter_batches
+
+    run = tmp_path / f"b{tasks}"
+    for d in ("ingest", "lengths"):
+        shutil.copytree(packed_run / d, run / d)
+    assert main(["pack", "--set", "seq_len=1024", "--set", "packs_per_shard=8", *BALANCE, "--run-dir", str(run),
+                 "--tasks", str(tasks), "--quiet"]) == 0
+    got, tars = pack_outputs(run, tmp_path / f"b{tasks}.parquet")
+    ref = tmp_path / "balanced-ref.parquet"
+    if ref.exists():                                       # the other --tasks wrote it
+        assert got == ref.read_bytes()
+    else:
+        ref.write_bytes(got)
+    packs = read_manifest(run, "packs").to_pylist()
+    plain = read_manifest(packed_run, "packs").to_pylist()
+    assert sorted(map(lambda r: tuple(r["sample_ids"]), packs)) == sorted(map(lambda r: tuple(r["sample_ids"]), plain))
+    assert [r["pack_id"] for r in packs] != [] and [r["sample_ids"] for r in packs] != [r["sample_ids"] for r in plain]
+    cost = np.array([r["cost"] for r in packs])
+    info = json.loads((run / "pack" / "stats.json").read_text())["info"]
+    assert info["straggler_loss_after"] == pytest.approx(straggler_loss(cost, 3, 1, 2))
+    assert info["straggler_loss_after"] < info["straggler_loss_before"] == pytest.approx(
+        straggler_loss(np.array([r["cost"] for r in plain]), 3, 1, 2))
+    if tasks != 1:
+        return
+    # the stage's data plan says it: the straggler loss at its layout, and the layout the packs were ordered for
+    from pretrain.data import plan_data
+
+    plan = plan_data(run, "pack", 1, 2, 3, steps=1)
+    assert plan.straggler_loss == pytest.approx(info["straggler_loss_after"]) and plan.balanced_for == (3, 1, 2)
+    assert "balanced for DP 3 × 2 micro-batches of 1" in plan.describe()
+    assert plan_data(packed_run, "pack", 1, 2, 3, steps=1).balanced_for is None
+    # what each DP rank's loader yields, a step (2 micro-batches) at a time, carries the costs balanced above
+    # (the loader's own stream and rank split; decoding the pixels is left out)
+    import types
+
+    import pretrain.data
+
+    monkeypatch.setattr(pretrain.data, "collate", lambda seqs: types.SimpleNamespace(pack_ids=[q.pack_id for q in seqs]))
+    by_id = dict(zip((r["pack_id"] for r in packs), cost))
+    steps = len(packs) // 6
+    seen = np.zeros((steps, 3))
+    for rank in range(3):
+        ids = [b.pack_ids[0] for b in iter_batches(run, "pack", 1, epochs=1, rank=rank, world=3)]
+        for s in range(steps):
+            seen[s, rank] = sum(by_id[i] for i in ids[2 * s:2 * s + 2])
+        resumed = [b.pack_ids[0] for b in iter_batches(run, "pack", 1, epochs=1, rank=rank, world=3, start_pack=6)]
+        assert resumed == ids[2:]
+    assert np.allclose(seen, rank_costs(cost, 3, 1, 2))

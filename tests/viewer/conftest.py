@@ -59,7 +59,8 @@ def view_run(ingested_run, tmp_path_factory):
     d = _step(run, "lengths", "lengths")
     write_part({"sample_id": ok, "source": ["demo"] * len(ok), "text_tokens": [20] * len(ok),
                 "image_tokens": [44] * len(ok), "total_tokens": [64] * len(ok), "target_tokens": [8] * len(ok),
-                "turns_kept": [2] * len(ok), "status": ["ok"] * len(ok), "error": [None] * len(ok),
+                "turns_kept": [2] * len(ok), "images": [1] * len(ok), "vit_sq": [177 ** 2] * len(ok),
+                "status": ["ok"] * len(ok), "error": [None] * len(ok),
                 "source_sample_id": ok}, d / "lengths" / "part-00000.parquet", "lengths")
 
     # Packs of 4 samples of 64 tokens in a 256-token sequence; the loss mask on each sample's last 8 tokens.
@@ -76,7 +77,10 @@ def view_run(ingested_run, tmp_path_factory):
     write_shard(d / "data" / "pack-000000.tar", entries)
     write_part({"pack_id": list(range(len(packs))), "sample_ids": packs, "lengths": [[64] * len(p) for p in packs],
                 "offsets": [[64 * k for k in range(len(p))] for p in packs], "total_tokens": [64 * len(p) for p in packs],
-                "shard": ["pack-000000.tar"] * len(packs)}, d / "packs" / "part-00000.parquet", "packs")
+                "shard": ["pack-000000.tar"] * len(packs), "attn_sq": [64 * 64 * len(p) for p in packs],
+                "images": [len(p) for p in packs], "vit_tokens": [177 * len(p) for p in packs],
+                "vit_sq": [177 ** 2 * len(p) for p in packs], "cost": [1.0 + j for j in range(len(packs))]},
+               d / "packs" / "part-00000.parquet", "packs")
 
     # Stage 1.5 reads `pack` two packs a step for 3 steps: pack 0 is step 1's, pack 5 is step 3's.
     for stage in ("1", "1.5"):

@@ -102,3 +102,18 @@ def test_a_run_with_nothing_yet_answers_every_page_without_a_server_error(tmp_pa
     for url in ("/samples/0123456789abcdef", "/thumb/0123456789abcdef/0", "/packs/pack/0", "/rl/p0"):
         assert client.get(url).status_code == 404, url
     assert "no samples" in client.get("/samples").text
+
+
+def test_packs_page_shows_costs_and_a_steps_ranks_side_by_side(view_client):
+    """10 packs costing 1..10: at DP 2 × 2 micro-batches of 1, step 2 (packs 4..7) puts packs 4, 6 on rank 0
+    (cost 5 + 7) and 5, 7 on rank 1 (6 + 8), as the loader's round robin hands them out."""
+    r = view_client.get("/packs?step=pack&dp=2&ga=2&mb=1&at=1")
+    assert r.status_code == 200
+    listing = r.text.split('id="pack-list"')[1].split("</table>")[0]
+    assert '<td class="num">1</td>' in listing and '<td class="num">10</td>' in listing   # the cost column
+    ranks = r.text.split('id="rank-list"')[1].split("</table>")[0]
+    rows = re.findall(r'<tr><td class="num">(\d+)</td><td>(.*?)</td><td class="num">([\d.]+)</td>', ranks)
+    assert [(int(k), re.findall(r">(\d+)</a>", p), float(c)) for k, p, c in rows] == \
+        [(0, ["4", "6"], 12.0), (1, ["5", "7"], 14.0)]
+    assert "Packed without balancing" in r.text
+    assert view_client.get("/packs?step=pack&dp=x").status_code == 400
