@@ -63,6 +63,7 @@ SLOW: dict[str, float] = {
     "tests/rl_select/test_rl_ingest.py::test_rl_ingest_merge_memory_follows_its_fan_in_not_its_runs": 5.2,
     "tests/rl_select/test_rewards_adversarial.py::test_math_pathologies_are_bounded_by_the_runner": 4.4,
     "tests/viewer/test_browser.py": 14.2,
+    "tests/packing/test_import_packs_bad.py::test_every_malformed_entry_is_a_status_row": 16.1,
 }
 
 
