@@ -13,7 +13,7 @@ A sample is ``low_alignment`` when ``score < threshold`` — a fixed ``threshold
 ``percentile``-th percentile of that source's scores (the lower edge of the 1/2048-wide score bin that
 holds it, from per-source histograms: the same cut at any task count). Neither: scores only. Other
 statuses: ``no_text`` (an empty text), ``bad_vector`` (an ``ok`` image vector with a NaN or ±inf component,
-or all zeros: it has no cosine, so the row is not scored, its text is not embedded, and it is in no
+or a norm off 1 by more than 1%, all zeros say: it has no cosine, so the row is not scored, its text is not embedded, and it is in no
 histogram) and, for a row without an image vector, the embed status (``decode_error``, ``empty_caption``,
 ...). Nothing is deleted; ``balance`` skips ``low_alignment`` rows when told to (``alignment_step``).
 
@@ -284,7 +284,8 @@ def write_report(cfg: AlignConfig, task: TaskContext) -> None:
     plt.xlabel("cos(image, text)")
     plt.ylabel("share of the source")
     plt.title("image–text alignment (dashed: the cut)")
-    plt.legend(fontsize=7)
+    if plt.gca().get_legend_handles_labels()[0]:           # no source with a score: no legend
+        plt.legend(fontsize=7)
     plt.tight_layout()
     plt.savefig(task.step_dir / "scores.png", dpi=110)
     plt.close()

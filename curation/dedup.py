@@ -34,8 +34,8 @@ Map → reduce → apply (``docs/scale.md``), no task holding the corpus:
 * finalize (``curation.dedup_report``): ``report.md`` (removed per ε, removals per concept),
   ``pairs.png`` (example pairs as thumbnails).
 
-A ``bad_vector`` is an ``ok`` row whose vector has a NaN or ±inf component or is all zeros: it has no
-cosine, so it is drawn for no centroid, put in no cluster (cluster −1), compared with nothing and
+A ``bad_vector`` is an ``ok`` row whose vector has a NaN or ±inf component or a norm off 1 by more than 1%
+(all zeros, say; embed writes unit vectors): it has no cosine, so it is drawn for no centroid, put in no cluster (cluster −1), compared with nothing and
 duplicates nothing. Byte-identical vectors, however many, keep exactly one row: the first in keep order is
 kept (or is itself a near-duplicate of an earlier row) and every other is a ``near_duplicate`` of the row
 the first one stands for, with similarity 1 when that is the first row itself, whatever ε is. A pair that
@@ -60,7 +60,7 @@ from ovpipe.step import Step, TaskContext
 
 EMB_COLUMNS = ["sample_id", "file", "row", "status"]
 BAD_VECTOR = "bad_vector"
-BAD_VECTOR_ERROR = "image vector has a NaN or infinite component, or is all zeros"
+BAD_VECTOR_ERROR = "image vector has a NaN or infinite component, or is not of unit length (all zeros, ...)"
 
 
 @dataclass
@@ -253,11 +253,17 @@ def dedup_vectors(x: np.ndarray, area: np.ndarray, cfg: DedupConfig, device: str
     return cluster, dup_of, sim, removed
 
 
+NORM_TOLERANCE = 0.01     # embed writes unit vectors: fp16 rounding moves a norm by ~1e-4, corruption by more
+
+
 def bad_vectors(x: np.ndarray) -> np.ndarray:
-    """Rows no cosine can be computed from (bool): a NaN or ±inf component, or all zeros. They get status
-    ``bad_vector`` and take part in nothing (k-means, clusters, scores)."""
-    x = np.asarray(x)
-    return ~np.isfinite(x).all(axis=1) | ~(x != 0).any(axis=1)
+    """Rows no cosine can be taken from (bool): a NaN or ±inf component, or a norm off 1 by more than
+    ``NORM_TOLERANCE`` (all zeros, a subnormal or an overflowing row, anything embed cannot have written).
+    They get status ``bad_vector`` and take part in nothing (k-means, clusters, scores)."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = np.einsum("ij,ij->i", x, x)                 # NaN or inf where a component is (or where it overflows)
+        return ~(np.abs(np.sqrt(sq) - 1.0) <= NORM_TOLERANCE)
 
 
 def vector_hashes(x: np.ndarray) -> np.ndarray:
@@ -611,7 +617,8 @@ def find_duplicates(cfg: DedupConfig, task: TaskContext) -> None:
                 files = batch.column("file").to_numpy(zero_copy_only=False)
                 x = shards.gather(files, batch.column("row").to_numpy(), np.float16)
                 shards.release(keep=set(files.tolist()))
-                good = np.flatnonzero(~bad_vectors(x))
+                xf = x.astype(np.float32)
+                good = np.flatnonzero(~bad_vectors(xf))
                 if cents is None and len(good):
                     raise ValueError("dedup: no usable row was drawn to train k-means although image_embeddings "
                                      "has ok rows with finite vectors — rerun the step (the map partials are stale)")
@@ -623,7 +630,7 @@ def find_duplicates(cfg: DedupConfig, task: TaskContext) -> None:
                                      "duplicates; rerun ingest and embed-images")
                 c = np.full(len(u), -1, np.int32)
                 if len(good):
-                    c[good] = nearest(cents, x[good].astype(np.float32))
+                    c[good] = nearest(cents, xf[good])
                     if engine is None:
                         engine = _Engine(work, n_ok, x.shape[1], len(cents), cfg, device,
                                          arrays["dup_of"][0], arrays["similarity"][0])

@@ -205,3 +205,49 @@ def test_apply_is_retried_to_the_same_bytes_from_every_point_it_can_die_at(tmp_p
     assert main(["align", "--run-dir", str(run), *args]) == 0
     assert (run / "align" / "completions" / "finalized").exists()
     assert _bytes(run, tmp_path / "run.parquet") == want
+
+
+@pytest.mark.slow
+def test_align_any_image_vectors_every_row_once_same_bytes_at_1_and_2_tasks(tmp_path):
+    """Generated image vectors (tests/fuzz/strategies.py: zero, NaN, ±inf, subnormal, overflowing, repeated
+    rows among unit ones): no task dies, every sample comes out once with a status, a bad vector is a
+    ``bad_vector`` row, every score is a cosine, and 1 and 2 tasks give the same bytes."""
+    import tempfile
+
+    from hypothesis import given, settings
+
+    from curation.dedup import bad_vectors
+    from tests.fuzz.strategies import vector_rows
+
+    net, _, tokenizer, _ = _tiny_clip(tmp_path / "tiny.pt")
+
+    @settings(max_examples=3)
+    @given(drawn=vector_rows(dim=128, min_rows=2, max_rows=24))
+    def prop(drawn):
+        x, kinds = drawn
+        x = x.astype(np.float64)
+        good = np.array([k in ("normal", "dup") for k in kinds])
+        with np.errstate(over="ignore", invalid="ignore"):           # a "dup" may repeat a NaN row
+            x[good] /= np.linalg.norm(x[good], axis=1, keepdims=True)
+            x = x.astype(np.float32)
+            bad = bad_vectors(x.astype(np.float16))
+        with tempfile.TemporaryDirectory() as tmp:
+            out = []
+            for tasks in (1, 2):
+                run = Path(tmp) / f"t{tasks}"
+                with np.errstate(over="ignore"):
+                    ids = embedded_run(run, x, parts=2, bad=1, captions=[f"a {COLOURS[i % 6]} thing" for i in
+                                                                         range(len(x))])
+                cfg = run / "embed-images" / "config.json"
+                cfg.write_text(cfg.read_text().replace('"pretrained": ""', f'"pretrained": "{tmp_path / "tiny.pt"}"'))
+                assert main(["align", "--run-dir", str(run), "--tasks", str(tasks), "--quiet",
+                             "--set", "percentile=20"]) == 0
+                out.append(_bytes(run, Path(tmp) / f"t{tasks}.parquet"))
+            assert out[0] == out[1]
+            rows = {r["sample_id"]: r for r in read_manifest(Path(tmp) / "t1", "alignment").to_pylist()}
+            assert len(rows) == len(x) + 1 and set(ids) <= set(rows)
+            assert [rows[s]["status"] == "bad_vector" for s in ids] == bad.tolist()
+            assert all(-1.0001 <= r["score"] <= 1.0001 for r in rows.values() if r["score"] is not None)
+            assert all(r["status"] in ("ok", "low_alignment", "bad_vector", "decode_error") for r in rows.values())
+
+    prop()
