@@ -12,10 +12,11 @@ text tower's context (77 tokens for CLIP) by its tokenizer.
 A sample is ``low_alignment`` when ``score < threshold`` — a fixed ``threshold``, or per source the
 ``percentile``-th percentile of that source's scores (the lower edge of the 1/2048-wide score bin that
 holds it, from per-source histograms: the same cut at any task count). Neither: scores only. Other
-statuses: ``no_text`` (an empty text), ``bad_vector`` (an ``ok`` image vector with a NaN or ±inf component,
-or a norm off 1 by more than 1%, all zeros say: it has no cosine, so the row is not scored, its text is not embedded, and it is in no
-histogram) and, for a row without an image vector, the embed status (``decode_error``, ``empty_caption``,
-...). Nothing is deleted; ``balance`` skips ``low_alignment`` rows when told to (``alignment_step``).
+statuses: ``no_text`` (an empty text), ``bad_vector`` (an ``ok`` image vector with a NaN or ±inf component, or a
+norm off 1 by more than 1%, all zeros say: it has no cosine, so the row is not scored, its text is not embedded,
+and it is in no histogram) and, for a row without an image vector, the embed status (``decode_error``,
+``empty_caption``, ...). Nothing is deleted; ``balance`` skips ``low_alignment`` rows when told to
+(``alignment_step``).
 
 Map → reduce → apply: map rank r embeds the texts of its canonical slice, writes the scores batch by
 batch to a partial part and its per-source score histograms; the reduce sums the histograms and solves

@@ -34,12 +34,13 @@ Map → reduce → apply (``docs/scale.md``), no task holding the corpus:
 * finalize (``curation.dedup_report``): ``report.md`` (removed per ε, removals per concept),
   ``pairs.png`` (example pairs as thumbnails).
 
-A ``bad_vector`` is an ``ok`` row whose vector has a NaN or ±inf component or a norm off 1 by more than 1%
-(all zeros, say; embed writes unit vectors): it has no cosine, so it is drawn for no centroid, put in no cluster (cluster −1), compared with nothing and
-duplicates nothing. Byte-identical vectors, however many, keep exactly one row: the first in keep order is
-kept (or is itself a near-duplicate of an earlier row) and every other is a ``near_duplicate`` of the row
-the first one stands for, with similarity 1 when that is the first row itself, whatever ε is. A pair that
-the split of an oversized cluster parts is not compared, as with a pair over two clusters.
+A ``bad_vector`` is an ``ok`` row whose vector has a NaN or ±inf component or a norm off 1 by more than 1% (all
+zeros, say; embed writes unit vectors): it has no cosine, so it is drawn for no centroid, put in no cluster
+(cluster −1), compared with nothing and duplicates nothing. Byte-identical vectors, however many, keep exactly
+one row: the first in keep order is kept (or is itself a near-duplicate of an earlier row) and every other is a
+``near_duplicate`` of the row the first one stands for, with similarity 1 when that is the first row itself,
+whatever ε is. A pair that the split of an oversized cluster parts is not compared, as with a pair over two
+clusters.
 
 One reduce computes every cluster from canonical-order inputs, so the output is byte-identical at any
 task count (tested at 1, 2, 4 tasks and on Slurm).
