@@ -161,6 +161,7 @@ def test_a_zero_nan_or_inf_image_vector_is_a_bad_vector_row_and_the_rest_are_sco
     assert stats["status/bad_vector"] == 3
 
 
+@pytest.mark.slow
 def test_apply_is_retried_to_the_same_bytes_from_every_point_it_can_die_at(tmp_path, monkeypatch):
     """A try of apply rank 0 dies while writing its part, after publishing it (before its marker), and the
     finalize dies after removing the spent scores: each rerun finishes with the bytes of a run that never
