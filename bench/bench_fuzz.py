@@ -74,8 +74,8 @@ def fuzz_one(name: str, examples: int, seed: int, bulk: int = 0) -> dict:
 
     strategy, target = _case(name, bulk)
     ws = Workspace()
-    out = {"reader": name, "tried": 0, "rows": 0, "statuses": Counter(), "crashes": 0, "failures": 0, "first_crash": None,
-           "first_failure": None}
+    out = {"reader": name, "tried": 0, "rows": 0, "statuses": Counter(), "crashes": 0, "failures": 0,
+           "first_crash": None, "first_failure": None}
     t0 = time.perf_counter()
 
     @hseed(seed)

@@ -31,7 +31,6 @@ def test_llava_and_messages_json(ws, drawn):
 
 
 @pytest.mark.parametrize("flavour", sorted(S.PARQUET_FLAVOURS))
-@settings(max_examples=12)
 @given(data=st.data())
 def test_parquet_flavours(ws, flavour, data):
     T.target_parquet((flavour, data.draw(S.parquet_table(flavour))), ws)
@@ -57,7 +56,6 @@ def test_viewer_sql(ws, q):
     T.target_sql(q, ws)
 
 
-@settings(max_examples=15)
 @given(q=S.sql_statement(long=False))
 def test_ovpipe_sql(ws, q):
     T.target_sql(q, ws, cli=True)
