@@ -117,8 +117,8 @@ def file_image(path: str, root: str) -> ImageRef:
             return ImageRef(addr, None, f"image file {full}: not a regular file")
         with open(full, "rb") as f:
             return ImageRef(addr, f.read())
-    except OSError as e:  # not found, a folder, unreadable: the sample's image is missing
-        return ImageRef(addr, None, f"image file {full}: {e.strerror or type(e).__name__}")
+    except (OSError, ValueError) as e:  # not found, a folder, unreadable, a NUL in the path: the image is missing
+        return ImageRef(addr, None, f"image file {full}: {getattr(e, 'strerror', None) or e}")
 
 
 def cell_image(v, path: str, row: int, column: str, index: int, root: str) -> ImageRef:

@@ -60,7 +60,13 @@ class RunCatalog:
 
         check_read_only(sql)
         cur = self.con.cursor()
-        timer = threading.Timer(self.query_timeout, cur.interrupt)
+        fired = threading.Event()
+
+        def stop():
+            fired.set()
+            cur.interrupt()
+
+        timer = threading.Timer(self.query_timeout, stop)
         timer.daemon = True
         with self._lock:
             if self._closing:
@@ -77,7 +83,10 @@ class RunCatalog:
             cur.execute(sql, list(params))
             cols = [d[0] for d in cur.description]
             return [dict(zip(cols, r)) for r in cur.fetchall()]
-        except duckdb.InterruptException:
+        except (duckdb.InterruptException, OSError) as e:
+            # an interrupt while Arrow batches stream surfaces as Arrow's OSError
+            if not isinstance(e, duckdb.InterruptException) and not (fired.is_set() or self._closing):
+                raise
             if self._closing:
                 raise QueryStopped("the viewer is stopping") from None
             raise QueryStopped(f"stopped after {self.query_timeout:g} s, the viewer's time limit for a query "

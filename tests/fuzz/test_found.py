@@ -62,3 +62,22 @@ def test_a_finevision_ratings_column_of_strings_is_a_bad_row(tmp_path):
     rows, shard_status = ingest_rows(str(tmp_path / "f.parquet"))
     assert shard_status is None and [r["status"] for r in rows][0] == "bad_row" and len(rows) == 2
     assert "relevance_ratings" in rows[0]["error"]
+
+
+def test_an_image_path_with_a_nul_byte_is_a_missing_image(tmp_path):
+    rec = {"id": "x", "image": "a\x00.jpg", "conversations": [{"from": "human", "value": "<image>hi"},
+                                                              {"from": "gpt", "value": "a cat."}]}
+    (tmp_path / "d.json").write_text(json.dumps([rec]))
+    rows, _ = ingest_rows(str(tmp_path / "d.json"))
+    assert [r["status"] for r in rows] == ["missing_image"] and "null byte" in rows[0]["error"]
+
+
+def test_a_query_stopped_while_its_result_streams_is_stopped_not_a_crash(tmp_path):
+    """The SQL box streams its result as Arrow batches; an interrupt that lands then surfaces as Arrow's
+    OSError, and must still be the time limit's message."""
+    from viewer.catalog import QueryStopped, RunCatalog
+
+    (tmp_path / "run").mkdir()
+    cat = RunCatalog(tmp_path / "run", query_timeout=0.3)
+    with pytest.raises(QueryStopped, match="stopped after 0.3 s"):
+        cat.rows("SELECT repeat('x', 1000) AS s FROM range(100000000)", max_bytes=2**40)
