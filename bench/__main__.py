@@ -1,7 +1,8 @@
-"""Run every ``bench/bench_*.py`` in turn: ``python -m bench [--quick] [names...]``.
+"""Run every ``bench/bench_*.py`` in turn: ``python -m bench [--quick] [names...] [--option value ...]``.
 
 Each benchmark prints its own table (ratios against its peers, measured in the same run)
-and is also runnable alone: ``python -m bench.bench_packing --quick``.
+and is also runnable alone: ``python -m bench.bench_packing --quick``. Options after the names other than
+``--quick`` go to each chosen benchmark's own parser: ``python -m bench fuzz --examples 100000``.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import bench
 
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
-    names = [a for a in argv if not a.startswith("-")]
+    first_option = next((i for i, a in enumerate(argv) if a.startswith("-") and a != "--quick"), len(argv))
+    names = [a for a in argv[:first_option] if not a.startswith("-")]
+    extra = [a for a in argv[first_option:] if a != "--quick"]
     mods = sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if m.name.startswith("bench_"))
     if names:
         mods = [m for m in mods if any(n in m for n in names)]
@@ -25,7 +28,7 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         mod = importlib.import_module(f"bench.{name}")
         try:
-            r = mod.main(["--quick"] if quick else [])
+            r = mod.main((["--quick"] if quick else []) + extra)
             rc |= int(r or 0)
         except SystemExit as e:
             rc |= int(e.code or 0)

@@ -12,14 +12,18 @@ text tower's context (77 tokens for CLIP) by its tokenizer.
 A sample is ``low_alignment`` when ``score < threshold`` — a fixed ``threshold``, or per source the
 ``percentile``-th percentile of that source's scores (the lower edge of the 1/2048-wide score bin that
 holds it, from per-source histograms: the same cut at any task count). Neither: scores only. Other
-statuses: ``no_text`` (an empty text) and, for a row without an image vector, the embed status
-(``decode_error``, ``empty_caption``, ...). Nothing is deleted; ``balance`` skips ``low_alignment`` rows
-when told to (``alignment_step``).
+statuses: ``no_text`` (an empty text), ``bad_vector`` (an ``ok`` image vector with a NaN or ±inf component, or a
+norm off 1 by more than 1%, all zeros say: it has no cosine, so the row is not scored, its text is not embedded,
+and it is in no histogram) and, for a row without an image vector, the embed status (``decode_error``,
+``empty_caption``, ...). Nothing is deleted; ``balance`` skips ``low_alignment`` rows when told to
+(``alignment_step``).
 
 Map → reduce → apply: map rank r embeds the texts of its canonical slice, writes the scores batch by
 batch to a partial part and its per-source score histograms; the reduce sums the histograms and solves
 the per-source thresholds; apply rank r streams its partial and writes its ``alignment`` part with the
-cut applied. Finalize: ``report.md`` and ``scores.png`` (score distribution per source).
+cut applied (a temp name renamed when whole, then the marker: the partial stays, so an apply that dies at
+any point is redone from it). Finalize: ``report.md`` and ``scores.png`` (score distribution per source),
+then the spent partials are removed.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from typing import Literal
 
 import numpy as np
 
+from curation.dedup import BAD_VECTOR, BAD_VECTOR_ERROR, bad_vectors
 from ovpipe.config import check_local_path, check_range, check_step_folder
 from ovpipe.inputs import Input
 from ovpipe.step import Step, TaskContext
@@ -77,6 +82,8 @@ def text_of(row: dict, conversations: str = "first_turn") -> tuple[str | None, s
 
 
 def score_bins(scores: np.ndarray) -> np.ndarray:
+    """The histogram bin of each score in [−1, 1] (a score outside is clipped to the end bins; every score
+    here is finite: ``bad_vector`` rows are never scored)."""
     return np.clip(np.floor((np.asarray(scores, np.float64) + 1.0) * (BINS / 2)), 0, BINS - 1).astype(np.int64)
 
 
@@ -164,10 +171,17 @@ def score_slice(cfg: AlignConfig, task: TaskContext) -> None:
                         texts.append(t)
                         scored.append(j)
                 score = np.full(len(rows), np.nan, np.float32)
+                error = [None] * len(rows)
                 if scored:
                     files = e.column("file").to_numpy(zero_copy_only=False)[scored]
                     img = shards.gather(files, e.column("row").to_numpy()[scored], np.float32)
                     shards.release(keep=set(files.tolist()))
+                    bad = bad_vectors(img)          # no cosine: the row gets its own status, the text is not embedded
+                    for j in np.asarray(scored)[bad].tolist():
+                        st[j], error[j] = BAD_VECTOR, BAD_VECTOR_ERROR
+                    scored, img = [j for j, b in zip(scored, bad) if not b], img[~bad]
+                    texts = [t for t, b in zip(texts, bad) if not b]
+                if scored:
                     img /= np.linalg.norm(img, axis=1, keepdims=True)
                     with task.stats.timer("embed_text"):
                         txt = embed_texts(texts, ["{}"], net, tokenizer, device, cfg.batch_size)
@@ -184,7 +198,7 @@ def score_slice(cfg: AlignConfig, task: TaskContext) -> None:
                     "text_kind": pa.array([k if st[j] == "ok" else None for j, k in enumerate(kinds)], pa.string()),
                     "score": pa.array(score, mask=np.isnan(score)),
                     "threshold": pa.nulls(len(rows), pa.float32()),
-                    "status": pa.array(st, pa.string()), "error": pa.nulls(len(rows), pa.string())}))
+                    "status": pa.array(st, pa.string()), "error": pa.array(error, pa.string())}))
     finally:
         shards.close()
     names = sorted(hists)
@@ -216,8 +230,12 @@ def apply_cut(cfg: AlignConfig, task: TaskContext) -> None:
 
     r = task.read_reduced("thresholds")
     cut = dict(zip(r["sources"].tolist(), r["threshold"].tolist()))
+    partial = _partial_part(task)
+    if not partial.exists():
+        raise FileNotFoundError(f"{partial}: map rank {task.rank}'s scores are gone (the finalize removes them "
+                                f"once every rank is applied) — rerun the step with --overwrite")
     with task.part_writer("alignment") as out:
-        for b in pq.ParquetFile(_partial_part(task)).iter_batches(65_536):
+        for b in pq.ParquetFile(partial).iter_batches(65_536):
             score = b.column("score").to_numpy(zero_copy_only=False).astype(np.float64)
             src = b.column("source").to_pylist()
             thr = np.array([cut.get(s or "", np.nan) for s in src], np.float64)
@@ -230,7 +248,6 @@ def apply_cut(cfg: AlignConfig, task: TaskContext) -> None:
             out.write(pa.table({**{k: b.column(k) for k in ("sample_id", "source", "text_kind", "score")},
                                 "threshold": pa.array(thr.astype(np.float32), mask=np.isnan(thr)),
                                 "status": pa.array(status, pa.string()), "error": b.column("error")}))
-    _partial_part(task).unlink()
 
 
 def write_report(cfg: AlignConfig, task: TaskContext) -> None:
@@ -268,7 +285,8 @@ def write_report(cfg: AlignConfig, task: TaskContext) -> None:
     plt.xlabel("cos(image, text)")
     plt.ylabel("share of the source")
     plt.title("image–text alignment (dashed: the cut)")
-    plt.legend(fontsize=7)
+    if plt.gca().get_legend_handles_labels()[0]:           # no source with a score: no legend
+        plt.legend(fontsize=7)
     plt.tight_layout()
     plt.savefig(task.step_dir / "scores.png", dpi=110)
     plt.close()
@@ -284,6 +302,8 @@ def write_report(cfg: AlignConfig, task: TaskContext) -> None:
         lines += ["", f"Planted mismatched captions (demo): {found} of {planted} marked low_alignment "
                       f"({low} low_alignment rows in all)."]
     (task.step_dir / "report.md").write_text("\n".join(lines) + "\n\nPlot: scores.png\n")
+    for rank in range(task.world_size):      # every rank is applied: the uncut scores are spent
+        _partial_part(task, rank).unlink(missing_ok=True)
 
 
 STEP = Step("align", AlignConfig, score_slice, reduce=solve_thresholds, apply=apply_cut, finalize=write_report,

@@ -16,17 +16,31 @@ Map → reduce → apply (``docs/scale.md``), no task holding the corpus:
 * map (``sample_for_training``): rank r streams its share of ``image_embeddings`` and keeps the rows whose
   seeded draw ``u(sample_id) < k · train_per_cluster / N`` (at most ``max_train_rows`` in all): the same
   rows whatever the task count. Partial: their ids, shards and rows (not their vectors), and its ok count.
-* reduce (``find_duplicates``): gathers the drawn vectors in id order and trains k-means on them; streams
-  every ``ok`` row in canonical order (DuckDB joins the image area from ``samples``), assigns it to its
-  centroid and spills (cluster, area, position, vector) to one of ≤ 1024 bucket files; then per bucket, per
-  cluster — a cluster above ``max_cluster_rows`` is split again by k-means — the greedy keep block by block
-  (``keep_blocks``: a block of ``block_rows`` rows against every earlier row; memory one cluster + one block).
-  Artifact: row-aligned ``.npy`` arrays over the ok rows in canonical order (sample id, cluster, the
-  position it duplicates or −1, its cosine), memory-mapped by the apply ranks, and the removals per ε.
+* reduce (``find_duplicates``): gathers the drawn vectors in id order (a bad one left out) and trains k-means
+  on them; streams every ``ok`` row in canonical order (DuckDB joins the image area from ``samples``),
+  assigns it to its centroid and spills (cluster, area, position, vector) to ≤ 1024 files by cluster and
+  (hash, area, position) by the vector's xxh3-128; then ``_Engine``: every set of byte-identical vectors
+  keeps its first row in keep order and the rest are its copies; per cluster, the greedy keep block by block
+  (``keep_blocks``: a block of ``block_rows`` rows against every earlier row) over the distinct rows. A
+  cluster above ``max_cluster_rows`` is never loaded: it is split by k-means on a strided sample and
+  re-spilled, level by level, so the reduce holds at most ``max_cluster_rows`` rows (their vectors fp32)
+  and ``max_train_rows`` training rows at once, whatever the clusters' sizes (a 50M-row cluster of d = 1024
+  as much as a 50K one: one 50K × 1024 fp32 group is 200 MB). Artifact: row-aligned ``.npy`` arrays over
+  the ok rows in canonical order (sample id, cluster, the position it duplicates or −1, its cosine),
+  memory-mapped by the apply ranks, and the removals per ε.
 * apply (``write_dedup``): rank r streams its canonical slice and writes its ``dedup`` part: every row
-  of ``image_embeddings`` (status ``ok`` | ``near_duplicate`` | the embed status of a row without a vector).
+  of ``image_embeddings`` (status ``ok`` | ``near_duplicate`` | ``bad_vector`` | the embed status of a row
+  without a vector).
 * finalize (``curation.dedup_report``): ``report.md`` (removed per ε, removals per concept),
   ``pairs.png`` (example pairs as thumbnails).
+
+A ``bad_vector`` is an ``ok`` row whose vector has a NaN or ±inf component or a norm off 1 by more than 1% (all
+zeros, say; embed writes unit vectors): it has no cosine, so it is drawn for no centroid, put in no cluster
+(cluster −1), compared with nothing and duplicates nothing. Byte-identical vectors, however many, keep exactly
+one row: the first in keep order is kept (or is itself a near-duplicate of an earlier row) and every other is a
+``near_duplicate`` of the row the first one stands for, with similarity 1 when that is the first row itself,
+whatever ε is. A pair that the split of an oversized cluster parts is not compared, as with a pair over two
+clusters.
 
 One reduce computes every cluster from canonical-order inputs, so the output is byte-identical at any
 task count (tested at 1, 2, 4 tasks and on Slurm).
@@ -37,6 +51,7 @@ import math
 import os
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -45,6 +60,8 @@ from ovpipe.inputs import Input
 from ovpipe.step import Step, TaskContext
 
 EMB_COLUMNS = ["sample_id", "file", "row", "status"]
+BAD_VECTOR = "bad_vector"
+BAD_VECTOR_ERROR = "image vector has a NaN or infinite component, or is not of unit length (all zeros, ...)"
 
 
 @dataclass
@@ -52,7 +69,8 @@ class DedupConfig:
     eps: float = 0.05                      # near_duplicate: cosine to a kept image > 1 − eps
     report_eps: list[float] = field(default_factory=lambda: [0.01, 0.02, 0.05, 0.1])   # removals counted per ε
     cluster_rows: int = 10_000             # mean rows per k-means cluster: k = ceil(N / cluster_rows)
-    max_cluster_rows: int = 50_000         # a cluster above this is split again by k-means (bounded memory)
+    max_cluster_rows: int = 50_000         # rows the reduce holds at once: a larger cluster is split by k-means
+                                           # and re-spilled, never loaded (fp32 vectors: 200 MB at d = 1024)
     train_per_cluster: int = 256           # rows drawn per centroid to train k-means (faiss's own default cap);
                                            # 40 found 87% of the bench's planted pairs, 256: 94% (docs/curation.md)
     max_train_rows: int = 1_000_000        # at most this many training rows (× d fp32 in the reduce: 4 GB at d=1024)
@@ -172,37 +190,6 @@ def greedy_keep(m: int, i: np.ndarray, j: np.ndarray, s: np.ndarray, threshold: 
     return dup_of, sim
 
 
-def split_cluster(x: np.ndarray, cfg: DedupConfig, depth: int = 0) -> list[np.ndarray]:
-    """Row groups of ``x`` (indices, each in ascending order) of at most ``max_cluster_rows`` rows:
-    ``x`` itself, or k-means on it again (seeded by the depth) until every group fits."""
-    if len(x) <= cfg.max_cluster_rows:
-        return [np.arange(len(x))]
-    k = 2 * math.ceil(len(x) / cfg.max_cluster_rows)
-    sample = x[:: max(1, len(x) // cfg.max_train_rows)]
-    labels = nearest(kmeans(sample, k, cfg, seed_offset=depth + 1), x)
-    if len(np.unique(labels)) == 1:            # identical vectors: k-means cannot split them; cut in order
-        return [np.arange(a, min(a + cfg.max_cluster_rows, len(x))) for a in range(0, len(x), cfg.max_cluster_rows)]
-    groups = []
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        groups += [idx[g] for g in split_cluster(x[idx], cfg, depth + 1)]
-    return groups
-
-
-def dedup_cluster(x: np.ndarray, cfg: DedupConfig, device: str = "cpu") -> dict[float, tuple[np.ndarray, np.ndarray]]:
-    """``x``: one cluster's unit vectors in keep order. {threshold: (dup_of, similarity)} for every threshold
-    of ``cfg`` — the greedy keep of ``greedy_keep``, computed block by block (``keep_blocks``) over each group
-    ``split_cluster`` cuts it into (``dup_of`` indexes rows of ``x``)."""
-    m = len(x)
-    out = {t: (np.full(m, -1, np.int64), np.full(m, np.nan, np.float32)) for t in cfg.thresholds}
-    for g in split_cluster(x, cfg):
-        for t, (d, sim) in keep_blocks(x[g], cfg.thresholds, cfg.block_rows, device).items():
-            dup = d >= 0
-            out[t][0][g[dup]] = g[d[dup]]
-            out[t][1][g[dup]] = sim[dup]
-    return out
-
-
 def keep_blocks(x: np.ndarray, thresholds: list[float], block_rows: int = 1024, device: str = "cpu"):
     """The greedy keep of ``greedy_keep`` without listing pairs: rows in blocks of ``block_rows``; a block's
     cosines to every earlier row (``block_rows`` × m, the memory bound); a row's best *kept* earlier row
@@ -244,26 +231,278 @@ def keep_blocks(x: np.ndarray, thresholds: list[float], block_rows: int = 1024, 
 
 def dedup_vectors(x: np.ndarray, area: np.ndarray, cfg: DedupConfig, device: str = "cpu"):
     """The whole computation in memory (tests, bench): ``x`` unit rows in canonical (sample_id) order,
-    ``area`` their width × height. (cluster int32[n], dup_of int64[n] (−1: kept), similarity, removed per ε)."""
-    k = cfg.clusters_for(len(x))
-    frac = min(1.0, min(k * cfg.train_per_cluster, cfg.max_train_rows) / max(len(x), 1))
-    train = x[_draws(np.arange(len(x), dtype=np.uint64), cfg.seed) < frac]
-    cents = kmeans(train if len(train) else x, k, cfg)
-    cluster = nearest(cents, x)
+    ``area`` their width × height. (cluster int32[n] (−1: a bad vector), dup_of int64[n] (−1: kept),
+    similarity, removed per ε)."""
+    import tempfile
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    good = np.flatnonzero(~bad_vectors(x))
+    k = cfg.clusters_for(len(good))
+    frac = min(1.0, min(k * cfg.train_per_cluster, cfg.max_train_rows) / max(len(good), 1))
+    train = x[good[_draws(good.astype(np.uint64), cfg.seed) < frac]]
+    cluster = np.full(len(x), -1, np.int32)
     dup_of = np.full(len(x), -1, np.int64)
     sim = np.full(len(x), np.nan, np.float32)
-    removed = {t: 0 for t in cfg.thresholds}
-    for c in np.unique(cluster):
-        pos = np.flatnonzero(cluster == c)
-        pos = pos[np.lexsort((pos, -area[pos]))]
-        res = dedup_cluster(x[pos], cfg, device)
-        for t, (d, s) in res.items():
-            removed[t] += int((d >= 0).sum())
-        d, s = res[1.0 - cfg.eps]
-        dup = d >= 0
-        dup_of[pos[dup]] = pos[d[dup]]
-        sim[pos[dup]] = s[dup]
+    if not len(good):
+        return cluster, dup_of, sim, {t: 0 for t in cfg.thresholds}
+    cluster[good] = nearest(kmeans(train if len(train) else x[good], k, cfg), x[good])
+    with tempfile.TemporaryDirectory(prefix="ovpipe-dedup-") as work:
+        engine = _Engine(Path(work), len(x), x.shape[1], k, cfg, device, dup_of, sim, np.float32)
+        engine.add(cluster[good], area[good], good, x[good])
+        removed = engine.run()
+        del engine
     return cluster, dup_of, sim, removed
+
+
+NORM_TOLERANCE = 0.01     # embed writes unit vectors: fp16 rounding moves a norm by ~1e-4, corruption by more
+
+
+def bad_vectors(x: np.ndarray) -> np.ndarray:
+    """Rows no cosine can be taken from (bool): a NaN or ±inf component, or a norm off 1 by more than
+    ``NORM_TOLERANCE`` (all zeros, a subnormal or an overflowing row, anything embed cannot have written).
+    They get status ``bad_vector`` and take part in nothing (k-means, clusters, scores)."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = np.einsum("ij,ij->i", x, x)                 # NaN or inf where a component is (or where it overflows)
+        return ~(np.abs(np.sqrt(sq) - 1.0) <= NORM_TOLERANCE)
+
+
+def vector_hashes(x: np.ndarray) -> np.ndarray:
+    """xxh3-128 of each row's bytes as uint64[n, 2]: byte-identical vectors, and only they (up to a 2^-128
+    collision), share one."""
+    import xxhash
+
+    x = np.ascontiguousarray(x)
+    raw = b"".join(xxhash.xxh3_128_digest(r) for r in x.view(np.uint8).reshape(len(x), -1))
+    return np.frombuffer(raw, np.uint64).reshape(len(x), 2).copy()
+
+
+class _Spill:
+    """Records spilled to ≤ 1024 files by an integer key, buffered (``buffer_rows`` rows, 1–64 MB) so few
+    files are open at once;
+    read back a chunk at a time (``_chunks``: plain reads, not a memory map, so a chunk's pages leave the
+    process with it)."""
+
+    def __init__(self, folder: Path, n_keys: int, dtype: np.dtype, buffer_rows: int):
+        self.folder, self.n, self.dtype = folder, max(1, min(int(n_keys), 1024)), dtype
+        self.cap = min(64 << 20, max(1 << 20, buffer_rows * dtype.itemsize))
+        self.buf: dict[int, list] = {}
+        self.bytes = 0
+        self.written: set[int] = set()
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def add(self, rec: np.ndarray, key: np.ndarray) -> None:
+        g = np.asarray(key, np.uint64) % np.uint64(self.n)
+        for b in np.unique(g):
+            self.buf.setdefault(int(b), []).append(rec[g == b])
+        self.bytes += rec.nbytes
+        if self.bytes > self.cap:
+            self.flush()
+
+    def flush(self) -> None:
+        for b, recs in self.buf.items():
+            with open(self.folder / f"{b:05d}.bin", "ab") as f:
+                for r in recs:
+                    f.write(r.tobytes())
+            self.written.add(b)
+        self.buf, self.bytes = {}, 0
+
+    def files(self) -> list[Path]:
+        self.flush()
+        return [self.folder / f"{b:05d}.bin" for b in sorted(self.written)]
+
+
+def _chunks(path: Path, dtype: np.dtype, rows: int):
+    with open(path, "rb") as f:
+        while len(a := np.fromfile(f, dtype, count=rows)):
+            yield a
+
+
+def _rows(path: Path, dtype: np.dtype) -> int:
+    return path.stat().st_size // dtype.itemsize
+
+
+HASH_REC = np.dtype([("h", "<u8", (2,)), ("area", "<i8"), ("pos", "<i8")])
+MAX_DEPTH = 8          # splits of one cluster before its rows are cut in order (k-means cannot part them)
+
+
+class _Engine:
+    """The pairwise keep over every cluster with at most ``max_cluster_rows`` rows held at once, whatever
+    the clusters' sizes. Rows (their top-level cluster, image area, canonical position, vector) are spilled
+    to disk as they stream in, twice: by cluster and by vector hash. Then
+
+    1. identical vectors: rows grouped by their vector's xxh3-128 (a file above the budget is re-spilled
+       on the next 10 bits of the hash; one holding a single hash is streamed); every row but the first in
+       keep order is a copy of that first row and leaves the computation (``copy_of``);
+    2. clusters: a file whose distinct rows fit the budget is loaded and each of its clusters goes through
+       ``keep_blocks``; a larger file is streamed again — a cluster above the budget is split by k-means
+       on a strided sample of its rows (≤ ``max_train_rows`` in all), the rest renumbered — and re-spilled
+       one level down, recursively; a cluster k-means cannot part is cut in canonical order (after
+       ``MAX_DEPTH`` levels, or when the sample lands on one centroid);
+    3. a copy then takes its first row's outcome: a ``near_duplicate`` of the first row (similarity 1) if
+       that was kept, else of the row the first one duplicates.
+
+    Results land in ``dup_of`` / ``similarity`` (indexed by position); ``run`` returns the removals per
+    threshold."""
+
+    def __init__(self, work: Path, n: int, d: int, k: int, cfg: DedupConfig, device: str, dup_of: np.ndarray,
+                 similarity: np.ndarray, vec_dtype=np.float16):
+        self.work, self.cfg, self.device, self.m = work, cfg, device, cfg.max_cluster_rows
+        self.dup_of, self.sim = dup_of, similarity
+        self.rec = np.dtype([("cluster", "<i8"), ("area", "<i8"), ("pos", "<i8"), ("vec", vec_dtype, (d,))])
+        work.mkdir(parents=True, exist_ok=True)
+        self.copy_of = np.lib.format.open_memmap(work / "copy_of.npy", mode="w+", dtype=np.int64, shape=(n,))
+        self.copy_of[:] = -1
+        self.by_cluster = _Spill(work / "c0", k, self.rec, self.m)
+        self.by_hash = _Spill(work / "h0", -(-n // self.m), HASH_REC, self.m)      # files of ~max_cluster_rows rows
+        self.removed = {t: 0 for t in cfg.thresholds}
+        self.copies = 0
+
+    def add(self, cluster, area, pos, vec) -> None:
+        rec = np.empty(len(pos), self.rec)
+        rec["cluster"], rec["area"], rec["pos"], rec["vec"] = cluster, area, pos, vec
+        self.by_cluster.add(rec, cluster)
+        h = np.empty(len(pos), HASH_REC)
+        h["h"], h["area"], h["pos"] = vector_hashes(vec), area, pos
+        self.by_hash.add(h, h["h"][:, 0])
+
+    def run(self) -> dict[float, int]:
+        for f in self.by_hash.files():
+            self._identical(f, 1)
+        shutil.rmtree(self.work / "h0", ignore_errors=True)
+        for f in self.by_cluster.files():
+            self._clusters(f, 0)
+        self._copies_follow_their_first()
+        return self.removed
+
+    # -- 1. identical vectors
+    def _identical(self, path: Path, level: int) -> None:
+        n = _rows(path, HASH_REC)
+        if n <= self.m:
+            self._mark_copies(np.fromfile(path, HASH_REC))
+            return
+        first = None
+        single = True
+        for a in _chunks(path, HASH_REC, self.m):
+            first = a["h"][0] if first is None else first
+            single &= bool((a["h"] == first).all())
+        if single or level >= 12:                 # one vector, however many rows: stream it twice
+            best = None
+            for a in _chunks(path, HASH_REC, self.m):
+                i = np.lexsort((a["pos"], -a["area"]))[0]
+                cand = (-int(a["area"][i]), int(a["pos"][i]))
+                best = cand if best is None or cand < best else best
+            for a in _chunks(path, HASH_REC, self.m):
+                copy = a["pos"] != best[1]
+                self.copy_of[a["pos"][copy]] = best[1]
+                self.copies += int(copy.sum())
+            return
+        word, shift = divmod(level, 6)            # the next 10 bits of the hash
+        sub = _Spill(path.with_suffix(".d"), 1024, HASH_REC, self.m)
+        for a in _chunks(path, HASH_REC, self.m):
+            sub.add(a, a["h"][:, word] >> np.uint64(10 * shift))
+        for f in sub.files():
+            self._identical(f, level + 1)
+        shutil.rmtree(sub.folder, ignore_errors=True)
+
+    def _mark_copies(self, a: np.ndarray) -> None:
+        o = np.lexsort((a["pos"], -a["area"], a["h"][:, 1], a["h"][:, 0]))
+        h = a["h"][o]
+        start = np.r_[True, (h[1:] != h[:-1]).any(axis=1)]
+        first = np.maximum.accumulate(np.where(start, np.arange(len(o)), 0))
+        copy = ~start
+        self.copy_of[a["pos"][o][copy]] = a["pos"][o][first][copy]
+        self.copies += int(copy.sum())
+
+    # -- 2. clusters
+    def _distinct(self, path: Path):
+        for a in _chunks(path, self.rec, self.m):
+            yield a[self.copy_of[a["pos"]] < 0]
+
+    def _clusters(self, path: Path, depth: int) -> None:
+        ids, counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        for a in self._distinct(path):
+            u, c = np.unique(a["cluster"], return_counts=True)
+            ids, inv = np.unique(np.r_[ids, u], return_inverse=True)
+            counts = np.bincount(inv, weights=np.r_[counts, c], minlength=len(ids)).astype(np.int64)
+        if counts.sum() <= self.m:
+            rows = [a for a in self._distinct(path)]
+            if rows:
+                self._keep(np.concatenate(rows))
+            return
+        self._split(path, ids, counts, depth)
+
+    def _keep(self, a: np.ndarray) -> None:
+        o = np.lexsort((a["pos"], -a["area"], a["cluster"]))
+        cl = a["cluster"][o]
+        bounds = np.flatnonzero(np.r_[True, cl[1:] != cl[:-1], True])
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            members = o[lo:hi]
+            pos = a["pos"][members]
+            res = keep_blocks(a["vec"][members].astype(np.float32), self.cfg.thresholds, self.cfg.block_rows,
+                              self.device)
+            for t, (d, _) in res.items():
+                self.removed[t] += int((d >= 0).sum())
+            d, s = res[1.0 - self.cfg.eps]
+            dup = d >= 0
+            self.dup_of[pos[dup]] = pos[d[dup]]
+            self.sim[pos[dup]] = s[dup]
+
+    def _split(self, path: Path, ids: np.ndarray, counts: np.ndarray, depth: int) -> None:
+        cfg, m = self.cfg, self.m
+        big = counts > m
+        k_sub = np.where(big, -(-counts // m) * 2, 1)
+        base = np.r_[0, np.cumsum(k_sub)[:-1]]             # new ids: a small cluster one, a big one k_sub
+        # a strided sample of each big cluster's rows, ≤ max_train_rows in all
+        want = np.minimum(counts, k_sub * max(256, cfg.train_per_cluster)) * big
+        scale = min(1.0, cfg.max_train_rows / max(int(want.sum()), 1))
+        stride = np.maximum(1, counts // np.maximum(1, (want * scale).astype(np.int64)))
+        cents: dict[int, np.ndarray | None] = {}
+        if depth < MAX_DEPTH:
+            seen, sample = np.zeros(len(ids), np.int64), {int(i): [] for i in np.flatnonzero(big)}
+            for a in self._distinct(path):
+                at = np.searchsorted(ids, a["cluster"])
+                for i in np.unique(at[big[at]]).tolist():
+                    rows = np.flatnonzero(at == i)
+                    take = rows[(seen[i] + np.arange(len(rows))) % stride[i] == 0]
+                    sample[i].append(a["vec"][take].astype(np.float32))
+                    seen[i] += len(rows)
+            for i, parts in sample.items():
+                x = np.concatenate(parts)
+                c = kmeans(x, int(k_sub[i]), cfg, seed_offset=depth + 1)
+                cents[i] = c if len(np.unique(nearest(c, x))) > 1 else None   # one centroid: cut in order
+        sub = _Spill(path.with_suffix(".d"), int(k_sub.sum()), self.rec, self.m)
+        seen = np.zeros(len(ids), np.int64)
+        for a in self._distinct(path):
+            at = np.searchsorted(ids, a["cluster"])
+            new = base[at].astype(np.int64)
+            for i in np.unique(at[big[at]]).tolist():
+                rows = np.flatnonzero(at == i)
+                if cents.get(i) is not None:
+                    new[rows] += nearest(cents[i], a["vec"][rows].astype(np.float32))
+                else:
+                    new[rows] += (seen[i] + np.arange(len(rows))) // m
+                seen[i] += len(rows)
+            a = a.copy()
+            a["cluster"] = new
+            sub.add(a, new)
+        for f in sub.files():
+            self._clusters(f, depth + 1)
+        shutil.rmtree(sub.folder, ignore_errors=True)
+
+    # -- 3. copies
+    def _copies_follow_their_first(self) -> None:
+        for t in self.removed:
+            self.removed[t] += self.copies
+        for lo in range(0, len(self.copy_of), self.m):
+            cp = np.asarray(self.copy_of[lo:lo + self.m])
+            at = np.flatnonzero(cp >= 0)
+            if not len(at):
+                continue
+            first = cp[at]
+            d, s = np.asarray(self.dup_of[first]), np.asarray(self.sim[first])
+            self.dup_of[lo + at] = np.where(d >= 0, d, first)
+            self.sim[lo + at] = np.where(d >= 0, s, np.float32(1.0))
 
 
 def _draws(ids_u64: np.ndarray, seed: int) -> np.ndarray:
@@ -324,10 +563,11 @@ def _training_rows(task: TaskContext) -> tuple[np.ndarray | None, int]:
     order = np.argsort(ids, kind="stable")
     shards = NpyShards(task.run_dir)
     try:
-        return shards.gather(np.concatenate(files)[order].astype(object), np.concatenate(rows)[order],
-                             np.float32), n_ok
+        x = shards.gather(np.concatenate(files)[order].astype(object), np.concatenate(rows)[order], np.float32)
     finally:
         shards.close()
+    x = x[~bad_vectors(x)]                          # a NaN, inf or zero row would poison every centroid
+    return (x if len(x) else None), n_ok
 
 
 def _canonical_rows(task: TaskContext, con, batch_rows: int = 65_536):
@@ -344,41 +584,6 @@ def _canonical_rows(task: TaskContext, con, batch_rows: int = 65_536):
     yield from con.sql(sql).to_arrow_reader(batch_rows)
 
 
-class _Buckets:
-    """Rows spilled to ≤ 1024 bucket files by cluster, buffered (64 MB) so few files are open at once."""
-
-    def __init__(self, folder, k: int, d: int):
-        self.folder, self.n = folder, min(k, 1024)
-        self.dtype = np.dtype([("cluster", "<i4"), ("area", "<i8"), ("pos", "<i8"), ("vec", "<f2", (d,))])
-        self.buf: dict[int, list] = {}
-        self.bytes = 0
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def add(self, cluster, area, pos, vec) -> None:
-        rec = np.empty(len(pos), self.dtype)
-        rec["cluster"], rec["area"], rec["pos"], rec["vec"] = cluster, area, pos, vec
-        g = cluster % self.n
-        for b in np.unique(g):
-            self.buf.setdefault(int(b), []).append(rec[g == b])
-        self.bytes += rec.nbytes
-        if self.bytes > 64 << 20:
-            self.flush()
-
-    def flush(self) -> None:
-        for b, recs in self.buf.items():
-            with open(self.folder / f"{b:05d}.bin", "ab") as f:
-                for r in recs:
-                    f.write(r.tobytes())
-        self.buf, self.bytes = {}, 0
-
-    def __iter__(self):
-        self.flush()
-        for b in range(self.n):
-            p = self.folder / f"{b:05d}.bin"
-            if p.exists():
-                yield np.memmap(p, self.dtype, mode="r")
-
-
 def _npy(task: TaskContext, name: str, dtype, n: int, fill):
     """A row-aligned reduced array ``reduced/<name>.npy``, written through a temp name (``_publish``)."""
     tmp = task.reduced_path(f".tmp-{os.getpid()}-{name}.npy")
@@ -389,8 +594,9 @@ def _npy(task: TaskContext, name: str, dtype, n: int, fill):
 
 
 def find_duplicates(cfg: DedupConfig, task: TaskContext) -> None:
-    """Reduce: k-means on the drawn rows; every ok row to its centroid, spilled by cluster; per cluster the
-    pairs above 1 − ε and the greedy keep → ``reduced/{ids,cluster,dup_of,similarity}.npy`` + ``dedup.npz``."""
+    """Reduce: k-means on the drawn rows; every ok row to its centroid (a bad vector to none: cluster −1),
+    spilled by cluster and by vector hash; then ``_Engine`` — identical vectors, the greedy keep per cluster
+    with a bounded number of rows held → ``reduced/{ids,cluster,dup_of,similarity}.npy`` + ``dedup.npz``."""
     from curation.assign import NpyShards
     from manifests.ids import hex_ids_to_u64
 
@@ -399,8 +605,10 @@ def find_duplicates(cfg: DedupConfig, task: TaskContext) -> None:
     device = _torch_device(cfg.device)
     gpu = _gpu(cfg.device)
     task.stats.info.update({"kmeans_device": "cuda" if gpu else "cpu", "pairwise_device": device})
-    work = task.reduced_path(f".tmp-{os.getpid()}-buckets")
+    work = task.step_dir / "reduce-work"          # the spills; a killed reduce's are removed by the next try
+    shutil.rmtree(work, ignore_errors=True)
     arrays = {}
+    engine = None
     try:
         with task.stats.timer("kmeans"):
             cents = kmeans(train, cfg.clusters_for(n_total), cfg) if train is not None else None
@@ -409,27 +617,32 @@ def find_duplicates(cfg: DedupConfig, task: TaskContext) -> None:
                                   ("similarity", np.float32, np.nan)):
             arrays[name] = _npy(task, name, dtype, n_ok, fill)
         at, last = 0, None
-        buckets = None
+        sizes = np.zeros(0 if cents is None else len(cents), np.int64)
         shards = NpyShards(task.run_dir)
         with task.stats.timer("assign"), task.duckdb() as con:
-            for batch in _canonical_rows(task, con):
-                if cents is None:
-                    raise ValueError("dedup: no row was drawn to train k-means although image_embeddings has ok "
-                                     "rows — rerun the step (the map partials are stale)")
+            for batch in _canonical_rows(task, con, max(1024, min(65_536, cfg.max_cluster_rows))):
                 files = batch.column("file").to_numpy(zero_copy_only=False)
                 x = shards.gather(files, batch.column("row").to_numpy(), np.float16)
                 shards.release(keep=set(files.tolist()))
-                c = nearest(cents, x.astype(np.float32))
-                if buckets is None:
-                    buckets = _Buckets(work, len(cents), x.shape[1])
+                xf = x.astype(np.float32)
+                good = np.flatnonzero(~bad_vectors(xf))
+                if cents is None and len(good):
+                    raise ValueError("dedup: no usable row was drawn to train k-means although image_embeddings "
+                                     "has ok rows with finite vectors — rerun the step (the map partials are stale)")
                 u = hex_ids_to_u64(batch.column("sample_id"))
                 if at + len(u) > n_ok:
                     raise RuntimeError("image_embeddings changed under the reduce — rerun the step with --overwrite")
                 if np.any(np.diff(u) == 0) or (last is not None and len(u) and u[0] == last):
                     raise ValueError("dedup: two ok image_embeddings rows share a sample_id — ingest marks exact "
                                      "duplicates; rerun ingest and embed-images")
-                pos = np.arange(at, at + len(c), dtype=np.int64)
-                buckets.add(c, batch.column("area").to_numpy(), pos, x)
+                c = np.full(len(u), -1, np.int32)
+                if len(good):
+                    c[good] = nearest(cents, xf[good])
+                    if engine is None:
+                        engine = _Engine(work, n_ok, x.shape[1], len(cents), cfg, device,
+                                         arrays["dup_of"][0], arrays["similarity"][0])
+                    engine.add(c[good], batch.column("area").to_numpy()[good], at + good, x[good])
+                    sizes += np.bincount(c[good], minlength=len(sizes))
                 arrays["ids"][0][at:at + len(u)] = u
                 arrays["cluster"][0][at:at + len(u)] = c
                 at += len(u)
@@ -437,48 +650,36 @@ def find_duplicates(cfg: DedupConfig, task: TaskContext) -> None:
         shards.close()
         if at != n_ok:
             raise RuntimeError(f"image_embeddings changed under the reduce: {at} ok rows now, {n_ok} when mapped")
-        removed = {t: 0 for t in cfg.thresholds}
-        clusters, largest = 0, 0
         with task.stats.timer("pairwise"):
-            for rec in (buckets or []):
-                cl = np.asarray(rec["cluster"])
-                by = np.lexsort((np.asarray(rec["pos"]), -np.asarray(rec["area"]), cl))   # cluster, keep order
-                bounds = np.flatnonzero(np.r_[True, cl[by][1:] != cl[by][:-1], True])
-                for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                    members = by[a:b]
-                    x = np.asarray(rec["vec"][members], dtype=np.float32)
-                    pos = np.asarray(rec["pos"][members])
-                    res = dedup_cluster(x, cfg, device)
-                    for t, (d, _) in res.items():
-                        removed[t] += int((d >= 0).sum())
-                    d, s = res[1.0 - cfg.eps]
-                    dup = d >= 0
-                    arrays["dup_of"][0][pos[dup]] = pos[d[dup]]
-                    arrays["similarity"][0][pos[dup]] = s[dup]
-                    clusters += 1
-                    largest = max(largest, b - a)
-                del rec
+            removed = engine.run() if engine is not None else {t: 0 for t in cfg.thresholds}
+        copies = engine.copies if engine is not None else 0
+        engine = None
         for name, (a, tmp) in arrays.items():
             a.flush()
             del a
             os.replace(tmp, task.reduced_path(f"{name}.npy"))
         arrays = {}
     finally:
+        engine = None
         for a, tmp in arrays.values():
             del a
             tmp.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
+    clusters, largest = int((sizes > 0).sum()), int(sizes.max(initial=0))
+    bad = n_ok - int(sizes.sum())
     eps = [round(1.0 - t, 10) for t in cfg.thresholds]
     task.write_reduced("dedup", eps=np.array(eps, np.float64),
                        removed=np.array([removed[t] for t in cfg.thresholds], np.int64),
                        images=np.array([n_ok]), clusters=np.array([clusters]), largest=np.array([largest]))
-    task.stats.info.update({"clusters": clusters, "largest_cluster": largest, "images": n_ok,
+    task.stats.info.update({"clusters": clusters, "largest_cluster": largest, "images": n_ok, "bad_vectors": bad,
+                            "identical_copies": copies,
                             "removed_per_eps": {f"{e:g}": removed[t] for e, t in zip(eps, cfg.thresholds)}})
 
 
 def write_dedup(cfg: DedupConfig, task: TaskContext) -> None:
     """Apply: this rank's canonical slice of ``image_embeddings`` → its ``dedup`` part, row for row."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     from manifests.ids import hex_ids_to_u64, u64_to_hex
     from ovpipe.mapreduce import BATCH_ROWS
@@ -498,11 +699,17 @@ def write_dedup(cfg: DedupConfig, task: TaskContext) -> None:
             d = np.asarray(r["dup_of"][p])
             dup = ok[d >= 0]
             status[dup] = "near_duplicate"
+            bad = ok[cluster[ok] < 0]                   # an ok row the reduce put in no cluster: its vector
+            status[bad] = BAD_VECTOR
+            error = batch.column("error")
+            if len(bad):
+                mark = np.zeros(batch.num_rows, bool)
+                mark[bad] = True
+                error = pc.if_else(pa.array(mark), pa.scalar(BAD_VECTOR_ERROR), error)
             dup_of = np.full(batch.num_rows, None, object)
             dup_of[dup] = np.asarray(u64_to_hex(r["ids"][d[d >= 0]]).to_pylist(), object)
             sim = np.full(batch.num_rows, np.nan, np.float32)
             sim[dup] = r["similarity"][p[d >= 0]]
-            error = batch.column("error")
             out.write(pa.table({
                 "sample_id": batch.column("sample_id"), "cluster": pa.array(cluster),
                 "duplicate_of": pa.array(dup_of, pa.string()),

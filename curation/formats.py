@@ -107,13 +107,18 @@ def image_address(file: str, container: str, offset: int = 0, column: str | None
 
 def file_image(path: str, root: str) -> ImageRef:
     """An image file named by ``path`` (relative to ``root`` unless absolute)."""
+    import stat
+
     full = image_path(path, root)
     addr = image_address(full, "file")
     try:
+        # a device or a FIFO (/dev/zero, a pipe) would be read forever: only a regular file is read
+        if not stat.S_ISREG(os.stat(full).st_mode):
+            return ImageRef(addr, None, f"image file {full}: not a regular file")
         with open(full, "rb") as f:
             return ImageRef(addr, f.read())
-    except OSError as e:  # not found, a folder, unreadable: the sample's image is missing
-        return ImageRef(addr, None, f"image file {full}: {e.strerror or type(e).__name__}")
+    except (OSError, ValueError) as e:  # not found, a folder, unreadable, a NUL in the path: the image is missing
+        return ImageRef(addr, None, f"image file {full}: {getattr(e, 'strerror', None) or e}")
 
 
 def cell_image(v, path: str, row: int, column: str, index: int, root: str) -> ImageRef:

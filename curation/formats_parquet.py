@@ -136,14 +136,25 @@ def read_finevision(path: str, cfg, take: Take) -> Iterator[RawSample]:
         try:
             images = _cell_images(row["images"], path, idx, "images", root, True)
             turns = finevision_turns(row["texts"], len(images))
+            kept = [(n[: -len("_ratings")], _ratings(row[n], n)) for n in ratings if row[n] is not None]
         except BadRow as e:
             yield bad_row(key, _raw(row), str(e))
             continue
-        kept = [(n[: -len("_ratings")], [None if x is None else int(x) for x in row[n]])
-                for n in ratings if row[n] is not None]
         source = row.get("source")
         yield RawSample(key, turns, images, category=source if isinstance(source, str) and source else None,
                         ratings=kept or None)
+
+
+def _ratings(v, name: str) -> list:
+    """A ``*_ratings`` cell: a list of whole numbers (or nulls); ``BadRow`` for anything else (a string column
+    of that name would otherwise be read character by character)."""
+    import math
+
+    ok = lambda x: x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+                                 and math.isfinite(x) and x == int(x))
+    if not isinstance(v, list) or not all(ok(x) for x in v):
+        raise BadRow(f"{name}: expected a list of whole numbers, got {str(v)[:80]}")
+    return [None if x is None else int(x) for x in v]
 
 
 def read_messages_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:

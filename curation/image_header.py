@@ -135,5 +135,6 @@ def inspect_image(data: bytes, verify: str,
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         return "too_large", 0, 0, "", f"{type(e).__name__}: {e}"[:300]
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as e:
-        return "corrupt_image", 0, 0, "", f"{type(e).__name__}: {e}"[:300]
+        # PIL names the buffer by its address ("<_io.BytesIO object at 0x7f…>"): dropped, so a rerun is byte-identical
+        return "corrupt_image", 0, 0, "", re.sub(r" object at 0x[0-9a-f]+", " object", f"{type(e).__name__}: {e}")[:300]
     return "ok", w, h, fmt, None

@@ -200,7 +200,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("key", pa.string()),               # the entry's key there
         ("n_samples", pa.int32()),
         ("total_tokens", pa.int32()),       # under ovpipe's encoding; NULL when not imported
-        ("status", STATUS),                 # ok | bad_json | misaligned | missing_image | bad_image | image_mismatch | too_long
+        ("status", STATUS),                 # ok | bad_json | bad_text | empty | misaligned | missing_image | bad_image
+                                            # | image_mismatch | too_long | unreadable
         ("error", pa.string()),
     ]),
     # rl-ingest / rl-gym

@@ -44,7 +44,7 @@ def iter_jsonl_lines(path: str) -> Iterator[tuple[int, object, bytes, str | None
                 continue
             try:
                 yield at, json.loads(line), line.rstrip(b"\r\n"), None
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:    # RecursionError: nested deeper than Python's stack
                 yield at, None, line.rstrip(b"\r\n"), f"not valid JSON: {e}"
 
 
@@ -60,7 +60,7 @@ def iter_json_records(path: str, lines: bool | None = None) -> Iterator[tuple[in
         raw = f.read()
     try:
         data = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:        # RecursionError: nested deeper than Python's stack
         yield 0, None, raw[:4096], f"{os.path.basename(path)} is not valid JSON: {e}"
         return
     if not isinstance(data, list):
@@ -105,7 +105,7 @@ def json_objects(value, name: str, expected: str) -> list[dict]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise BadRow(f"{name}: not valid JSON ({e})") from None
     if not isinstance(value, list):
         raise BadRow(f"{name}: expected {expected}, got {type(value).__name__}")

@@ -10,8 +10,12 @@ the caption pair ``[user "<image>", assistant captions[i]]`` with ``caption_prom
 one — tokenised by ``packing.tokens.encode_conversation``, so the trainer gets the official loader's images
 and texts, tokenised as ``pack`` does. An entry that cannot be loaded keeps a row with its status
 (``bad_json``, ``misaligned``, ``missing_image``, ``bad_image``, ``image_mismatch``: a prompt without
-exactly one ``<image>``) and no pack; one longer than ``seq_len`` under ovpipe's encoding (``tail`` tokens
-per sub-sample more than the official count) is ``too_long``.
+exactly one ``<image>``, ``bad_text``: a null or non-string prompt or caption, ``empty``: no images) and no
+pack; one longer than ``seq_len`` under ovpipe's encoding (``tail`` tokens per sub-sample more than the
+official count) is ``too_long``. A tar that cannot be read to its end keeps a row per indexed entry it did
+not give, ``unreadable`` (key NULL), with the tar's error. A folder whose index is not energon's (no
+``shard_counts``, a tar name outside the folder, a listed tar missing) is refused before any work, naming
+``source``.
 
 Numbering: ``pack_id`` is the entry's position in the folder, tars in path order with the entry counts
 energon recorded (``.nv-meta/.info.json``, or ``.info.yaml``); source tar ``j`` becomes
@@ -22,6 +26,7 @@ folder as ovpipe's energon dataset (``packing.energon``).
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,12 +58,28 @@ class ImportPacksConfig:
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels ({self.min_pixels}) > max_pixels ({self.max_pixels})")
 
+    @property
+    def root(self) -> Path:
+        """The source folder, ``~`` expanded."""
+        return Path(self.source).expanduser()
+
     def check(self, run_dir: Path) -> None:
-        """Before any work: the folder is an energon-prepared dataset, a local tokenizer path exists."""
+        """Before any work: the folder is an energon-prepared dataset whose index names tars inside it that
+        exist, and a local tokenizer path exists."""
+        from packing.official import shards
+
         check_local_path("source", self.source)
-        if not any((Path(self.source) / ".nv-meta" / f).is_file() for f in (".info.json", ".info.yaml")):
+        if not any((self.root / ".nv-meta" / f).is_file() for f in (".info.json", ".info.yaml")):
             raise ValueError(f"source: {self.source} has no .nv-meta/.info.json (or .info.yaml) — run `energon "
                              f"prepare` on it (the official step 4 does)")
+        try:
+            tars = shards(self.root)
+        except ValueError as e:
+            raise ValueError(f"source: {e}") from None
+        missing = [rel for rel, _ in tars if not (self.root / rel).is_file()]
+        if missing:
+            raise ValueError(f"source: {len(missing)} tar(s) of the index are missing, first {missing[0]!r} — "
+                             f"re-run `energon prepare` on {self.source}")
         if looks_like_local_path(self.tokenizer):
             check_local_path("tokenizer", self.tokenizer)
 
@@ -79,8 +100,10 @@ def image_size(data: bytes) -> tuple[int, int]:
             w, h = im.size
             if im.getexif().get(0x0112, 1) in (5, 6, 7, 8):   # stored rotated by 90/270 degrees
                 w, h = h, w
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise ValueError(f"bad_image: {type(e).__name__}: {e}"[:300]) from None
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError) as e:
+        # PIL names the buffer by its address: dropped, so a rerun is byte-identical
+        raise ValueError(re.sub(r" object at 0x[0-9a-f]+", " object", f"bad_image: {type(e).__name__}: {e}")[:300]) \
+            from None
     return h, w
 
 
@@ -89,7 +112,7 @@ def run(cfg: ImportPacksConfig, task: TaskContext) -> None:
     from packing.pack import shard_name
     from packing.tokens import load_tokenizer
 
-    tars = shards(cfg.source)
+    tars = shards(cfg.root)
     first = np.concatenate([[0], np.cumsum([n for _, n in tars])]).astype(np.int64)
     lo, hi = slice_bounds(len(tars), task.rank, task.world_size)
     tok, img_cfg = load_tokenizer(cfg.tokenizer), cfg.image_cfg()
@@ -112,11 +135,13 @@ def encoded_entries(cfg, tok, img_cfg, tar: tuple[str, int], first: int, status_
     """The ovpipe entries of one official tar, one at a time; every entry's ``imported_packs`` row goes to
     ``status_rows``, and only the loadable ones that fit ``seq_len`` are yielded."""
     rel, n = tar
-    for k, (key, members) in enumerate(official_entries(cfg.source, rel, n)):
+    for k, (key, members) in enumerate(official_entries(cfg.root, rel, n)):
         row = {"pack_id": first + k, "source_shard": rel, "key": key, "n_samples": None, "total_tokens": None,
                "status": "ok", "error": None}
         e = None
         try:
+            if isinstance(members, Unreadable):
+                raise ValueError(f"unreadable: {members}")
             e = encode_entry(tok, cfg, img_cfg, members, first + k)
         except ValueError as err:
             row["status"], _, row["error"] = str(err).partition(": ")
@@ -142,17 +167,32 @@ def recorded(entries, pack_rows: list, shard: str):
         yield e
 
 
-def official_entries(root: str, rel: str, n: int):
-    """The entries of one official tar; a count that differs from energon's index stops the task (the
-    pack numbering of every later tar would shift)."""
+class Unreadable(str):
+    """In place of an entry's members: why the tar stopped before giving it."""
+
+
+def official_entries(root: Path, rel: str, n: int):
+    """The ``(key, members)`` of one official tar's ``n`` indexed entries. Where the tar cannot be read to its
+    end (cut short, not a tar, two members of one name in an entry), each entry it did not give is
+    ``(None, Unreadable(why))``. More entries than energon's index counts stop the task: every later pack id
+    would collide with the next tar's."""
+    import tarfile
+
     from packing.official import iter_entries
 
-    k = 0
-    for k, item in enumerate(iter_entries(Path(root) / rel), 1):
-        yield item
-    if k != n:
-        raise RuntimeError(f"{root}/{rel}: {k} entries but energon's .nv-meta/.info says {n} — "
+    k, why = 0, None
+    try:
+        for k, item in enumerate(iter_entries(Path(root) / rel), 1):
+            if k > n:
+                break
+            yield item
+    except (tarfile.TarError, OSError, ValueError, EOFError) as e:
+        why = f"{rel}: {type(e).__name__}: {e}"[:300]
+    if k > n:
+        raise RuntimeError(f"{root}/{rel}: more entries than energon's .nv-meta/.info counts ({n}) — "
                            f"re-run `energon prepare`")
+    for _ in range(k, n):
+        yield None, Unreadable(why or f"{rel}: the tar ends after {k} of its {n} indexed entries")
 
 
 def encode_entry(tok, cfg: ImportPacksConfig, img_cfg, members: dict, pack_id: int) -> dict:

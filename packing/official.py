@@ -147,7 +147,9 @@ def write_meta(root: Path) -> None:
 def shards(root: str | Path) -> list[tuple[str, int]]:
     """The tars of an official folder, relative to it, with the number of entries energon counted in each
     (``.nv-meta/.info.json``; ``.info.yaml`` from the energon the official release pins), in path order: pack
-    numbering follows it, whatever the task count."""
+    numbering follows it, whatever the task count. ``ValueError`` naming what is wrong with an index that is
+    not one energon writes: no ``shard_counts`` mapping, a count that is not a whole number ≥ 0, or a tar
+    name that would leave the folder (absolute, or with a ``..`` part)."""
     import yaml
 
     meta = Path(root) / ".nv-meta"
@@ -155,7 +157,28 @@ def shards(root: str | Path) -> list[tuple[str, int]]:
     if info is None:
         raise FileNotFoundError(f"{meta} has no .info.json or .info.yaml: an official folder is energon-prepared "
                                 f"(`energon prepare {root}`, as its step 4 does)")
-    return sorted(yaml.safe_load(info.read_text())["shard_counts"].items())   # JSON is YAML
+    try:
+        counts = yaml.safe_load(info.read_text())      # JSON is YAML
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ValueError(f"{info} does not parse: {type(e).__name__}") from None
+    counts = counts.get("shard_counts") if isinstance(counts, dict) else None
+    if not isinstance(counts, dict):
+        raise ValueError(f"{info} has no shard_counts mapping (tar → entries): re-run `energon prepare {root}`")
+    for name, n in counts.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"{info}: shard_counts[{name!r}] = {n!r} is not a count of entries")
+        if not isinstance(name, str) or not safe_relative(name):
+            raise ValueError(f"{info}: shard {name!r} is not a path inside {root} (absolute, or with a '..' part)")
+    return sorted(counts.items())
+
+
+def safe_relative(name: str) -> bool:
+    """``name`` is a relative path that stays inside the folder it is joined to (lexically: no root, drive,
+    ``..`` part, NUL or backslash)."""
+    from pathlib import PurePosixPath
+
+    p = PurePosixPath(name)
+    return bool(name) and not p.is_absolute() and ".." not in p.parts and "\\" not in name and "\0" not in name
 
 
 def iter_entries(path: str | Path) -> Iterator[tuple[str, dict]]:
@@ -170,18 +193,38 @@ def iter_entries(path: str | Path) -> Iterator[tuple[str, dict]]:
 
 def parse_entry(members: dict) -> tuple[list[str], list[str], list[bytes]]:
     """An entry's ``(prompts, captions, images)`` as the official loader reads them; ``ValueError`` naming what
-    is wrong with an entry it could not load (``bad_json``, ``missing_image``, ``misaligned``)."""
+    is wrong with an entry it could not load: ``bad_json`` (no json member, not JSON, not an object, or
+    ``captions`` / ``images`` / ``prompts`` not a list), ``bad_text`` (a null or non-string prompt or caption),
+    ``misaligned``, ``empty`` (no sub-sample: nothing to train on) or ``missing_image``."""
+    if "json" not in members:
+        raise ValueError("bad_json: the entry has no json member")
     try:
         meta = json.loads(members["json"])
-        captions, names, prompts = list(meta["captions"]), list(meta["images"]), list(meta.get("prompts") or [])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"bad_json: {e!r}") from None
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ValueError(f"bad_json: {type(e).__name__}: {e}"[:300]) from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"bad_json: the json is {type(meta).__name__}, not an object")
+    fields = {"captions": meta.get("captions"), "images": meta.get("images"), "prompts": meta.get("prompts") or []}
+    for name, v in fields.items():
+        if not isinstance(v, list):
+            raise ValueError(f"bad_json: {name} is {_kind(v)}, not a list")
+    captions, names, prompts = fields["captions"], fields["images"], fields["prompts"]
+    for name in ("prompts", "captions"):
+        bad = next((i for i, v in enumerate(fields[name]) if not isinstance(v, str)), None)
+        if bad is not None:
+            raise ValueError(f"bad_text: {name}[{bad}] is {_kind(fields[name][bad])}, not a string")
     if len(captions) != len(names) or (prompts and len(prompts) != len(names)):
         raise ValueError(f"misaligned: {len(names)} images, {len(captions)} captions, {len(prompts)} prompts")
-    missing = [i for i in range(len(names)) if f"img{i}.jpg" not in members]
+    if not names:
+        raise ValueError("empty: the entry has no images, so no sub-sample to train on")
+    missing = [i for i in range(len(names)) if not isinstance(members.get(f"img{i}.jpg"), bytes)]
     if missing:
         raise ValueError(f"missing_image: no img{missing[0]}.jpg member ({len(missing)} of {len(names)} missing)")
     return prompts, captions, [members[f"img{i}.jpg"] for i in range(len(names))]
+
+
+def _kind(v) -> str:
+    return "null" if v is None else f"a {type(v).__name__}"
 
 
 def count_shift(run_dir, count_for: str, lengths_step: str) -> int:

@@ -66,6 +66,9 @@ SLOW: dict[str, float] = {
     "tests/rl_select/test_rewards_adversarial.py::test_math_pathologies_are_bounded_by_the_runner": 4.4,
     "tests/viewer/test_browser.py": 14.2,
     "tests/viewer/test_meaning.py": 25.5,
+    "tests/packing/test_import_packs_bad.py::test_every_malformed_entry_is_a_status_row": 16.1,
+    "tests/viewer/test_guard.py::test_sigterm_stops_the_server_mid_query": 5.5,
+    "tests/fuzz/test_fuzz.py::test_official_entries": 18.3,    # most of it the tokenizer's first load
 }
 
 

@@ -3,14 +3,23 @@
 Read-only by construction: every route is a GET (the SQL box included, ``check_read_only`` before DuckDB
 sees it), every manifest read goes through ``viewer.catalog.RunCatalog`` (the locked catalog of
 ``ovpipe sql``), every file read through ``viewer.files`` (the run folder and its declared inputs only).
+
+Served to this machine only: a request whose ``Host`` header is not one of ``allowed_hosts`` (127.0.0.1,
+localhost, [::1] by default) is answered 400 by starlette's ``TrustedHostMiddleware``, so a web page whose
+DNS name is rebound to 127.0.0.1 reads nothing. Every query runs under the catalog's time limit; the SQL box
+shows at most ``SQL_MAX_ROWS`` rows and ``SQL_MAX_BYTES`` of result, and says so when it stops one. A
+``page=`` that is not a whole number ≥ 0 is 400, one past the last page 404.
 """
 from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
@@ -18,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from viewer import meaning, pages
-from viewer.catalog import SAMPLE_FILTERS, RunCatalog
+from viewer.catalog import SAMPLE_FILTERS, QueryStopped, RunCatalog
 from viewer.files import (SERVED_SUFFIXES, Refused, allowed_roots, blob_thumbnail, run_file, step_overview,
                           thumbnail)
 
@@ -27,6 +36,9 @@ NAV = (("overview", "/"), ("samples", "/samples"), ("map", "/map"), ("search", "
        ("concepts", "/concepts"), ("packs", "/packs"), ("training", "/training"), ("RL selection", "/rl"), ("SQL", "/sql"))
 THUMB_PX = (96, 160, 320, 640)
 SQL_MAX_ROWS = 200
+SQL_MAX_BYTES = 16 * 2**20
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+MAX_PAGE = 10**9                 # page × rows per page stays a 64-bit OFFSET
 
 
 def _int(request: Request, name: str, default: int = 0) -> int:
@@ -37,12 +49,33 @@ def _int(request: Request, name: str, default: int = 0) -> int:
         raise HTTPException(400, f"{name}={v!r}: expected a whole number") from None
 
 
-def create_app(run_dir: str | Path, memory_limit: str = "1GB") -> Starlette:
-    """The app over ``run_dir``: a ``RunCatalog`` and the allowed roots are made once, here."""
+def _page(request: Request) -> int:
+    """``page=`` as a whole number: 400 when it is not one or is negative, 404 past ``MAX_PAGE``."""
+    v = request.query_params.get("page", "")
+    try:
+        pg = int(v) if v != "" else 0
+    except ValueError:
+        raise HTTPException(400, f"page={v[:40]!r}: expected a whole number") from None
+    if pg < 0:
+        raise HTTPException(400, f"page={pg}: pages count from 0")
+    if pg > MAX_PAGE:
+        raise HTTPException(404, f"page={pg}: no such page")
+    return pg
+
+
+def _on_a_page(pg: int, pages: int) -> None:
+    if pg > 0 and pg >= pages:
+        raise HTTPException(404, f"page={pg}: there are {pages} pages (0 to {max(pages - 1, 0)})")
+
+
+def create_app(run_dir: str | Path, memory_limit: str = "1GB", allowed_hosts=LOOPBACK_HOSTS,
+               query_timeout: float = 30.0) -> Starlette:
+    """The app over ``run_dir``: a ``RunCatalog`` and the allowed roots are made once, here. ``allowed_hosts``:
+    the ``Host`` names it answers (without the port)."""
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
-    cat = RunCatalog(run_dir, memory_limit=memory_limit)
+    cat = RunCatalog(run_dir, memory_limit=memory_limit, query_timeout=query_timeout)
     roots = allowed_roots(run_dir)
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(nav=NAV, run_name=run_dir.name)
@@ -63,9 +96,10 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB") -> Starlette:
         for k in ("concept", "copies", "pack"):
             if filters[k] != "":
                 _int(request, k)
-        pg = _int(request, "page")
+        pg = _page(request)
         rows, total = cat.sample_page(filters, pg)
-        query = "&".join(f"{k}={v}" for k, v in filters.items() if v)
+        _on_a_page(pg, -(-total // 48))
+        query = urlencode({k: v for k, v in filters.items() if v})
         return page(request, "samples.html", rows=rows, total=total, page=pg, pages=-(-total // 48),
                     filters=filters, choices=cat.sample_choices(), query=query)
 
@@ -99,9 +133,11 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB") -> Starlette:
         return page(request, "concept.html", d=pages.concept(cat, request.path_params["concept_id"]))
 
     def packs(request: Request):
+        pg = _page(request)
         layout = {k: _int(request, k) for k in ("dp", "mb", "ga", "at")}
-        return page(request, "packs.html", d=pages.packs(cat, request.query_params.get("step"), _int(request, "page"),
-                                                          layout))
+        d = pages.packs(cat, request.query_params.get("step"), pg, layout)
+        _on_a_page(pg, d.get("pages", 0))
+        return page(request, "packs.html", d=d)
 
     def pack(request: Request):
         try:
@@ -116,7 +152,10 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB") -> Starlette:
         return page(request, "training.html", d=pages.training(cat))
 
     def rl(request: Request):
-        return page(request, "rl.html", d=pages.rl(cat, _int(request, "page")))
+        pg = _page(request)
+        d = pages.rl(cat, pg)
+        _on_a_page(pg, d.get("pages", 0))
+        return page(request, "rl.html", d=d)
 
     def prompt(request: Request):
         d = pages.prompt(cat, request.path_params["prompt_id"])
@@ -138,12 +177,15 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB") -> Starlette:
         if q.strip():
             try:
                 got = cat.rows(f"SELECT * FROM ({q.strip().rstrip(';')}) LIMIT {SQL_MAX_ROWS + 1}"
-                               if _is_select(q) else q, steps=True)
+                               if _is_select(q) else q, steps=True, max_bytes=SQL_MAX_BYTES)
                 cols = list(got[0]) if got else []
                 rows = [[r[c] for c in cols] for r in got]
             except ReadOnlyError as e:
                 return page(request, "sql.html", q=q, cols=[], rows=[], error=f"refused: {e}", max_rows=SQL_MAX_ROWS,
                             status_code=403)
+            except QueryStopped as e:
+                return page(request, "sql.html", q=q, cols=[], rows=[], error=f"stopped: {e}", max_rows=SQL_MAX_ROWS,
+                            status_code=422)
             except Exception as e:    # a DuckDB error (syntax, unknown column, a path outside the run): one line
                 error = str(e).splitlines()[0]
         return page(request, "sql.html", q=q, cols=cols, rows=rows[:SQL_MAX_ROWS], error=error,
@@ -172,7 +214,10 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB") -> Starlette:
         *meaning.routes(cat, roots, page),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: partial(_error, templates)})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: partial(_error, templates),
+                                                       QueryStopped: partial(_stopped, templates)},
+                    middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts),
+                                           www_redirect=False)])
     app.state.catalog, app.state.roots = cat, roots
     return app
 
@@ -197,6 +242,11 @@ def _plotly_js() -> str:
 
         _JS.append(plotly_js())
     return _JS[0]
+
+
+async def _stopped(templates, request: Request, exc: QueryStopped):
+    """A page whose query the catalog stopped (time limit, or the server stopping): 503, saying which."""
+    return await _error(templates, request, HTTPException(503, f"query stopped: {exc}"))
 
 
 async def _error(templates, request: Request, exc: HTTPException):

@@ -6,12 +6,18 @@ scanned in bounded memory. Each request runs on its own cursor of that connectio
 the database and its settings, so a request thread never shares a connection object with another).
 Every statement passes ``check_read_only`` first.
 
+Every statement also runs under a time limit (``query_timeout`` seconds, 30 by default: a timer calls the
+cursor's ``interrupt()``), and ``interrupt_all`` stops every running one at once (the server calls it on
+SIGTERM, so a long query never holds a stopping server). A caller that shows what a user typed (the SQL box)
+passes ``max_bytes``: the result is read as Arrow batches and refused once it passes that many bytes.
+
 Nothing here loads a manifest into Python: pages ask for one page of rows, an aggregate, or one key.
 """
 from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 
 from manifests.catalog import check_read_only, connect, lock_down, step_table, views
@@ -20,11 +26,20 @@ from manifests.io import find_manifest_dirs
 SAMPLE_FILTERS = ("status", "source", "concept", "copies", "pack")
 
 
+class QueryStopped(Exception):
+    """A statement the viewer stopped: past its time limit, past its result-size cap, or the server stopping."""
+
+
 class RunCatalog:
     """The run's manifests as DuckDB views (``samples``, ``assignments``, ``packs`` …), read-only."""
 
-    def __init__(self, run_dir: str | Path, memory_limit: str = "1GB", threads: int = 2):
+    def __init__(self, run_dir: str | Path, memory_limit: str = "1GB", threads: int = 2,
+                 query_timeout: float = 30.0):
         self.run_dir = Path(run_dir).resolve()
+        self.query_timeout = float(query_timeout)
+        self._running: set = set()           # cursors with a statement in flight
+        self._lock = threading.Lock()
+        self._closing = False
         con = connect(self.run_dir, lock=False)
         con.execute(f"SET memory_limit = '{memory_limit}'")
         con.execute(f"SET threads = {int(threads)}")
@@ -36,19 +51,59 @@ class RunCatalog:
     def has(self, *names: str) -> bool:
         return all(n in self.views for n in names)
 
-    def rows(self, sql: str, params=(), steps: bool = False) -> list[dict]:
+    def rows(self, sql: str, params=(), steps: bool = False, max_bytes: int | None = None) -> list[dict]:
         """Run one read-only statement on a fresh cursor; rows as dicts. ``steps``: the ``steps`` table of
-        ``ovpipe sql`` too (a registered Arrow table lives on its connection, so the cursor gets its own)."""
+        ``ovpipe sql`` too (a registered Arrow table lives on its connection, so the cursor gets its own).
+        ``QueryStopped`` past ``query_timeout`` seconds, past ``max_bytes`` of result (where given), or once
+        ``interrupt_all`` was called."""
+        import duckdb
+
         check_read_only(sql)
         cur = self.con.cursor()
+        fired = threading.Event()
+
+        def stop():
+            fired.set()
+            cur.interrupt()
+
+        timer = threading.Timer(self.query_timeout, stop)
+        timer.daemon = True
+        with self._lock:
+            if self._closing:
+                cur.close()
+                raise QueryStopped("the viewer is stopping")
+            self._running.add(cur)
+        timer.start()
         try:
             if steps:
                 cur.register("steps", step_table(self.run_dir))
+            if max_bytes is not None:       # streamed, so the cap bounds what is held, not only what is shown
+                rel = cur.sql(sql, params=list(params) or None)
+                return _capped_rows(rel.to_arrow_reader(64), max_bytes) if rel is not None else []
             cur.execute(sql, list(params))
             cols = [d[0] for d in cur.description]
             return [dict(zip(cols, r)) for r in cur.fetchall()]
+        except (duckdb.InterruptException, OSError) as e:
+            # an interrupt while Arrow batches stream surfaces as Arrow's OSError
+            if not isinstance(e, duckdb.InterruptException) and not (fired.is_set() or self._closing):
+                raise
+            if self._closing:
+                raise QueryStopped("the viewer is stopping") from None
+            raise QueryStopped(f"stopped after {self.query_timeout:g} s, the viewer's time limit for a query "
+                               f"(`ovpipe view --query-timeout`): narrow it with a WHERE or a LIMIT") from None
         finally:
+            timer.cancel()
+            with self._lock:
+                self._running.discard(cur)
             cur.close()
+
+    def interrupt_all(self) -> None:
+        """Stop every statement in flight and refuse new ones (the server is stopping)."""
+        with self._lock:
+            self._closing = True
+            running = list(self._running)
+        for cur in running:
+            cur.interrupt()
 
     def one(self, sql: str, params=()) -> dict | None:
         got = self.rows(sql, params)
@@ -129,6 +184,20 @@ class RunCatalog:
             out["captions"] = self.rows("SELECT lang, caption, model, status FROM captions WHERE sample_id = ? "
                                         "ORDER BY lang", [sample_id])
         return out
+
+
+def _capped_rows(reader, max_bytes: int) -> list[dict]:
+    """A result's Arrow batches as dicts; ``QueryStopped`` once past ``max_bytes``."""
+    import pyarrow as pa
+
+    batches, size = [], 0
+    for batch in reader:
+        size += batch.nbytes
+        if size > max_bytes:
+            raise QueryStopped(f"the result passed {max_bytes / 2**20:g} MiB, the viewer's cap on what one query "
+                               f"shows: select fewer columns, shorter values or fewer rows")
+        batches.append(batch)
+    return pa.Table.from_batches(batches).to_pylist() if batches else []
 
 
 def pretrain_stages(run_dir: Path) -> list[dict]:

@@ -23,7 +23,9 @@ they had been copied back, so here each collective inside it runs at once (same 
 Modules already imported that bound one of them to a name of their own (megatron's
 ``param_and_grad_buffer`` binds ``dist_all_gather_func = torch.distributed.all_gather_into_tensor`` at
 import, ``tensor_parallel.mappings`` the same) get the staged function too. ``ReduceOp.AVG``, which gloo
-lacks, runs as a sum divided by the group's size.
+lacks, runs as a sum divided by the group's size; on an integer tensor the division truncates toward zero,
+as NCCL's integer ``ncclAvg`` (its ``SumPostDiv``: the sum, then an integer division) does, and a bool tensor
+is refused (``ValueError``: an average of truth values has no integer form).
 
 ``apply(stage_host=True)`` stages CPU tensors as well — copies of them — so the staging itself (the copies
 in and out, deferred receives, coalescing, AVG) is tested on a CPU machine: a layout run that way must
@@ -93,6 +95,15 @@ def _avg(op, group):
     return op, None
 
 
+def _check_avg(a: dict, tensors: tuple[str, ...]) -> None:
+    """AVG of a bool tensor is refused before any rank sends anything (NCCL has no bool average either)."""
+    for k in tensors:
+        v = a.get(k)
+        for t in (v if isinstance(v, (list, tuple)) else [] if v is None else [v]):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.bool:
+                raise ValueError(f"ReduceOp.AVG of a bool tensor ({k}): reduce with SUM, MAX or MIN instead")
+
+
 def _collective(name: str, outputs: tuple[str, ...], inputs: tuple[str, ...]):
     """The staged form of collective ``name``: its arguments bound by the original's own signature, every
     staged tensor in ``outputs`` (tensors or lists of them) replaced by a host buffer and copied back after,
@@ -111,6 +122,8 @@ def _collective(name: str, outputs: tuple[str, ...], inputs: tuple[str, ...]):
         div = None
         if "op" in a:
             a["op"], div = _avg(a["op"], a.get("group"))
+            if div:
+                _check_avg(a, outputs + inputs)
         back = []
 
         def stage(t, out):
@@ -143,7 +156,7 @@ def _deliver(a: dict, outputs: tuple[str, ...], div, back: list) -> None:
         for k in outputs:
             v = a.get(k)
             for t in (v if isinstance(v, list) else [] if v is None else [v]):
-                t.div_(div)
+                t.div_(div, rounding_mode=None if t.is_floating_point() or t.is_complex() else "trunc")
     for t, h in back:
         t.copy_(h)
 

@@ -63,3 +63,48 @@ def test_dedup_map_and_apply_memory_does_not_grow_with_the_corpus(tmp_path):
     # group (65,536 rows). Generous bounds.
     assert b["map"] - a["map"] < 16, deltas
     assert b["apply"] - a["apply"] < 24, deltas
+
+
+REDUCE = r"""
+import json, sys
+from pathlib import Path
+import numpy, pyarrow, pyarrow.parquet, duckdb, faiss, torch, xxhash     # imports are not the task's memory
+import curation.dedup, curation.assign, curation.clip, manifests.io, manifests.ids, ovpipe.executors.task
+from ovpipe.executors.task import reduce_step
+from ovpipe.mapreduce import vmhwm_bytes
+
+run = Path(sys.argv[1])
+(run / "dedup" / "completions" / "reduced").unlink()
+base = vmhwm_bytes()
+reduce_step("dedup", run)
+print(json.dumps({"delta": vmhwm_bytes() - base}))
+"""
+
+
+@pytest.mark.slow
+def test_dedup_reduce_memory_is_flat_when_one_cluster_holds_every_row(tmp_path):
+    """One k-means cluster holds 100% of the rows (``cluster_rows`` above the corpus), at 12K and 48K rows of
+    d = 256: the reduce splits it by streaming and re-spilling, never loading it, so what the reduce adds to
+    its process's peak stays flat (loaded whole in fp32, the 48K cluster alone is 48 MiB)."""
+    from ovpipe.cli import main
+
+    rng = np.random.default_rng(1)
+    deltas = {}
+    for n in (12_000, 48_000):
+        run = tmp_path / f"n{n}"
+        # parts of 3K rows: a shard's pages, mapped while its rows are gathered, are the same size at both sizes
+        embedded_run(run, unit(rng.normal(size=(n, 256))).astype(np.float32), parts=n // 3000,
+                     row_group_rows=2048)
+        assert main(["dedup", "--run-dir", str(run), "--tasks", "2", "--quiet", "--set", "cluster_rows=1000000000",
+                     "--set", "max_cluster_rows=1000", "--set", "max_train_rows=4096", "--set", "report_pairs=0",
+                     "--set", "report_eps=[0.05]"]) == 0
+        r = subprocess.run([sys.executable, "-c", REDUCE, str(run)], capture_output=True, text=True,
+                           cwd=Path(__file__).parents[2])
+        assert r.returncode == 0, r.stderr[-3000:]
+        deltas[n] = json.loads(r.stdout.strip().splitlines()[-1])["delta"] / MiB
+        info = json.loads((run / "dedup" / "stats" / "reduce.json").read_text())["info"]
+        assert info["clusters"] == 1 and info["largest_cluster"] == n
+    print(f"VmHWM added by the reduce, MiB: {deltas}")
+    # 4× the rows in the one cluster: the row-aligned arrays (32 bytes a row, memory-mapped) and DuckDB's
+    # sort of the ids grow with the corpus, about 3 MiB here; the cluster itself adds nothing
+    assert deltas[48_000] - deltas[12_000] < 12, deltas

@@ -38,6 +38,15 @@ def _worker(rank: int, port: int, q) -> None:
         h = dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True)
         h.wait()
         out["all_reduce_avg"] = t.tolist()
+        # an integer AVG is the sum divided with truncation toward zero (NCCL's integer ncclAvg); a bool one is refused
+        t = torch.tensor([3 + rank, -3 - rank], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        out["all_reduce_avg_int"] = (t.tolist(), str(t.dtype))
+        try:
+            dist.all_reduce(torch.tensor([True]), op=dist.ReduceOp.AVG)
+            out["avg_bool"] = "ran"
+        except ValueError as e:
+            out["avg_bool"] = str(e)
         t = torch.tensor([5.0 + r])
         dist.broadcast(t, src=1)
         out["broadcast"] = t.tolist()
@@ -112,6 +121,8 @@ def test_every_staged_collective_means_what_it_says():
         o = res[r]
         assert o["all_reduce"] == [3.0, 20.0]
         assert o["all_reduce_avg"] == [1.5, 10.0]
+        assert o["all_reduce_avg_int"] == ([3, -3], "torch.int64")          # 7 / 2 and -7 / 2, truncated
+        assert "bool" in o["avg_bool"]
         assert o["broadcast"] == [6.0]
         assert o["all_gather"] == [[0.0, 0.5], [1.0, 1.5]]
         assert o["all_gather_into_tensor"] == [0.0, 0.5, 1.0, 1.5]

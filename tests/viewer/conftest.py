@@ -135,7 +135,7 @@ def view_client(view_run):
 
     from viewer.app import create_app
 
-    return TestClient(create_app(view_run["run"]))
+    return TestClient(create_app(view_run["run"]), base_url="http://127.0.0.1")   # a Host the app answers
 
 
 @pytest.fixture(scope="session")

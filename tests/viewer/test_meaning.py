@@ -73,7 +73,7 @@ def client(meaning_run):
 
     from viewer.app import create_app
 
-    return TestClient(create_app(meaning_run["run"]))
+    return TestClient(create_app(meaning_run["run"]), base_url="http://127.0.0.1")
 
 
 def _ranked(html: str, grid: str) -> list[str]:

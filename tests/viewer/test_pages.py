@@ -96,7 +96,7 @@ def test_a_run_with_nothing_yet_answers_every_page_without_a_server_error(tmp_pa
 
     from viewer.app import create_app
 
-    client = TestClient(create_app(tmp_path), raise_server_exceptions=False)
+    client = TestClient(create_app(tmp_path), raise_server_exceptions=False, base_url="http://127.0.0.1")
     for url in ("/", "/samples", "/concepts", "/packs", "/training", "/rl", "/sql?q=SELECT+1"):
         assert client.get(url).status_code == 200, url
     for url in ("/samples/0123456789abcdef", "/thumb/0123456789abcdef/0", "/packs/pack/0", "/rl/p0"):
