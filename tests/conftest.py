@@ -1,7 +1,20 @@
-"""Shared fixtures: a small demo corpus and an ingested run folder, made once per session."""
+"""Shared fixtures (a small demo corpus and an ingested run folder, made once per session), the SLOW table,
+the xdist scheduling, and what a test needs from the machine.
+
+Nothing is skipped quietly: a test marked ``slurm`` or ``chromium`` (``NEEDS``) skips on a developer's machine
+that lacks it, and fails naming what is missing under ``CI=true`` (``.ci/run`` sets it); there any other skip
+that is not a GPU test's fails the run too. Every run ends with a line per reason something was skipped,
+GPU-only tests counted apart (they always skip on a CPU).
+"""
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import re
+import shutil
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -10,6 +23,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# `--executor slurm --wait` (in-process and in the Makefile's subprocesses) polls every 0.5 s, never the 5 s a long
+# step on a real cluster backs off to: the suite's Slurm steps are seconds long (ovpipe/executors/slurm.py)
+os.environ.setdefault("OVPIPE_SLURM_POLL_MAX_S", "0.5")
 
 
 def _cuda_available() -> bool:
@@ -63,6 +79,7 @@ SLOW: dict[str, float] = {
     "tests/rl_select/test_rl_ingest.py::test_rl_ingest_merge_memory_follows_its_fan_in_not_its_runs": 5.2,
     "tests/rl_select/test_rewards_adversarial.py::test_math_pathologies_are_bounded_by_the_runner": 4.4,
     "tests/viewer/test_browser.py": 14.2,
+    "tests/test_ci_skips.py": 9.2,          # three pytest runs in subprocesses (CPU seconds, loaded machine)
 }
 
 
@@ -118,3 +135,91 @@ def ingested_run(demo_corpus, tmp_path_factory) -> Path:
                "--run-dir", str(run), "--tasks", "2", "--quiet"])
     assert rc == 0
     return run
+
+
+# ---- what a test needs from the machine, and the skips summary -----------------------------------------------
+IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def _missing_slurm() -> str | None:
+    from ovpipe.executors.slurm_cluster import missing_binaries
+
+    gone = missing_binaries()
+    return f"Slurm ({', '.join(gone)} not on PATH; bash scripts/install_slurm.sh installs it)" if gone else None
+
+
+@functools.cache
+def _missing_chromium() -> str | None:
+    gone = [what for what, there in (
+        ("chromium on PATH: bash scripts/install_system_deps.sh installs Debian's",
+         shutil.which("chromium") or shutil.which("chromium-browser")),
+        ("the playwright package: make install", importlib.util.find_spec("playwright"))) if not there]
+    return f"Chromium ({'; '.join(gone)})" if gone else None
+
+
+@functools.cache
+def _missing_checkout_venv() -> str | None:
+    venv = REPO / ".venv"
+    if Path(sys.prefix).resolve() == venv.resolve() and (venv / ".installed").exists():
+        return None
+    return f"the checkout's .venv (the test runs the Makefile, which uses {venv}: make install, then its python)"
+
+
+# marker: what is missing (None when it is there). A test with the marker skips without it; under CI=true it fails.
+NEEDS = {"slurm": _missing_slurm, "chromium": _missing_chromium, "checkout_venv": _missing_checkout_venv}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    for marker in NEEDS:
+        if marker in item.keywords and (missing := NEEDS[marker]()):
+            if IN_CI:
+                pytest.fail(f"CI=true, and this test needs {missing}", pytrace=False)
+            pytest.skip(f"needs {missing}")
+
+
+_GPU_REASON = re.compile(r"\b(CUDA|GPU|sm\d\d)\b")
+_skipped: list[tuple[str, bool, str]] = []        # (node id, GPU-only, reason), on the controller
+
+
+def _skip_reason(report) -> str:
+    r = report.longrepr
+    text = str(r[2]) if isinstance(r, (tuple, list)) and len(r) == 3 else str(r)
+    return text.removeprefix("Skipped: ")
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = _skip_reason(report)
+        _skipped.append((report.nodeid, "gpu" in report.keywords or bool(_GPU_REASON.search(reason)), reason))
+
+
+def _unexpected_in_ci() -> list[tuple[str, bool, str]]:
+    return [s for s in _skipped if not s[1]] if IN_CI else []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _unexpected_in_ci() and exitstatus == 0 and not hasattr(session.config, "workerinput"):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    """After pytest's own summary (this wrapper is the outermost): what was skipped and why, in counts — the
+    run's last lines but pytest's one-line tally."""
+    result = yield
+    if _skipped:
+        tr = terminalreporter
+        gpu = sum(1 for _, is_gpu, _ in _skipped if is_gpu)
+        other = Counter(reason for _, is_gpu, reason in _skipped if not is_gpu)
+        tr.write_sep("-", f"skipped: {len(_skipped)}")
+        if gpu:
+            tr.write_line(f"{gpu} GPU-only (they skip on a machine without CUDA)")
+        for reason, n in other.most_common():
+            tr.write_line(f"{n} × {reason}")
+        if _unexpected_in_ci():
+            tr.write_line(f"CI=true: the run fails — {sum(other.values())} test(s) skipped for what this machine "
+                          f"lacks: {', '.join(sorted({n for n, g, _ in _skipped if not g}))}", red=True, bold=True)
+    return result
