@@ -44,6 +44,8 @@ LONG_FIRST = ("tests/pretrain/test_parallel_parity.py", "tests/pretrain/test_kil
               "tests/pretrain/test_conversation_training.py", "tests/curation/test_curation_demo.py")
 
 
+SLURM_DEMO = "tests/ovpipe/test_slurm_demo.py"
+
 # `make test-fast` (-m "not slow and not slurm") runs between edits and takes under 3 minutes on the 2-core
 # machine; `make test` runs everything. Besides the tests marked `slow` in their own files, these are slow:
 # the end-to-end drills and every test that took more than ~4 s there (seconds measured with
@@ -80,6 +82,7 @@ SLOW: dict[str, float] = {
     "tests/rl_select/test_rewards_adversarial.py::test_math_pathologies_are_bounded_by_the_runner": 4.4,
     "tests/viewer/test_browser.py": 14.2,
     "tests/test_ci_skips.py": 9.2,          # three pytest runs in subprocesses (CPU seconds, loaded machine)
+    "tests/pretrain/test_cpu_compat.py::test_setup_distributed_patches_only_without_cuda": 9.3,   # 2 megatron set-ups
 }
 
 
@@ -92,18 +95,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _listed_slow(item.nodeid):
             item.add_marker(pytest.mark.slow)
-    # Under xdist the Slurm tests share one worker: each module starts its own loopback cluster, and two
-    # clusters at once would compete for the same two cores and node name. The parallel-parity tests share
-    # another, so their one-process reference run (a module fixture) is computed once, not on each worker.
-    # Both groups go first (xdist's loadgroup hands out work in collection order), then LONG_FIRST.
+    # Under xdist three groups each keep to one worker. The Makefile-on-Slurm test (the suite's longest: the demo's
+    # curation, packing and RL as ~20 Slurm chains, mostly waiting on Slurm's per-job scheduling) is one; the
+    # other Slurm tests are another, since each of their modules starts its own loopback cluster and more than
+    # two clusters at once would crowd the two cores. The parallel-parity tests are the third, so their
+    # one-process reference run (a module fixture) is computed once, not on each worker. Work is handed out in
+    # collection order (the Makefile passes --no-loadscope-reorder): the Makefile-on-Slurm test first, the other
+    # Slurm tests next, then LONG_FIRST (the parity group its first), so no long test starts late.
     def rank(item):
-        if "slurm" in item.keywords:
+        if item.nodeid.startswith(SLURM_DEMO):
             return 0
+        if "slurm" in item.keywords:
+            return 1
         path = item.nodeid.split("::")[0]
-        return 1 + LONG_FIRST.index(path) if path in LONG_FIRST else len(LONG_FIRST) + 1
+        return 2 + LONG_FIRST.index(path) if path in LONG_FIRST else len(LONG_FIRST) + 2
 
     for item in items:
-        if "slurm" in item.keywords:
+        if item.nodeid.startswith(SLURM_DEMO):
+            item.add_marker(pytest.mark.xdist_group("slurm-demo"))
+        elif "slurm" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("slurm"))
         elif item.nodeid.startswith("tests/pretrain/test_parallel_parity.py"):
             item.add_marker(pytest.mark.xdist_group("parity"))
