@@ -97,7 +97,7 @@ def _ours_end_to_end(lengths_path: str, out_path: str, C: int, q) -> None:
     # the parent's RSS at fork.
     from ovpipe.mapreduce import vmhwm_bytes
 
-    q.put((dt, P.n_bins, (vmhwm_bytes() or 0) / 1024 ** 2))
+    q.put((dt, P.n_bins, (vmhwm_bytes() or 0) / 2 ** 30))        # vmhwm_bytes: bytes; the table: GiB
 
 
 def ours(L: np.ndarray, C: int, tmp: Path) -> dict:

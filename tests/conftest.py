@@ -1,7 +1,20 @@
-"""Shared fixtures: a small demo corpus and an ingested run folder, made once per session."""
+"""Shared fixtures (a small demo corpus and an ingested run folder, made once per session), the SLOW table,
+the xdist scheduling, and what a test needs from the machine.
+
+Nothing is skipped quietly: a test marked ``slurm`` or ``chromium`` (``NEEDS``) skips on a developer's machine
+that lacks it, and fails naming what is missing under ``CI=true`` (``.ci/run`` sets it); there any other skip
+that is not a GPU test's fails the run too. Every run ends with a line per reason something was skipped,
+GPU-only tests counted apart (they always skip on a CPU).
+"""
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import re
+import shutil
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -10,6 +23,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# `--executor slurm --wait` (in-process and in the Makefile's subprocesses) polls every 0.5 s, never the 5 s a long
+# step on a real cluster backs off to: the suite's Slurm steps are seconds long (ovpipe/executors/slurm.py)
+os.environ.setdefault("OVPIPE_SLURM_POLL_MAX_S", "0.5")
 
 
 def _cuda_available() -> bool:
@@ -27,6 +43,8 @@ LONG_FIRST = ("tests/pretrain/test_parallel_parity.py", "tests/pretrain/test_kil
               "tests/pretrain/test_export.py", "tests/pretrain/test_tensor_parallel.py",
               "tests/pretrain/test_conversation_training.py", "tests/curation/test_curation_demo.py")
 
+
+SLURM_DEMO = "tests/ovpipe/test_slurm_demo.py"
 
 # `make test-fast` (-m "not slow and not slurm") runs between edits and takes under 3 minutes on the 2-core
 # machine; `make test` runs everything. Besides the tests marked `slow` in their own files, these are slow:
@@ -69,6 +87,12 @@ SLOW: dict[str, float] = {
     "tests/packing/test_import_packs_bad.py::test_every_malformed_entry_is_a_status_row": 16.1,
     "tests/viewer/test_guard.py::test_sigterm_stops_the_server_mid_query": 5.5,
     "tests/fuzz/test_fuzz.py::test_official_entries": 18.3,    # most of it the tokenizer's first load
+    "tests/test_ci_skips.py": 9.2,          # three pytest runs in subprocesses (CPU seconds, loaded machine)
+    "tests/pretrain/test_cpu_compat.py::test_setup_distributed_patches_only_without_cuda": 9.3,   # 2 megatron set-ups
+    # make test-fast --durations at load 6-9 (over ~4 s there)
+    "tests/pretrain/test_host_collectives.py::test_every_staged_collective_means_what_it_says": 12.3,
+    "tests/ovpipe/test_demo_and_imports.py::test_demo_data_cli_writes_conversation_sets_deterministically": 6.0,
+    "tests/pretrain/test_hf_import.py::test_stage1_starts_from_imported_weights": 5.0,
 }
 
 
@@ -81,18 +105,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _listed_slow(item.nodeid):
             item.add_marker(pytest.mark.slow)
-    # Under xdist the Slurm tests share one worker: each module starts its own loopback cluster, and two
-    # clusters at once would compete for the same two cores and node name. The parallel-parity tests share
-    # another, so their one-process reference run (a module fixture) is computed once, not on each worker.
-    # Both groups go first (xdist's loadgroup hands out work in collection order), then LONG_FIRST.
+    # Under xdist three groups each keep to one worker. The Makefile-on-Slurm test (the suite's longest: the demo's
+    # curation, packing and RL as ~20 Slurm chains, mostly waiting on Slurm's per-job scheduling) is one; the
+    # other Slurm tests are another, since each of their modules starts its own loopback cluster and more than
+    # two clusters at once would crowd the two cores. The parallel-parity tests are the third, so their
+    # one-process reference run (a module fixture) is computed once, not on each worker. Work is handed out in
+    # collection order (the Makefile passes --no-loadscope-reorder): the Makefile-on-Slurm test first, the other
+    # Slurm tests next, then LONG_FIRST (the parity group its first), so no long test starts late.
     def rank(item):
-        if "slurm" in item.keywords:
+        if item.nodeid.startswith(SLURM_DEMO):
             return 0
+        if "slurm" in item.keywords:
+            return 1
         path = item.nodeid.split("::")[0]
-        return 1 + LONG_FIRST.index(path) if path in LONG_FIRST else len(LONG_FIRST) + 1
+        return 2 + LONG_FIRST.index(path) if path in LONG_FIRST else len(LONG_FIRST) + 2
 
     for item in items:
-        if "slurm" in item.keywords:
+        if item.nodeid.startswith(SLURM_DEMO):
+            item.add_marker(pytest.mark.xdist_group("slurm-demo"))
+        elif "slurm" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("slurm"))
         elif item.nodeid.startswith("tests/pretrain/test_parallel_parity.py"):
             item.add_marker(pytest.mark.xdist_group("parity"))
@@ -124,3 +155,91 @@ def ingested_run(demo_corpus, tmp_path_factory) -> Path:
                "--run-dir", str(run), "--tasks", "2", "--quiet"])
     assert rc == 0
     return run
+
+
+# ---- what a test needs from the machine, and the skips summary -----------------------------------------------
+IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def _missing_slurm() -> str | None:
+    from ovpipe.executors.slurm_cluster import missing_binaries
+
+    gone = missing_binaries()
+    return f"Slurm ({', '.join(gone)} not on PATH; bash scripts/install_slurm.sh installs it)" if gone else None
+
+
+@functools.cache
+def _missing_chromium() -> str | None:
+    gone = [what for what, there in (
+        ("chromium on PATH: bash scripts/install_system_deps.sh installs Debian's",
+         shutil.which("chromium") or shutil.which("chromium-browser")),
+        ("the playwright package: make install", importlib.util.find_spec("playwright"))) if not there]
+    return f"Chromium ({'; '.join(gone)})" if gone else None
+
+
+@functools.cache
+def _missing_checkout_venv() -> str | None:
+    venv = REPO / ".venv"
+    if Path(sys.prefix).resolve() == venv.resolve() and (venv / ".installed").exists():
+        return None
+    return f"the checkout's .venv (the test runs the Makefile, which uses {venv}: make install, then its python)"
+
+
+# marker: what is missing (None when it is there). A test with the marker skips without it; under CI=true it fails.
+NEEDS = {"slurm": _missing_slurm, "chromium": _missing_chromium, "checkout_venv": _missing_checkout_venv}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    for marker in NEEDS:
+        if marker in item.keywords and (missing := NEEDS[marker]()):
+            if IN_CI:
+                pytest.fail(f"CI=true, and this test needs {missing}", pytrace=False)
+            pytest.skip(f"needs {missing}")
+
+
+_GPU_REASON = re.compile(r"\b(CUDA|GPU|sm\d\d)\b")
+_skipped: list[tuple[str, bool, str]] = []        # (node id, GPU-only, reason), on the controller
+
+
+def _skip_reason(report) -> str:
+    r = report.longrepr
+    text = str(r[2]) if isinstance(r, (tuple, list)) and len(r) == 3 else str(r)
+    return text.removeprefix("Skipped: ")
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = _skip_reason(report)
+        _skipped.append((report.nodeid, "gpu" in report.keywords or bool(_GPU_REASON.search(reason)), reason))
+
+
+def _unexpected_in_ci() -> list[tuple[str, bool, str]]:
+    return [s for s in _skipped if not s[1]] if IN_CI else []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _unexpected_in_ci() and exitstatus == 0 and not hasattr(session.config, "workerinput"):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    """After pytest's own summary (this wrapper is the outermost): what was skipped and why, in counts — the
+    run's last lines but pytest's one-line tally."""
+    result = yield
+    if _skipped:
+        tr = terminalreporter
+        gpu = sum(1 for _, is_gpu, _ in _skipped if is_gpu)
+        other = Counter(reason for _, is_gpu, reason in _skipped if not is_gpu)
+        tr.write_sep("-", f"skipped: {len(_skipped)}")
+        if gpu:
+            tr.write_line(f"{gpu} GPU-only (they skip on a machine without CUDA)")
+        for reason, n in other.most_common():
+            tr.write_line(f"{n} × {reason}")
+        if _unexpected_in_ci():
+            tr.write_line(f"CI=true: the run fails — {sum(other.values())} test(s) skipped for what this machine "
+                          f"lacks: {', '.join(sorted({n for n, g, _ in _skipped if not g}))}", red=True, bold=True)
+    return result

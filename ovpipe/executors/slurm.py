@@ -25,6 +25,7 @@ its completion marker comes last, so a half-done rank is never mistaken for a do
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -232,6 +233,20 @@ def sbatch(args: list[str]) -> str:
     if res.returncode != 0:
         raise RuntimeError(f"sbatch {' '.join(args)} failed: {res.stderr.strip() or res.stdout.strip()}")
     return res.stdout.strip().split(";")[0]
+
+
+# ``--wait`` asks squeue every 0.5 s, and after 30 s less often, up to every 5 s (or what this variable says):
+# a long step then costs the controller fewer queries. The test suite sets 0.5, since its steps are seconds long
+# and a 5-s poll would be most of each one's wait.
+POLL_MAX_ENV = "OVPIPE_SLURM_POLL_MAX_S"
+
+
+def poll_max_s() -> float:
+    raw = os.environ.get(POLL_MAX_ENV, "5")
+    try:
+        return max(0.1, float(raw))
+    except ValueError:
+        raise ValueError(f"{POLL_MAX_ENV} must be a number of seconds, got {raw!r}") from None
 
 
 # squeue states: a job (or array task) still to run, running, or ended without success
@@ -517,7 +532,7 @@ class SlurmExecutor:
         jobs = [j["job"] for j in record.get("chain", [])]
         name = sdir.name
         last = None
-        poll = self.poll_s
+        poll, poll_max = self.poll_s, poll_max_s()
         try:
             while True:
                 live = _squeue(jobs)
@@ -532,7 +547,7 @@ class SlurmExecutor:
                     raise TimeoutError(f"{name}: slurm jobs {jobs} still queued or running after {timeout_s:.0f} s")
                 time.sleep(poll)
                 # a short step ends within a poll or two; a long one is asked less often
-                poll = min(5.0, poll * 1.1) if time.time() - t0 > 30 else poll
+                poll = min(max(poll_max, self.poll_s), poll * 1.1) if time.time() - t0 > 30 else poll
         except KeyboardInterrupt:
             print(f"\n{name}: stopped waiting; the jobs {jobs} keep running (ovpipe status {sdir.parent}; "
                   f"scancel {' '.join(jobs)} to stop them)", file=out, flush=True)

@@ -35,10 +35,7 @@ def main(argv=None) -> int:
 
     tp = setup_distributed(tp=int(os.environ.get("WORLD_SIZE", "1")))["tp"]
     torch.manual_seed(a.seed)
-    try:
-        model_parallel_cuda_manual_seed(a.seed)
-    except Exception:
-        pass
+    model_parallel_cuda_manual_seed(a.seed)       # as the trainer seeds: per-TP-rank init streams
     model = VLM(RECIPES["tiny"], image_pad_id(Path(a.run_dir), None), tp=tp, backend="sdpa")
     from pretrain.trainer import checkpoint
 
