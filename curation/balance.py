@@ -38,9 +38,9 @@ Map → reduce → apply (``docs/scale.md``): no task holds the corpus.
 * finalize: ``concept_counts`` (count_before from the reduce, count_after = Σ of the apply ranks'
   bincounts = ``Σ_i copies_i · [c ∈ topK(i)]``).
 
-With ``dedup_step`` / ``alignment_step`` (declared inputs), the rows those steps mark ``near_duplicate`` /
-``low_alignment`` are skipped: they count for no concept and enter no sum, and their ``balanced`` row has
-weight 0 and no copy. Each phase then reads its rows of ``assignments`` through a DuckDB anti-join
+With ``dedup_step`` / ``alignment_step`` (declared inputs), the rows those steps mark ``near_duplicate``,
+``low_alignment`` or ``bad_vector`` are skipped: they count for no concept and enter no sum, and their
+``balanced`` row has weight 0 and no copy. Each phase then reads its rows of ``assignments`` through a DuckDB anti-join
 (``_kept_rows``) under the task's memory limit instead of the plain stream.
 
 ``balance()`` is the same computation on in-memory arrays (tests, bench).
@@ -338,7 +338,8 @@ def _slice(task: TaskContext) -> tuple[int, int]:
     return slice_bounds(task.input_num_rows("assignments"), task.rank, task.world_size)
 
 
-SKIP_STATUS = {"dedup": "near_duplicate", "alignment": "low_alignment"}
+# bad_vector: an image vector that is NaN, inf or not of unit length; its concepts were assigned from it too.
+SKIP_STATUS = {"dedup": ("near_duplicate", "bad_vector"), "alignment": ("low_alignment", "bad_vector")}
 
 
 def _kept_rows(task: TaskContext, cfg: BalanceConfig, lo: int = 0, hi: int | None = None, with_skipped: bool = False):
@@ -350,8 +351,9 @@ def _kept_rows(task: TaskContext, cfg: BalanceConfig, lo: int = 0, hi: int | Non
     def files(kind):
         return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in task.input_files(kind)) + "]"
 
-    marks = " UNION ".join(f"SELECT sample_id FROM read_parquet({files(kind)}) WHERE status = '{status}'"
-                           for kind, status in SKIP_STATUS.items() if getattr(cfg, f"{kind}_step"))
+    marks = " UNION ".join(f"SELECT sample_id FROM read_parquet({files(kind)}) WHERE status IN "
+                           f"({', '.join(repr(s) for s in statuses)})"
+                           for kind, statuses in SKIP_STATUS.items() if getattr(cfg, f"{kind}_step"))
     n = task.input_num_rows("assignments")
     hi = n if hi is None else hi
     sql = (f"SELECT a.sample_id, a.concept_ids, m.sample_id IS NOT NULL AS skipped "
@@ -387,7 +389,7 @@ def apply_weights(cfg: BalanceConfig, task: TaskContext) -> None:
             sid = batch.column("sample_id")
             c = _concepts(batch.column("concept_ids"), cfg.count_top)
             weight, copies = draw(c, uniform_draws(sid, cfg.seed), counts, n, cfg, sol)
-            if cfg.skipping:          # a near_duplicate / low_alignment row: no weight, no copy
+            if cfg.skipping:          # a near_duplicate / low_alignment / bad_vector row: no weight, no copy
                 skipped = batch.column("skipped").to_numpy(zero_copy_only=False)
                 weight, copies = np.where(skipped, 0.0, weight), np.where(skipped, 0, copies)
                 task.stats.inc("skipped", int(skipped.sum()))

@@ -102,8 +102,9 @@ def test_bad_config_fails_naming_the_field():
         DedupConfig(cluster_rows=0)
 
 
-def test_balance_skips_near_duplicates_through_its_declared_input(tmp_path):
+def test_balance_skips_near_duplicates_and_bad_vectors_through_its_declared_input(tmp_path):
     vectors, areas, truth = planted_set(n_groups=8, per_group=15, seed=2)
+    vectors[3] = np.nan                                          # its concepts were assigned from a NaN vector
     run = tmp_path / "run"
     ids = embedded_run(run, vectors, areas, parts=2)
     assert main(["dedup", "--run-dir", str(run), "--quiet", "--set", "cluster_rows=60", "--set", "report_pairs=0"]) == 0
@@ -121,8 +122,9 @@ def test_balance_skips_near_duplicates_through_its_declared_input(tmp_path):
         outs.append((read_manifest(run, "balanced", step=f"balance-{tasks}"),
                      read_manifest(run, "concept_counts", step=f"balance-{tasks}")))
     assert outs[0][0].equals(outs[1][0]) and outs[0][1].equals(outs[1][1])
-    dup = {r["sample_id"] for r in read_manifest(run, "dedup").to_pylist() if r["status"] == "near_duplicate"}
-    assert dup
+    status = {r["sample_id"]: r["status"] for r in read_manifest(run, "dedup").to_pylist()}
+    dup = {s for s, v in status.items() if v in ("near_duplicate", "bad_vector")}
+    assert "near_duplicate" in status.values() and list(status.values()).count("bad_vector") == 1
     bal = outs[0][0].to_pylist()
     assert len(bal) == len(ids)                                  # every row is there; the skipped get no copy
     assert all(r["copies"] == 0 and r["weight"] == 0 for r in bal if r["sample_id"] in dup)
