@@ -75,6 +75,7 @@ class Plan:
     gpu_hours: float
     offload: float = 0.0       # share of the optimizer on the host (what recompute auto picks where nothing else fits)
     host_gib: float = 0.0      # host memory per GPU that offload takes
+    comm_bytes: dict = dataclasses.field(default_factory=dict)   # ``comm_bytes`` of the first pipeline stage's rank
 
 
 def parse_gpus(text: str) -> tuple[int, Gpu]:
@@ -107,6 +108,117 @@ def layouts(recipe, n_gpus: int, gpu: Gpu, seq_len: int, global_batch: int, micr
                 except ValueError:
                     continue
                 yield tp, pp, cp, dp, accum
+
+
+def trainer_ddp(recipe, stage: str, dp: int, distributed_optimizer: bool = True):
+    """megatron-core's ``DistributedDataParallelConfig`` the trainer builds for this stage at DP size ``dp``
+    (``pretrain.trainer.optimizer.ddp_config`` of a default ``TrainConfig``): the one source of the gradient
+    reduce dtype, the overlap flags and the bucket size, for the trainer and the plan alike."""
+    from pretrain.trainer.config import TrainConfig
+    from pretrain.trainer.optimizer import ddp_config
+
+    cfg = TrainConfig(run_dir="plan", recipe=getattr(recipe, "name", recipe), stage=stage, steps=1,
+                      distributed_optimizer=distributed_optimizer)
+    return ddp_config(cfg, dp)
+
+
+def rank_params(recipe, trainable: str, tp: int, pp: int, pp_rank: int = 0) -> dict:
+    """Parameters (elements) one rank of pipeline stage ``pp_rank`` holds, by part, as the trainer builds them:
+    the tower and projector whole on the first stage (on every TP and CP rank), the word embedding and the
+    output layer split over TP (a tied output layer on the last stage when pp > 1), each LLM layer's
+    matrices split over TP and its four RMSNorm weights whole. ``trained``: those in the DDP buffer (stage 1:
+    the projector); ``sp_norms``: the trained norm weights whose gradients are summed over TP under SP."""
+    from pretrain.recipes import pipeline_sizes
+
+    llm, vit = recipe.llm, recipe.vit
+    h, d, f, v = llm.hidden_size, llm.kv_channels, llm.ffn_hidden_size, llm.vocab_size
+    q, kv = llm.num_attention_heads * d, llm.num_query_groups * d
+    D, inter = vit.hidden_size, vit.intermediate_size
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    layers = pipeline_sizes(llm.num_layers, pp)[pp_rank]
+    norms = layers * (2 * h + 2 * d) + (h if last else 0)
+    parts = {
+        "vit": (vit.num_layers * (4 * (D * D + D) + 2 * D * inter + inter + D + 4 * D) + D
+                + 3 * vit.patch_size ** 2 * D + 2 * D + D // vit.num_heads // 2) if first else 0,
+        "projector": (2 * D + 16 * D * D + 4 * D + 4 * D * h + h) if first else 0,
+        "embedding": v * h // tp if first else 0,
+        "layers": layers * (h * (q + 2 * kv) + q * h + 3 * h * f) // tp + norms,
+        "output": v * h // tp if last and (pp > 1 or not llm.tie_embeddings) else 0,
+    }
+    trained = parts["projector"] if trainable != "all" else sum(parts.values())
+    return {**parts, "trained": trained, "sp_norms": norms if trainable == "all" else 0}
+
+
+def comm_bytes(recipe, stage: str, tp: int, pp: int, cp: int, dp: int, grad_accum: int, micro_batch: int,
+               seq_len: int, ddp=None, *, pp_rank: int = 0, bf16: bool = True, sequence_parallel: bool | None = None,
+               recompute: str = "none") -> dict[str, float]:
+    """Bytes one rank (of pipeline stage ``pp_rank``) hands to collectives in one optimizer step, by kind:
+    the sum over calls of the whole tensor given to the call (an all-gather's or reduce-scatter's unsharded
+    buffer, an all-reduce's tensor, a send's or receive's tensor), not the ring's wire traffic. Scalars under
+    1 KiB a step (the loss and token counts, the gradient norm, the step's metrics) are not counted.
+
+    - ``tp`` (tp > 1; SP on unless told): per LLM layer and micro-batch, with SP each column-parallel linear
+      (QKV, the MLP's first) all-gathers its input forward and again backward for its weight gradient and
+      reduce-scatters the input gradient, each row-parallel one reduce-scatters forward and all-gathers
+      backward: 10 tensors of [tokens / cp, hidden] (a frozen LLM has no weight gradient: 8); a recompute
+      reruns the forward's collectives it covers (``full`` 4, ``selective``/``mlp`` the MLP's 2). The first
+      stage all-reduces the word embedding of the whole micro-batch and all-gathers the scattered
+      embedding's gradient; the last gathers the output layer's input (forward, and backward for a trained
+      layer), reduce-scatters its gradient, and all-reduces three fp32 [tokens / cp] of the vocabulary-
+      parallel cross-entropy; once a step the norms' gradients are all-reduced. Without SP: all-reduces.
+    - ``cp`` (cp > 1): each layer all-gathers the keys and the values of the whole micro-batch forward and
+      reduce-scatters their gradients backward; ``full`` and ``selective`` recompute gather them again.
+    - ``pp`` (pp > 1): per micro-batch the stage's activation [tokens / cp / tp under SP, hidden] is sent
+      and received each way (first and last stage: one way each), each after a 24-byte shape message
+      (variable sequence lengths); once a step a tied embedding's gradient is all-reduced between the first
+      and last stage.
+    - ``dp_grad`` / ``dp_param``: the DDP buffer of the rank's trained parameters in the dtype ``ddp``
+      reduces in (fp32 with ``grad_reduce_in_fp32``), reduce-scattered once a step with the distributed
+      optimizer (all-reduced without), and the parameters all-gathered back in their dtype (distributed
+      optimizer only). megatron pads each bucket to a multiple of the DP size (not counted; under 0.1% of a
+      4B's buffer). ``ddp``: the trainer's ``DistributedDataParallelConfig`` (``trainer_ddp``) by default."""
+    from pretrain.recipes import STAGES, pipeline_sizes
+
+    if ddp is None:
+        ddp = trainer_ddp(recipe, stage, dp)
+    trainable = STAGES[stage].trainable
+    trains_llm = trainable == "all"
+    sp = tp > 1 if sequence_parallel is None else sequence_parallel
+    llm = recipe.llm
+    e = 2 if bf16 else 4                                   # activation and parameter bytes
+    h, first, last = llm.hidden_size, pp_rank == 0, pp_rank == pp - 1
+    layers = pipeline_sizes(llm.num_layers, pp)[pp_rank]
+    tokens = micro_batch * seq_len
+    local = tokens / cp
+    act = local * h * e
+    out = {"tp": 0.0, "cp": 0.0, "pp": 0.0, "dp_grad": 0.0, "dp_param": 0.0}
+    params = rank_params(recipe, trainable, tp, pp, pp_rank)
+    grad_e = 4 if ddp.grad_reduce_in_fp32 else e
+    if tp > 1:
+        if sp:
+            per_layer = (10 if trains_llm else 8) + {"full": 4, "selective": 2, "mlp": 2}.get(recompute, 0)
+            output = 3 if trains_llm else 2
+        else:
+            per_layer = 4 + {"full": 2, "selective": 1, "mlp": 1}.get(recompute, 0)
+            output = 1
+        micro = layers * per_layer * act
+        if first:
+            micro += tokens * h * e + (act if sp else 0)
+        if last:
+            micro += output * act + 3 * local * 4
+        out["tp"] = grad_accum * micro + (params["sp_norms"] * grad_e if sp else 0)
+    if cp > 1:
+        kv = tokens * llm.num_query_groups // tp * llm.kv_channels * e
+        out["cp"] = float(grad_accum * layers * kv) * (4 + (2 if recompute in ("full", "selective") else 0))
+    if pp > 1:
+        ways = 1 if first or last else 2
+        out["pp"] = grad_accum * ways * 2 * (local / (tp if sp else 1) * h * e + 24)
+        if llm.tie_embeddings and trains_llm and (first or last):
+            out["pp"] += llm.vocab_size * h // tp * grad_e
+    out["dp_grad"] = float(params["trained"] * grad_e)
+    if ddp.use_distributed_optimizer:
+        out["dp_param"] = float(params["trained"] * e)
+    return out
 
 
 def _ring(bytes_: float, n: int, gbs: float) -> float:
@@ -162,7 +274,8 @@ def predict(recipe, stage: str, gpu: Gpu, n_gpus: int, tp: int, pp: int, cp: int
                 c.peak_gib, step, {"compute": compute, "bubble": bubble, "tp": t_tp, "cp": t_cp, "dp": exposed_dp},
                 step_tokens / step / n_gpus, mf * grad_accum * dp / step / (n_gpus * gpu.peak_tflops * 1e12),
                 steps * step / 3600, steps * step / 3600 * n_gpus, lay.offload,
-                host_bytes(recipe, trainable, lay) / GIB)
+                host_bytes(recipe, trainable, lay) / GIB,
+                comm_bytes(recipe, stage, tp, pp, cp, dp, grad_accum, micro_batch, seq_len, recompute=c.recompute))
 
 
 def plan(recipe_name: str, stage: str, gpus: str, steps: int, global_batch: int, seq_len: int = 8192,
