@@ -42,7 +42,7 @@ class Trainer:
         from pretrain.data import plan_data
         from pretrain.recipes import RECIPES, STAGES, Parallelism, stage_folder, validate
         from pretrain.trainer.build import build_model, device, param_count, setup_distributed
-        from pretrain.trainer.optimizer import build_optimizer, on_cuda
+        from pretrain.trainer.optimizer import build_optimizer, ddp_config, on_cuda
         from pretrain.trainer.checkpoint import StageCheckpoints
         from pretrain.trainer.loader import stage_batches
         from pretrain.trainer.memory import GIB
@@ -87,6 +87,7 @@ class Trainer:
                 "(torchao; the rest, the output layer, the tower and the projector in bf16)")
         self.out = cfg.run_dir / stage_folder(cfg.stage)
         self.out.mkdir(parents=True, exist_ok=True)
+        self.ddp_cfg = ddp_config(cfg, self.sizes["dp"])
         if rank0:
             self._write_stage_json()
         # ---- checkpoint: the stage's own newest, else the previous stage's weights
@@ -95,7 +96,7 @@ class Trainer:
         self.ckpt.load_model(self.model)
         self.model.set_trainable(self.stage.trainable)
         self.ddp, self.opt = build_optimizer(self.model, self.stage, cfg.lr, cfg.bf16, self.dtype,
-                                             cfg.distributed_optimizer, cfg.optimizer_offload)
+                                             self.ddp_cfg, cfg.optimizer_offload)
         self.ckpt.load_optimizer(self.model, self.opt)
         if cuda:
             on_cuda(self.opt)
@@ -124,6 +125,7 @@ class Trainer:
              **self.sizes,
              "sequence_parallel": c.sequence_parallel, "distributed_optimizer": c.distributed_optimizer,
              "bf16": c.bf16, "precision": c.precision, "optimizer_offload": c.optimizer_offload,
+             "grad_reduce_dtype": c.grad_reduce_dtype, "overlap_param_gather": self.ddp_cfg.overlap_param_gather,
              "recompute": c.recompute, "vision_recompute": c.vision_recompute,
              "kernels": c.kernels, "loss_kernel": c.loss_kernel, "seed": c.seed, "collectives": self.collectives,
              "recompute_auto": None if self.auto is None else {
@@ -222,7 +224,7 @@ class Trainer:
             stopping = preempted or (bool(cfg.stop_after) and step + 1 - self.start >= cfg.stop_after)
             if (due or stopping) and step + 1 < self.steps:
                 t0 = time.perf_counter()
-                self.ckpt.save(self.model, self.opt, step + 1, self.packs_consumed(step + 1))
+                self._save(step + 1)
                 self.policy.saved()
                 if self.rank0:
                     self.log(f"checkpoint: step {step + 1} saved in {time.perf_counter() - t0:.1f} s")
@@ -230,11 +232,19 @@ class Trainer:
                 return self._result(self.policy.signalled or (signal.SIGTERM if preempted else None))
         self.close()
         if self.ckpt.newest_step() != self.steps:
-            self.ckpt.save(self.model, self.opt, self.steps, self.packs_consumed(self.steps))
+            self._save(self.steps)
         rows = write_metrics_manifest(cfg.run_dir, cfg.stage, self.out / "metrics.jsonl")
         if rows:
             self.log(f"stage {cfg.stage}: {consumed(rows, self.plan)}")
         return self._result(None)
+
+    def _save(self, step: int) -> None:
+        """A checkpoint after optimizer step ``step``, with every parameter gathered first: under
+        ``overlap_param_gather`` the step left the other ranks' shards to the next forward."""
+        from pretrain.trainer.optimizer import params_gathered
+
+        with params_gathered(self.ddp):
+            self.ckpt.save(self.model, self.opt, step, self.packs_consumed(step))
 
     def _result(self, preempted) -> dict:
         return {"metrics": self.metrics.records, "checkpoint": str(self.ckpt.root), "params": self.n_params,
