@@ -55,7 +55,7 @@ def forms(a, n: int, gpu: Gpu, data, cal) -> dict:
         stats, useful = data.micro(form, a.seq_len, a.micro_batch)
         sample_len = stats["attn_sq"] / max(stats["tokens"], 1.0)
         plans = plan(a.recipe, a.stage, (n, gpu), steps, gbs, a.seq_len, sample_len, a.micro_batch,
-                     stats=stats, useful_tokens=useful, calibration=cal)
+                     stats=stats, useful_tokens=useful, calibration=cal, recompute=a.recompute)
         out[form] = (gbs, steps, plans,
                      data.padding_share(recipe, STAGES[a.stage].trainable, form, a.seq_len, a.micro_batch))
     return out
@@ -89,6 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--image-share", type=float, help=f"share of the tokens that are image tokens (default: the "
                                                       f"lengths step's, else {IMAGE_SHARE})")
+    ap.add_argument("--recompute", choices=["full", "selective", "mlp", "none"],
+                    help="the LLM's recompute as a run was configured (default: what recompute auto picks per layout)")
     ap.add_argument("--calibration", help="a bench/bench_mfu.py --out JSON measured on your own node")
     ap.add_argument("--network-gbs", type=float, help="GB/s per GPU and direction across nodes (default: the card's)")
     ap.add_argument("--nvlink-gbs", type=float, help="GB/s per GPU and direction within a node")
@@ -160,7 +162,8 @@ def main(argv=None) -> int:
     print(f"best: tp={best.tp} pp={best.pp} cp={best.cp} dp={best.dp}, {best.hours:.1f} h ({best.hours / 24:.1f} days), "
           f"{best.gpu_hours:,.0f} GPU-hours: ovpipe pretrain --recipe {a.recipe} --stage {a.stage} --tp {best.tp} "
           f"--pp {best.pp} --cp {best.cp}{' --sequence-parallel' if best.tp > 1 else ''}"
-          f"{f' --optimizer-offload {best.offload}' if best.offload else ''} --micro-batch "
+          f"{f' --optimizer-offload {best.offload}' if best.offload else ''}"
+          f"{f' --recompute {a.recompute}' if a.recompute else ''} --micro-batch "
           f"{best.micro_batch} --global-batch {gbs} --steps {steps} --executor slurm --nodes "
           f"{math.ceil(n / gpu.per_node)}")
     return 0

@@ -340,16 +340,19 @@ def optimizer_seconds(recipe, trainable: str, gpu: Gpu, cal, tp: int, pp: int, c
 def predict(recipe, stage: str, gpu: Gpu, n_gpus: int, tp: int, pp: int, cp: int, dp: int, grad_accum: int,
             micro_batch: int, seq_len: int, sample_len: float = 1000.0, steps: int = 1,
             image_share: float = IMAGE_SHARE, *, stats: dict | None = None, useful_tokens: float | None = None,
-            calibration=None, ddp=None) -> Plan | None:
+            calibration=None, ddp=None, recompute: str | None = None) -> Plan | None:
     """One layout's plan; None where nothing fits the card's memory. Memory is weighed at the worst pack
     (every token an image token, as ``recompute: auto`` does). ``stats``: one micro-batch's
     ``BatchPrep.stats`` (default: ``micro_batch`` packs of ``seq_len``, ``PACK_FILL`` of them samples of
     ``sample_len`` tokens, ``image_share`` image tokens); ``useful_tokens``: its tokens that are samples, not
-    padding (tokens/s counts these)."""
+    padding (tokens/s counts these); ``recompute``: the LLM's mode as a run was configured (the tower's follows
+    it, megatron's loss), instead of ``recompute: auto``'s choice."""
     from pretrain.plan.calibration import default_calibration
     from pretrain.recipes import STAGES
     from pretrain.trainer.flops import model_flops
-    from pretrain.trainer.memory import GIB, OFFLOAD_STEPS, Layout, choose, host_bytes, loss_kernels_for
+    from pretrain.trainer.flops import vision_recompute_of
+    from pretrain.trainer.memory import (GIB, HEADROOM, OFFLOAD_STEPS, Choice, Layout, choose, estimate, host_bytes,
+                                         loss_kernels_for)
 
     cal = calibration or default_calibration()
     trainable = STAGES[stage].trainable
@@ -359,12 +362,20 @@ def predict(recipe, stage: str, gpu: Gpu, n_gpus: int, tp: int, pp: int, cp: int
         useful_tokens = tokens * PACK_FILL
     useful = stats["tokens"] if useful_tokens is None else useful_tokens
     lay = Layout(tp=tp, pp=pp, cp=cp, dp=dp, sequence_parallel=tp > 1, grad_accum=grad_accum)
-    c = choose(recipe, trainable, loss_kernels_for(tp), tokens, tokens * sample_len, lay, gpu.memory_gib)
+
+    def pick(lay):
+        if recompute is None:           # recompute auto's choice
+            return choose(recipe, trainable, loss_kernels_for(tp), tokens, tokens * sample_len, lay, gpu.memory_gib)
+        vision = vision_recompute_of(recompute)
+        peak = estimate(recipe, trainable, recompute, vision, "megatron", tokens, lay)["total"]
+        return Choice(recompute, vision, "megatron", peak, gpu.memory_gib, peak <= HEADROOM * gpu.memory_gib, ())
+
+    c = pick(lay)
     for f in OFFLOAD_STEPS:         # as recompute auto: the least optimizer share on the host that fits
         if c.fits:
             break
         lay = dataclasses.replace(lay, offload=f)
-        c = choose(recipe, trainable, loss_kernels_for(tp), tokens, tokens * sample_len, lay, gpu.memory_gib)
+        c = pick(lay)
     if not c.fits:
         return None
     ddp = ddp or trainer_ddp(recipe, stage, dp)
@@ -412,7 +423,8 @@ def predict(recipe, stage: str, gpu: Gpu, n_gpus: int, tp: int, pp: int, cp: int
 
 def plan(recipe_name: str, stage: str, gpus: str | tuple, steps: int, global_batch: int, seq_len: int = 8192,
          sample_len: float = 1000.0, micro_batch: int = 1, image_share: float = IMAGE_SHARE, *,
-         stats: dict | None = None, useful_tokens: float | None = None, calibration=None) -> list[Plan]:
+         stats: dict | None = None, useful_tokens: float | None = None, calibration=None,
+         recompute: str | None = None) -> list[Plan]:
     """Every layout that fits, fastest first. ``gpus``: ``COUNTxKIND`` or a (count, ``Gpu``) pair."""
     from pretrain.recipes import RECIPES
 
@@ -420,5 +432,6 @@ def plan(recipe_name: str, stage: str, gpus: str | tuple, steps: int, global_bat
     recipe = RECIPES[recipe_name]
     out = [p for tp, pp, cp, dp, ga in layouts(recipe, n, gpu, seq_len, global_batch, micro_batch)
            if (p := predict(recipe, stage, gpu, n, tp, pp, cp, dp, ga, micro_batch, seq_len, sample_len, steps,
-                            image_share, stats=stats, useful_tokens=useful_tokens, calibration=calibration))]
+                            image_share, stats=stats, useful_tokens=useful_tokens, calibration=calibration,
+                            recompute=recompute))]
     return sorted(out, key=lambda p: (p.hours, p.tp * p.pp * p.cp))
