@@ -171,8 +171,7 @@ def collectives(recipe, stage: str, tp: int, pp: int, cp: int, dp: int, micro_ba
     if pp > 1:
         ways = 1 if first or last else 2
         p2p = local / (tp if sp else 1) * h * e
-        calls += [Call("pp", "send", p2p, ways), Call("pp", "recv", p2p, ways),
-                  Call("pp", "send", 24, ways), Call("pp", "recv", 24, ways)]      # the shapes first
+        calls += [Call("pp", "send", p2p, ways), Call("pp", "recv", p2p, ways)]
         if llm.tie_embeddings and trains_llm and (first or last):
             calls.append(Call("pp", "all_reduce", llm.vocab_size * h // tp * grad_e, 1, "step"))
     if params["trained"]:
@@ -204,9 +203,9 @@ def comm_bytes(recipe, stage: str, tp: int, pp: int, cp: int, dp: int, grad_accu
     - ``cp`` (cp > 1): each layer all-gathers the keys and the values of the whole micro-batch forward and
       reduce-scatters their gradients backward; ``full`` and ``selective`` recompute gather them again.
     - ``pp`` (pp > 1): per micro-batch the stage's activation [tokens / cp / tp under SP, hidden] is sent
-      and received each way (first and last stage: one way each), each after a 24-byte shape message
-      (variable sequence lengths); once a step a tied embedding's gradient is all-reduced between the first
-      and last stage.
+      and received each way (first and last stage: one way each; the 24-byte shape message before each,
+      variable sequence lengths, is a scalar); once a step a tied embedding's gradient is all-reduced between
+      the first and last stage.
     - ``dp_grad`` / ``dp_param``: the DDP buffer of the rank's trained parameters in the dtype ``ddp``
       reduces in (fp32 with ``grad_reduce_in_fp32``), reduce-scattered once a step with the distributed
       optimizer (all-reduced without), and the parameters all-gathered back in their dtype (distributed

@@ -42,9 +42,9 @@ def test_cp_never_shrinks_the_tower():
 def test_a_faster_network_never_slows_a_layout():
     recipe = _recipe("llava-ov-1.5-8b")
     slow = GPUS["A800"]
-    for tp, pp, cp, dp, ga in [(1, 1, 1, 128, 8), (2, 1, 1, 64, 16), (1, 2, 2, 32, 32), (2, 4, 1, 16, 64)]:
+    for tp, pp, cp, dp, ga in [(1, 1, 1, 128, 8), (1, 2, 2, 32, 32), (2, 4, 1, 16, 64)]:
         times = []
-        for net, nvl in [(12.5, 100.0), (25.0, 200.0), (50.0, 200.0), (50.0, 450.0), (400.0, 900.0)]:
+        for net, nvl in [(12.5, 100.0), (50.0, 200.0), (400.0, 900.0)]:
             gpu = dataclasses.replace(slow, network_gbs=net, nvlink_gbs=nvl)
             times.append(predict(recipe, "1.5", gpu, 128, tp, pp, cp, dp, ga, 1, 8192, 1000, 100).step_s)
         assert times == sorted(times, reverse=True), (tp, pp, cp, dp, times)
@@ -63,13 +63,14 @@ def test_offload_never_outranks_a_layout_that_fits_with_no_more_compute():
         for f in fit:
             if f.parts["compute"] <= o.parts["compute"]:
                 assert plans.index(f) < plans.index(o), (f, o)
-    # the same layout on a card with room for the optimizer: offload only ever adds time
+    # the same layout and recompute on a card with room for the optimizer: offload only ever adds time
     o = off[0]
     roomy = dataclasses.replace(GPUS["A800"], memory_gib=1000.0)
-    kw = dict(micro_batch=1, seq_len=8192, sample_len=1000, steps=100)
+    kw = dict(micro_batch=1, seq_len=8192, sample_len=1000, steps=100, recompute="full")
     on_host = predict(_recipe("llava-ov-1.5-8b"), "1.5", GPUS["A800"], 4, o.tp, o.pp, o.cp, o.dp, o.grad_accum, **kw)
     on_gpu = predict(_recipe("llava-ov-1.5-8b"), "1.5", roomy, 4, o.tp, o.pp, o.cp, o.dp, o.grad_accum, **kw)
-    assert on_host.offload and not on_gpu.offload and on_host.step_s > on_gpu.step_s
+    assert on_host.offload and not on_gpu.offload
+    assert on_host.parts["compute"] == on_gpu.parts["compute"] and on_host.step_s > on_gpu.step_s
 
 
 def test_dp_bytes_are_what_the_trainers_ddp_config_moves():
