@@ -174,7 +174,7 @@ def collectives(recipe, stage: str, tp: int, pp: int, cp: int, dp: int, micro_ba
         calls += [Call("pp", "send", p2p, ways), Call("pp", "recv", p2p, ways)]
         if llm.tie_embeddings and trains_llm and (first or last):
             calls.append(Call("pp", "all_reduce", llm.vocab_size * h // tp * grad_e, 1, "step"))
-    if params["trained"]:
+    if params["trained"] and dp * cp > 1:          # megatron calls them on a group of one too; nothing moves
         if ddp.use_distributed_optimizer:
             calls += [Call("dp_grad", "reduce_scatter", params["trained"] * grad_e, 1, "step"),
                       Call("dp_param", "all_gather", params["trained"] * e, 1, "step")]
@@ -209,8 +209,8 @@ def comm_bytes(recipe, stage: str, tp: int, pp: int, cp: int, dp: int, grad_accu
     - ``dp_grad`` / ``dp_param``: the DDP buffer of the rank's trained parameters in the dtype ``ddp``
       reduces in (fp32 with ``grad_reduce_in_fp32``), reduce-scattered once a step with the distributed
       optimizer (all-reduced without), and the parameters all-gathered back in their dtype (distributed
-      optimizer only). megatron pads each bucket to a multiple of the DP size (not counted; under 0.1% of a
-      4B's buffer). ``ddp``: the trainer's ``DistributedDataParallelConfig`` (``trainer_ddp``) by default."""
+      optimizer only); nothing over a DP × CP group of one. megatron pads each bucket to a multiple of the DP
+      size (not counted; under 0.1% of a 4B's buffer). ``ddp``: the trainer's ``DistributedDataParallelConfig`` (``trainer_ddp``) by default."""
     if ddp is None:
         ddp = trainer_ddp(recipe, stage, dp)
     out = {"tp": 0.0, "cp": 0.0, "pp": 0.0, "dp_grad": 0.0, "dp_param": 0.0}
