@@ -89,7 +89,8 @@ def add_stage_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cp", type=int, default=1)
     ap.add_argument("--sequence-parallel", action="store_true")
     ap.add_argument("--distributed-optimizer", choices=["auto", "on", "off"], default="auto",
-                    help="auto: on with CUDA (megatron's distributed optimizer checks for CUDA tensors)")
+                    help="megatron's distributed optimizer: Adam's state sharded over DP, the parameter "
+                    "all-gather overlapped with the forward (auto: on)")
     ap.add_argument("--fp32", action="store_true", help="train in fp32 even on GPU")
     ap.add_argument("--precision", choices=["bf16", "fp32", "fp8", "fp8-tensorwise", "fp8-rowwise"],
                     help="fp8: torchao float8 on the LLM's linear layers (sm89+ GPU, tp 1; pretrain.model.float8), "

@@ -62,7 +62,7 @@ class TrainConfig:
     pp: int = 1
     cp: int = 1
     sequence_parallel: bool = False
-    distributed_optimizer: bool | None = None   # None: on with CUDA
+    distributed_optimizer: bool | None = None   # None: on (a CPU too: pretrain.trainer.cpu_compat)
     bf16: bool | None = None                 # None: the stage's on GPU, fp32 on CPU
     precision: str | None = None             # bf16 | fp32 | fp8-tensorwise | fp8-rowwise (fp8: tensorwise);
                                              # None: what bf16 says. fp8 needs a card of sm89 or newer, tp = 1
@@ -218,7 +218,7 @@ class TrainConfig:
         follows = self.vision_recompute is None and recompute != "auto"
         return dataclasses.replace(
             self, data=self.data or st.data, lr=st.lr if self.lr is None else self.lr,
-            distributed_optimizer=cuda if self.distributed_optimizer is None else self.distributed_optimizer,
+            distributed_optimizer=True if self.distributed_optimizer is None else self.distributed_optimizer,
             bf16=bf16, precision=self.precision or ("bf16" if bf16 else "fp32"),
             grad_reduce_dtype=self.grad_reduce_dtype or "fp32",
             recompute=recompute,

@@ -53,8 +53,7 @@ class Trainer:
         rank0 = int(os.environ.get("RANK", "0")) == 0
         validate(RECIPES[cfg.recipe], Parallelism(
             tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, sequence_parallel=cfg.sequence_parallel, world_size=world,
-            distributed_optimizer=cuda if cfg.distributed_optimizer is None else cfg.distributed_optimizer),
-                 cuda=cuda)
+            distributed_optimizer=cfg.distributed_optimizer is not False))
         # ---- the config, resolved once and passed whole from here on
         memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB if cuda else None
         self.cfg = cfg = cfg.resolve(cuda, world, memory, log=log if rank0 else None)
@@ -66,11 +65,13 @@ class Trainer:
         # ---- build: process groups, seeds, the data plan, the model
         self.sizes = setup_distributed(cfg.tp, cfg.pp, cfg.cp)
         self.rank0 = rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        from pretrain.trainer.build import CHOSEN
         from pretrain.trainer.host_collectives import describe
 
         self.collectives = describe()
-        if rank0 and world > 1:
-            log(f"stage {cfg.stage}: collectives: {self.collectives}")
+        self.collectives_why = CHOSEN.get("why")
+        if rank0:
+            log(f"stage {cfg.stage}: collectives: {self.collectives} ({self.collectives_why or 'set up before'})")
         self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
         torch.manual_seed(cfg.seed)
         model_parallel_cuda_manual_seed(cfg.seed)
@@ -128,6 +129,7 @@ class Trainer:
              "grad_reduce_dtype": c.grad_reduce_dtype, "overlap_param_gather": self.ddp_cfg.overlap_param_gather,
              "recompute": c.recompute, "vision_recompute": c.vision_recompute,
              "kernels": c.kernels, "loss_kernel": c.loss_kernel, "seed": c.seed, "collectives": self.collectives,
+             "collectives_why": self.collectives_why,
              "recompute_auto": None if self.auto is None else {
                  "peak_estimate_gib": round(self.auto.peak_gib, 2), "memory_gib": round(self.auto.memory_gib, 2),
                  "candidates": [{"recompute": lm, "vision_recompute": vm, "loss_kernel": lk,
