@@ -209,8 +209,9 @@ def comm_bytes(recipe, stage: str, tp: int, pp: int, cp: int, dp: int, grad_accu
     - ``dp_grad`` / ``dp_param``: the DDP buffer of the rank's trained parameters in the dtype ``ddp``
       reduces in (fp32 with ``grad_reduce_in_fp32``), reduce-scattered once a step with the distributed
       optimizer (all-reduced without), and the parameters all-gathered back in their dtype (distributed
-      optimizer only); nothing over a DP × CP group of one. megatron pads each bucket to a multiple of the DP
-      size (not counted; under 0.1% of a 4B's buffer). ``ddp``: the trainer's ``DistributedDataParallelConfig`` (``trainer_ddp``) by default."""
+      optimizer only); nothing over a DP × CP group of one. With the distributed optimizer megatron pads each
+      parameter's start to 64 elements and each bucket's end to the DP size; the padding is not counted (0.6%
+      of the tiny recipe's buffer, a few parts per million of the 4B's). ``ddp``: the trainer's ``DistributedDataParallelConfig`` (``trainer_ddp``) by default."""
     if ddp is None:
         ddp = trainer_ddp(recipe, stage, dp)
     out = {"tp": 0.0, "cp": 0.0, "pp": 0.0, "dp_grad": 0.0, "dp_param": 0.0}
