@@ -37,8 +37,8 @@ megatron-core assumes CUDA in a few places that a CPU run (this machine, CI, lap
 
 With these, megatron-core's own DDP, optimizers (the distributed optimizer with its overlapped
 parameter all-gather, as on a GPU; bf16 with fp32 main weights) and 1F1B pipeline schedule run on
-gloo, so PP/DP/CP parity is tested on the CPU with the production optimizer. ``apply()`` is idempotent and refuses to run when CUDA is
-available, so the GPU path is never patched.
+gloo, so PP/DP/CP parity is tested on the CPU with the production optimizer. ``apply()`` is
+idempotent and refuses to run when CUDA is available, so the GPU path is never patched.
 """
 from __future__ import annotations
 
