@@ -159,7 +159,8 @@ def main(argv=None) -> int:
     if not packed:
         return 0
     best = packed[0]
-    print(f"best: tp={best.tp} pp={best.pp} cp={best.cp} dp={best.dp}, {best.hours:.1f} h ({best.hours / 24:.1f} days), "
+    print(f"best: tp={best.tp} pp={best.pp} cp={best.cp} dp={best.dp}, {best.hours:.1f} h "
+          f"({best.hours / 24:.1f} days), "
           f"{best.gpu_hours:,.0f} GPU-hours: ovpipe pretrain --recipe {a.recipe} --stage {a.stage} --tp {best.tp} "
           f"--pp {best.pp} --cp {best.cp}{' --sequence-parallel' if best.tp > 1 else ''}"
           f"{f' --optimizer-offload {best.offload}' if best.offload else ''}"

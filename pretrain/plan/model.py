@@ -211,7 +211,8 @@ def comm_bytes(recipe, stage: str, tp: int, pp: int, cp: int, dp: int, grad_accu
       optimizer (all-reduced without), and the parameters all-gathered back in their dtype (distributed
       optimizer only); nothing over a DP × CP group of one. With the distributed optimizer megatron pads each
       parameter's start to 64 elements and each bucket's end to the DP size; the padding is not counted (0.6%
-      of the tiny recipe's buffer, a few parts per million of the 4B's). ``ddp``: the trainer's ``DistributedDataParallelConfig`` (``trainer_ddp``) by default."""
+      of the tiny recipe's buffer, a few parts per million of the 4B's). ``ddp``: the trainer's
+      ``DistributedDataParallelConfig`` (``trainer_ddp``) by default."""
     if ddp is None:
         ddp = trainer_ddp(recipe, stage, dp)
     out = {"tp": 0.0, "cp": 0.0, "pp": 0.0, "dp_grad": 0.0, "dp_param": 0.0}
