@@ -43,12 +43,12 @@ class Calibration:
     measured_here: bool        # a file the user gave (False: ``DEFAULT``)
 
     def flops_per_s_on(self, gpu) -> float:
-        from pretrain.plan.model import GPUS
+        from pretrain.plan.shapes import GPUS
 
         return self.flops_per_s * gpu.peak_tflops / GPUS[self.card].peak_tflops
 
     def optimizer_s_per_param_on(self, gpu) -> float:
-        from pretrain.plan.model import GPUS
+        from pretrain.plan.shapes import GPUS
 
         return self.optimizer_s_per_param * GPUS[self.card].hbm_gbs / gpu.hbm_gbs
 
@@ -67,18 +67,18 @@ class Calibration:
 
 def card_of(device: str) -> str:
     """The ``GPUS`` kind of a torch device name (``NVIDIA A800-SXM4-80GB`` → ``A800``)."""
-    from pretrain.plan.model import GPUS
+    from pretrain.plan.shapes import GPUS
 
     for kind in GPUS:
         if kind in device.upper():
             return kind
     raise ValueError(f"calibration device {device!r} is none of the plan's cards ({', '.join(GPUS)}): add it to "
-                     f"pretrain.plan.model.GPUS with its peak, NVLink, network, HBM, PCIe and host figures")
+                     f"pretrain.plan.shapes.GPUS with its peak, NVLink, network, HBM, PCIe and host figures")
 
 
 def load(path: str | Path, measured_here: bool = True) -> Calibration:
     """A ``bench_mfu`` JSON; a ``ValueError`` naming the file and the missing or bad field."""
-    from pretrain.plan.model import rank_params
+    from pretrain.plan.shapes import rank_params
     from pretrain.recipes import RECIPES, STAGES
     from pretrain.trainer.config import GPU_PEAK_TFLOPS
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pretrain.plan.model import IMAGE_SHARE, PACK_FILL, PATCHES_PER_IMAGE
+from pretrain.plan.shapes import IMAGE_SHARE, PACK_FILL, PATCHES_PER_IMAGE
 
 DRAW = 20_000
 FORMS = ("packed", "unpacked", "padded")
