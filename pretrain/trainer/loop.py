@@ -70,8 +70,6 @@ class Trainer:
 
         self.collectives = describe()
         self.collectives_why = CHOSEN.get("why")
-        if rank0:
-            log(f"stage {cfg.stage}: collectives: {self.collectives} ({self.collectives_why or 'set up before'})")
         self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
         torch.manual_seed(cfg.seed)
         model_parallel_cuda_manual_seed(cfg.seed)
@@ -80,6 +78,7 @@ class Trainer:
         self.steps = self.plan.steps
         if rank0:
             log(f"stage {cfg.stage}: {self.plan.describe()}")
+            log(f"stage {cfg.stage}: collectives: {self.collectives} ({self.collectives_why or 'set up before'})")
         self.model = build_model(cfg, self.sizes, self.dtype)
         if rank0 and cfg.precision.startswith("fp8"):
             from pretrain.model.float8 import converted
