@@ -49,7 +49,7 @@ SLOW: dict[str, float] = {
     "tests/pretrain/test_train.py::test_loss_falls_and_resume_is_exact": 19.0,
     "tests/pretrain/test_data_position.py::test_resume_continues_at_the_exact_pack": 10.8,
     "tests/pretrain/test_export.py": 12.6,
-    "tests/pretrain/test_comm_bytes.py": 190.0,          # a 2-rank and a 4-rank run, counted (loaded machine)
+    "tests/pretrain/test_comm_bytes.py": 102.0,          # a 2-rank and a 4-rank run, counted (fixture included)
     "tests/pretrain/test_official_layout.py": 5.8,
     "tests/pretrain/test_instruction_stage.py::test_stage2_loss_falls_on_the_instruction_packs": 7.7,
     "tests/pretrain/test_stage_rules.py::test_second_command_lock_config_change_status_and_export": 5.1,
