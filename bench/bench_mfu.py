@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         "distributed_optimizer": a.distributed_optimizer == "on",
         "precision": ran.get("precision"), "optimizer_offload": ran.get("optimizer_offload"),
         "mfu_basis": f"the bf16 peak, {ran.get('peak_tflops') or a.peak_tflops or 989.0} TFLOP/s",
+        "peak_tflops": ran.get("peak_tflops") or a.peak_tflops or 989.0, "commit": _commit(),
+        "tp": ran.get("tp", 1), "pp": ran.get("pp", 1), "cp": ran.get("cp", 1), "dp": ran.get("dp", 1),
         "memory_gib_cap": a.memory_gib, "losses": [r["loss"] for r in recs],
         "micro_batch": a.micro_batch, "grad_accum": ran.get("grad_accum", a.grad_accum),
         "global_batch": ran.get("global_batch", a.global_batch), "steps": len(recs), "timed_steps": len(timed),
@@ -156,6 +158,21 @@ def _estimate(a, ran: dict) -> float | None:
                  offload=ran.get("optimizer_offload") or 0.0)
     return estimate(RECIPES[a.recipe], STAGES[a.stage].trainable, ran["recompute"], ran["vision_recompute"],
                     ran.get("loss_kernel") or "megatron", a.micro_batch * tokens, lay)["total"]
+
+
+def _commit() -> str | None:
+    """The tree that ran (``git rev-parse --short HEAD``, ``+dirty`` with local changes): what ``ovpipe plan
+    --calibration`` names beside the figure. None outside a git checkout."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def _host_peak_gib() -> float:

@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 
 def sequences(run_dir: str | None, step: str, n: int, seq_len: int, vocab: int, seed: int = 0) -> list[dict]:
@@ -124,7 +125,7 @@ def ovpipe(a, seqs, dev, log):
     from pretrain.model.llm import LLM_SIZES, build_llm, packed_seq_params
     from pretrain.recipes import STAGES
     from pretrain.trainer.build import setup_distributed
-    from pretrain.trainer.optimizer import build_optimizer, on_cuda
+    from pretrain.trainer.optimizer import build_optimizer, ddp_config, on_cuda
 
     cuda = dev.type == "cuda"
     setup_distributed(1)
@@ -136,7 +137,8 @@ def ovpipe(a, seqs, dev, log):
                       bias_activation_fusion=cuda).to(dev).to(dtype)
     if a.precision.startswith("fp8"):
         log(f"ovpipe: float8 on {len(float8.convert(model, a.precision))} linear layers")
-    ddp, opt = build_optimizer(model, STAGES["1.5"], a.lr, cuda, dtype, cuda)
+    ddp, opt = build_optimizer(model, STAGES["1.5"], a.lr, cuda, dtype,
+                               ddp_config(SimpleNamespace(distributed_optimizer=cuda)))
     if cuda:
         on_cuda(opt)
     for g in opt.param_groups:

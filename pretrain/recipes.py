@@ -93,9 +93,8 @@ class Parallelism:
     world_size: int = 1
 
 
-def validate(recipe: Recipe, par: Parallelism, cuda: bool | None = None) -> None:
-    """Reject impossible combinations before anything launches, naming both settings. ``cuda``
-    (when known) checks the settings that only exist on GPUs."""
+def validate(recipe: Recipe, par: Parallelism) -> None:
+    """Reject impossible combinations before anything launches, naming both settings."""
     llm = recipe.llm
     errs = []
     if llm.num_attention_heads % par.tp:
@@ -112,9 +111,6 @@ def validate(recipe: Recipe, par: Parallelism, cuda: bool | None = None) -> None
         errs.append(f"world_size={par.world_size} must be a multiple of tp·pp·cp={par.tp * par.pp * par.cp}")
     if par.sequence_parallel and par.seq_len is not None and par.seq_len % par.tp:
         errs.append(f"sequence_parallel=True requires seq_len={par.seq_len} divisible by tp={par.tp}")
-    if cuda is False and par.distributed_optimizer:
-        errs.append("distributed_optimizer=True needs CUDA (megatron's DistributedOptimizer checks for CUDA "
-                    "tensors); on a CPU use distributed_optimizer=False")
     if errs:
         raise ValueError("; ".join(errs))
 

@@ -71,6 +71,7 @@ class StageConfig:
     distributed_optimizer: Literal["auto", "on", "off"] = field(default="auto", **_RUN)
     fp32: bool = field(default=False, **_RUN)
     precision: str | None = field(default=None, **_RUN)            # bf16 | fp32 | fp8 | fp8-tensorwise | fp8-rowwise
+    grad_reduce_dtype: str | None = field(default=None, **_RUN)    # fp32 | bf16: DP's gradient reduce (fp32)
     optimizer_offload: float | None = field(default=None, **_RUN)  # share of the optimizer on the host
     recompute: str | None = field(default=None, **_RUN)
     vision_recompute: str | None = field(default=None, **_RUN)
@@ -111,6 +112,7 @@ class StageConfig:
             sequence_parallel=self.sequence_parallel,
             distributed_optimizer={"auto": None, "on": True, "off": False}[self.distributed_optimizer],
             bf16=False if self.fp32 else None, precision=self.precision, optimizer_offload=self.optimizer_offload,
+            grad_reduce_dtype=self.grad_reduce_dtype,
             recompute=self.recompute, vision_recompute=self.vision_recompute,
             loader_workers=self.loader_workers, kernels=self.kernels, loss_kernel=self.loss_kernel,
             save_every=self.save_every, save_every_minutes=self.save_every_minutes, keep=self.keep,

@@ -89,11 +89,14 @@ def add_stage_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cp", type=int, default=1)
     ap.add_argument("--sequence-parallel", action="store_true")
     ap.add_argument("--distributed-optimizer", choices=["auto", "on", "off"], default="auto",
-                    help="auto: on with CUDA (megatron's distributed optimizer checks for CUDA tensors)")
+                    help="megatron's distributed optimizer: Adam's state sharded over DP, the parameter "
+                    "all-gather overlapped with the forward (auto: on)")
     ap.add_argument("--fp32", action="store_true", help="train in fp32 even on GPU")
     ap.add_argument("--precision", choices=["bf16", "fp32", "fp8", "fp8-tensorwise", "fp8-rowwise"],
                     help="fp8: torchao float8 on the LLM's linear layers (sm89+ GPU, tp 1; pretrain.model.float8), "
                     "bf16 elsewhere; fp8 = fp8-tensorwise (default: bf16 on GPU, fp32 on CPU)")
+    ap.add_argument("--grad-reduce-dtype", choices=["fp32", "bf16"], help="the dtype data parallelism reduces "
+                    "gradients in (default fp32; bf16 halves the bytes, needs bf16 parameters)")
     ap.add_argument("--optimizer-offload", type=float, help="share of the optimizer's state and update on the "
                     "host, 0..1 (megatron-core's HybridDeviceOptimizer; default 0, or with recompute auto what "
                     "lets the stage fit)")
@@ -139,7 +142,8 @@ def config_from_args(a) -> TrainConfig:
                        tokenizer=a.tokenizer, tp=a.tp, pp=a.pp, cp=a.cp, sequence_parallel=a.sequence_parallel,
                        distributed_optimizer={"auto": None, "on": True, "off": False}[a.distributed_optimizer],
                        bf16=False if a.fp32 else None, precision=a.precision,
-                       optimizer_offload=a.optimizer_offload, recompute=a.recompute, loader_workers=a.loader_workers,
+                       optimizer_offload=a.optimizer_offload, grad_reduce_dtype=a.grad_reduce_dtype,
+                       recompute=a.recompute, loader_workers=a.loader_workers,
                        kernels=a.kernels, loss_kernel=a.loss_kernel, vision_recompute=a.vision_recompute,
                        save_every=a.save_every, save_every_minutes=a.save_every_minutes or 0.0, keep=a.keep,
                        stop_after=a.stop_after, init=a.init)

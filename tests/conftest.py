@@ -69,12 +69,14 @@ SLOW: dict[str, float] = {
     "tests/pretrain/test_train.py::test_loss_falls_and_resume_is_exact": 19.0,
     "tests/pretrain/test_data_position.py::test_resume_continues_at_the_exact_pack": 10.8,
     "tests/pretrain/test_export.py": 12.6,
+    "tests/pretrain/test_comm_bytes.py": 102.0,          # a 2-rank and a 4-rank run, counted (fixture included)
     "tests/pretrain/test_official_layout.py": 5.8,
     "tests/pretrain/test_instruction_stage.py::test_stage2_loss_falls_on_the_instruction_packs": 7.7,
     "tests/pretrain/test_stage_rules.py::test_second_command_lock_config_change_status_and_export": 5.1,
     "tests/pretrain/test_conversation_training.py::test_text_only_steps_under_overlapped_grad_reduce": 4.7,
     "tests/pretrain/test_conversation_training.py::test_epochs_derive_steps_and_metrics_count_packs": 8.7,
     "tests/pretrain/test_conversation_training.py::test_a_global_batch_sets_the_accumulation_and_trains_as_it_would": 7.0,
+    "tests/pretrain/test_fake_trace.py": 20.0,          # one fake-tensor trace in a child (CPU seconds; 6 min wall at load 40)
     "tests/rl_select/test_trainer_adapters.py::test_areal_reward_fn_matches_its_workflow_call": 30.9,  # installs the trainers
     "tests/rl_select/test_select_scale.py::test_apply_rank_memory_follows_its_slice_not_the_corpus": 18.4,
     "tests/rl_select/test_select_scale.py::test_selection_is_byte_identical_to_the_whole_corpus_computation_for_1_3_8_tasks": 14.2,

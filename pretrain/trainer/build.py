@@ -2,7 +2,8 @@
 ``pretrain.trainer.optimizer``).
 
 - ``setup_distributed``: the process group (nccl on GPU, gloo on CPU, host-staged gloo where ranks share a
-  GPU) and megatron's TP/PP/CP/DP groups.
+  GPU: ``collectives_path``, from the ranks' device UUIDs exchanged over the rendezvous store) and megatron's
+  TP/PP/CP/DP groups.
 - ``build_model``: the VLM for this rank's PP stage and TP shard, its recompute mode, on the device, in
   the training dtype.
 """
@@ -17,31 +18,64 @@ from pretrain.trainer.config import MODES
 
 
 COLLECTIVES = ("nccl", "gloo", "host")
+CHOSEN: dict = {}       # this process's collectives path and why (setup_distributed; stage.json, the log)
 
 
-def collectives_path(cuda: bool) -> str:
-    """How this process's collectives travel: ``nccl`` (each rank its own GPU), ``gloo`` (CPU), or ``host``
-    (gloo, staged through host memory: ``pretrain.trainer.host_collectives``). ``host`` is chosen when the
-    node's ranks outnumber its GPUs (NCCL refuses two ranks on one device), or by ``OVPIPE_COLLECTIVES=host``
-    — which on a CPU machine stages CPU tensors too, to test the staging. Every rank of a node decides alike:
-    from the node's rank count (``LOCAL_WORLD_SIZE``: torchrun's, or Slurm's tasks per node)."""
+def device_uuid(index: int | None = None) -> str:
+    """The UUID of CUDA device ``index`` (None: the current one): what names a GPU whatever a process's
+    ``CUDA_VISIBLE_DEVICES`` or Slurm's binding calls it (device 0 of every task bound to one GPU is another
+    card in each)."""
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).uuid)
+
+
+def device_uuids(store, rank: int, world: int, uuid: str) -> list[str]:
+    """Every rank's device UUID, in rank order: each rank publishes its own on the rendezvous ``store`` and
+    waits for the others' (keys under ``ovpipe/device/<restart>/``, so a restarted torchrun job reading its
+    agent's store never sees the previous attempt's)."""
+    from datetime import timedelta
+
+    prefix = f"ovpipe/device/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    store.set(f"{prefix}{rank}", uuid)
+    keys = [f"{prefix}{r}" for r in range(world)]
+    store.wait(keys, timedelta(seconds=600))
+    return [store.get(k).decode() for k in keys]
+
+
+def collectives_path(cuda: bool, store=None, rank: int = 0, world: int = 1, uuid: str | None = None):
+    """``(path, why)``: how this process's collectives travel — ``nccl`` (each rank its own GPU), ``gloo``
+    (CPU), or ``host`` (gloo, staged through host memory: ``pretrain.trainer.host_collectives``) — and the
+    reason, for the stage's log and ``stage.json``.
+
+    On CUDA the ranks exchange their device UUIDs (``uuid``: this rank's, ``device_uuid``) over the rendezvous
+    ``store`` and choose ``host`` where two of them hold the same card (NCCL refuses two ranks on one device),
+    else ``nccl``. Every rank sees the same list, so every rank chooses alike; the count of devices a process
+    sees plays no part (a site that binds one GPU per task shows each process one device, on a node of eight
+    separate cards). ``OVPIPE_COLLECTIVES`` overrides: ``host`` also on a CPU machine (it stages CPU tensors,
+    to test the staging), ``nccl`` refused where ranks share a card."""
     asked = os.environ.get("OVPIPE_COLLECTIVES", "")
     if asked and asked not in COLLECTIVES:
         raise ValueError(f"OVPIPE_COLLECTIVES must be one of {COLLECTIVES} (or unset), got {asked!r}")
     if not cuda:
         if asked == "nccl":
             raise ValueError("OVPIPE_COLLECTIVES=nccl needs CUDA, which this machine lacks")
-        return "host" if asked == "host" else "gloo"
-    shared = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
-    if asked == "nccl" and shared:
-        raise ValueError(f"OVPIPE_COLLECTIVES=nccl: {os.environ['LOCAL_WORLD_SIZE']} ranks share "
-                         f"{torch.cuda.device_count()} GPU(s), and NCCL refuses two ranks on one device")
-    return asked or ("host" if shared else "nccl")
+        return ("host", "OVPIPE_COLLECTIVES=host (CPU tensors staged too)") if asked == "host" \
+            else ("gloo", "no CUDA device")
+    if asked in ("host", "gloo"):
+        return asked, f"OVPIPE_COLLECTIVES={asked}"
+    uuids = device_uuids(store, rank, world, uuid) if world > 1 else [uuid]
+    cards = len(set(uuids))
+    if cards < world:
+        if asked == "nccl":
+            raise ValueError(f"OVPIPE_COLLECTIVES=nccl: {world} ranks share {cards} GPU(s) (by device UUID), and "
+                             "NCCL refuses two ranks on one device")
+        return "host", f"{world} ranks share {cards} GPU(s) (by device UUID): NCCL refuses two ranks on one device"
+    return "nccl", f"each of the {world} rank(s) has a GPU of its own (by device UUID)"
 
 
 def setup_distributed(tp: int = 1, pp: int = 1, cp: int = 1) -> dict:
     """Process group (nccl on GPU, gloo on CPU, gloo staged through the host where ranks share a GPU:
-    ``collectives_path``) and megatron's TP/PP/CP/DP groups; returns the sizes."""
+    ``collectives_path``, decided over the rendezvous store before the group exists, recorded in ``CHOSEN``)
+    and megatron's TP/PP/CP/DP groups; returns the sizes."""
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
@@ -51,23 +85,28 @@ def setup_distributed(tp: int = 1, pp: int = 1, cp: int = 1) -> dict:
         apply()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if not dist.is_initialized():
-        path = collectives_path(cuda)
-        if path == "host":
-            from pretrain.trainer import host_collectives
-
-            host_collectives.apply(stage_host=not cuda)
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        backend = "nccl" if path == "nccl" else "gloo"
+        uuid = device_uuid() if cuda else None
         if "RANK" in os.environ:                  # torchrun / srun: its rendezvous variables
-            dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=world)
+            # the store init_process_group would make from them, made here so the ranks can compare devices
+            store, rank, world = next(dist.rendezvous("env://"))
+            path, why = collectives_path(cuda, store, rank, world, uuid)
+            init = {"store": dist.PrefixStore("default_pg", store), "rank": rank, "world_size": world}
         else:                                     # one process on its own: a private loopback store
             import socket
 
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+            path, why = collectives_path(cuda, uuid=uuid)
+            init = {"init_method": f"tcp://127.0.0.1:{port}", "rank": 0, "world_size": 1}
+        if path == "host":
+            from pretrain.trainer import host_collectives
+
+            host_collectives.apply(stage_host=not cuda)
+        CHOSEN.update(path=path, why=why)
+        dist.init_process_group("nccl" if path == "nccl" else "gloo", **init)
     from megatron.core import parallel_state as ps
 
     if not ps.model_parallel_is_initialized():

@@ -326,6 +326,7 @@ def save(root: Path, model, opt, step: int, keep: int = 2, data: dict | None = N
     model_sd = model_sharded_state_dict(model)
     sd = {"model": model_sd}
     if opt is not None:
+        fresh_adam_state(opt)        # a save before the first step (a stage of 0 steps)
         sd["optimizer"] = opt.sharded_state_dict(model_sd, metadata=OPT_SAVE_METADATA)
     dist_checkpointing.save(sd, str(tmp_path(root, step)))
     if dist.is_initialized():
@@ -383,17 +384,34 @@ def load_model(path: Path, model) -> int:
     return json.loads((Path(path) / "step.json").read_text())["step"]
 
 
+def fresh_adam_state(opt) -> None:
+    """Adam state for a DistributedOptimizer that has taken no step: megatron's describes (saves, loads) its
+    state only once it exists. megatron's own dummy step makes it, at lr 0 and no weight decay so no
+    parameter moves, and the step counters go back to 0: the state of a fresh Adam, zero moments and no
+    steps (a save at step 0 holds exactly that; a load replaces it in place)."""
+    for o in getattr(opt, "chained_optimizers", [opt]):
+        init = getattr(o, "_init_optimizer_states_with_dummy_values", None)
+        if init is None or o.optimizer.state:
+            continue
+        kept = [(g["lr"], g["weight_decay"]) for g in o.optimizer.param_groups]
+        for g in o.optimizer.param_groups:
+            g["lr"], g["weight_decay"] = 0.0, 0.0
+        try:
+            init()
+        finally:
+            for g, (lr, wd) in zip(o.optimizer.param_groups, kept):
+                g["lr"], g["weight_decay"] = lr, wd
+        for st in o.optimizer.state.values():
+            if torch.is_tensor(st.get("step")):
+                st["step"].zero_()
+
+
 def load_optimizer(path: Path, model, opt) -> None:
     """The megatron optimizer's state, resharded to this rank's parameters."""
     from megatron.core import dist_checkpointing
 
     path = resolve(path)
-    for o in getattr(opt, "chained_optimizers", [opt]):
-        # megatron's DistributedOptimizer describes its Adam state only once it exists; a fresh one
-        # (no step taken) gets zero-valued state first, replaced in place by the load
-        init = getattr(o, "_init_optimizer_states_with_dummy_values", None)
-        if init is not None and not o.optimizer.state:
-            init()
+    fresh_adam_state(opt)            # replaced in place by the load
     sd = {"optimizer": opt.sharded_state_dict(model_sharded_state_dict(model), is_loading=True,
                                               metadata=OPT_METADATA)}
     loaded = dist_checkpointing.load(sd, str(path))["optimizer"]

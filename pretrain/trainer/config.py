@@ -21,6 +21,7 @@ VISION_RECOMPUTE = ("full", "selective", "none")
 # fp8-*: torchao's float8 training on the LLM's trained linear layers (pretrain.model.float8), bf16 elsewhere;
 # fp8 is fp8-tensorwise (torchao's table: the faster recipe)
 PRECISIONS = ("bf16", "fp32", "fp8-tensorwise", "fp8-rowwise")
+GRAD_REDUCE_DTYPES = ("fp32", "bf16")   # DP's gradient reduce (pretrain.trainer.optimizer.ddp_config)
 FLOAT8_CAPABILITY = (8, 9)     # float8 tensor cores: Ada (sm89) and Hopper (sm90) onwards
 
 
@@ -61,10 +62,12 @@ class TrainConfig:
     pp: int = 1
     cp: int = 1
     sequence_parallel: bool = False
-    distributed_optimizer: bool | None = None   # None: on with CUDA
+    distributed_optimizer: bool | None = None   # None: on (a CPU too: pretrain.trainer.cpu_compat)
     bf16: bool | None = None                 # None: the stage's on GPU, fp32 on CPU
     precision: str | None = None             # bf16 | fp32 | fp8-tensorwise | fp8-rowwise (fp8: tensorwise);
                                              # None: what bf16 says. fp8 needs a card of sm89 or newer, tp = 1
+    grad_reduce_dtype: str | None = None     # fp32 | bf16: the dtype DP reduces gradients in (pretrain.trainer.
+                                             # optimizer.ddp_config); None: fp32. bf16 needs bf16 parameters
     optimizer_offload: float | None = None   # share of the Adam state and update on the host (megatron-core's
                                              # HybridDeviceOptimizer; needs CUDA and the distributed optimizer);
                                              # None: 0, or with recompute auto the least of memory.OFFLOAD_STEPS that
@@ -131,6 +134,12 @@ class TrainConfig:
                 raise ValueError(f"precision={self.precision!r} runs at tp = 1, got tp={self.tp}: megatron's "
                                  "tensor-parallel linears communicate inside their own autograd function, which "
                                  "the float8 matmul replaces (pretrain.model.float8)")
+        if self.grad_reduce_dtype is not None and self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
+            raise ValueError(f"grad_reduce_dtype must be one of {list(GRAD_REDUCE_DTYPES)}, "
+                             f"got {self.grad_reduce_dtype!r}")
+        if self.grad_reduce_dtype == "bf16" and (self.bf16 is False or self.precision == "fp32"):
+            raise ValueError("grad_reduce_dtype='bf16' needs bf16 parameters (megatron reduces in the parameters' "
+                             "dtype unless told fp32), and this stage trains in fp32: drop one of them")
         check_range(self, "lr", lo=0)
         if self.data is not None:
             check_step_folder("data", self.data)
@@ -200,14 +209,18 @@ class TrainConfig:
                              "offloads through its precision-aware distributed optimizer")
         bf16 = self.bf16 if self.precision is None else self.precision != "fp32"
         bf16 = (cuda and st.bf16) if bf16 is None else bf16
+        if self.grad_reduce_dtype == "bf16" and not bf16:
+            raise ValueError("grad_reduce_dtype='bf16' needs bf16 parameters, and this stage trains in fp32 here "
+                             "(the default on a CPU): give precision bf16 too, or drop grad_reduce_dtype")
         recompute = (st.recompute if cuda else "none") if self.recompute is None else self.recompute
         if recompute == "auto" and not cuda:
             recompute = "none"          # a CPU run keeps everything; auto weighs a GPU's memory
         follows = self.vision_recompute is None and recompute != "auto"
         return dataclasses.replace(
             self, data=self.data or st.data, lr=st.lr if self.lr is None else self.lr,
-            distributed_optimizer=cuda if self.distributed_optimizer is None else self.distributed_optimizer,
+            distributed_optimizer=True if self.distributed_optimizer is None else self.distributed_optimizer,
             bf16=bf16, precision=self.precision or ("bf16" if bf16 else "fp32"),
+            grad_reduce_dtype=self.grad_reduce_dtype or "fp32",
             recompute=recompute,
             vision_recompute=vision_recompute_of(recompute) if follows else self.vision_recompute,
             loader_workers=(4 if cuda else 0) if self.loader_workers is None else self.loader_workers,

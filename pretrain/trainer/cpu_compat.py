@@ -29,10 +29,16 @@ megatron-core assumes CUDA in a few places that a CPU run (this machine, CI, lap
    with ``torch._foreach_mul_``. The norm itself is still megatron's (reduced over the model-
    parallel groups).
 
-With these, megatron-core's own DDP, optimizer (``FP32Optimizer``; the distributed optimizer
-checks for CUDA tensor types and stays a GPU feature) and 1F1B pipeline schedule run on gloo, so
-PP/DP/CP parity is tested on the CPU. ``apply()`` is idempotent and refuses to run when CUDA is
-available, so the GPU path is never patched.
+7. megatron's optimizers sort the parameters by ``param.type()`` and accept only the CUDA names
+   (``torch.cuda.FloatTensor``, ``torch.cuda.BFloat16Tensor``): the distributed optimizer as it builds
+   its shards, the mixed-precision optimizer as it builds its fp32 copies. ``tensor.type()`` with no
+   argument answers with the CUDA name of the tensor's dtype (the same ``CUDAToCPU`` mode); a
+   conversion (``tensor.type(torch.float16)``) is untouched. Nothing else in megatron-core asks.
+
+With these, megatron-core's own DDP, optimizers (the distributed optimizer with its overlapped
+parameter all-gather, as on a GPU; bf16 with fp32 main weights) and 1F1B pipeline schedule run on
+gloo, so PP/DP/CP parity is tested on the CPU with the production optimizer. ``apply()`` is
+idempotent and refuses to run when CUDA is available, so the GPU path is never patched.
 """
 from __future__ import annotations
 
@@ -82,12 +88,15 @@ class CPURNGTracker:
 
 class CUDAToCPU(TorchFunctionMode):
     """Factory calls with ``device="cuda"`` (or ``cuda:N``) get the CPU instead, and
-    ``tensor.cuda()`` is the tensor itself (4)."""
+    ``tensor.cuda()`` is the tensor itself (4); ``tensor.type()`` names the CUDA type of its dtype (7)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:      # (7)
+            name = func(*args)
+            return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
         d = kwargs.get("device")
         if d is not None and (d == "cuda" or (isinstance(d, str) and d.startswith("cuda:"))
                               or (isinstance(d, torch.device) and d.type == "cuda")):

@@ -110,6 +110,28 @@ def cost_weights_table() -> dict:
             for stage, st in STAGES.items()}
 
 
+def flops_by_part(recipe, trainable: str, stats: dict, recompute: str,
+                  vision_recompute: str | None = None) -> dict:
+    """``model_flops`` split where the trainer runs each part: ``vision`` (the tower, its patch embedding and the
+    projector: whole on the first pipeline stage, on every TP and CP rank), ``llm_layers`` (the decoder layers'
+    matmuls, split over TP and the pipeline), ``llm_attn`` (their causal attention) and ``llm_output`` (the
+    output layer, split over TP and CP). Each a (model FLOPs, hardware FLOPs) pair; the pairs sum to
+    ``model_flops``'s."""
+    f = forward_flops(recipe, stats)
+    trains_all = trainable == "all"
+    mult_vit, mult_proj, mult_llm = (3, 3, 3) if trains_all else (1, 3, 2)
+    vision = vision_recompute or vision_recompute_of(recompute)
+    vit = mult_vit * (f["vit_layers"] + f["vit_attn"] + f["patch_embed"]) + mult_proj * f["projector"]
+    vit_extra = ({"full": f["vit_layers"] - f["vit_fc"] + f["vit_attn"], "selective": f["vit_fc"]}.get(vision, 0)
+                 if trains_all else 0)
+    layers, attn = mult_llm * f["llm_layers"], mult_llm * f["llm_attn"]
+    layers_extra = {"full": f["llm_layers"], "selective": f["llm_mlp"], "mlp": f["llm_mlp"]}.get(recompute, 0)
+    attn_extra = f["llm_attn"] if recompute in ("full", "selective") else 0
+    out = mult_llm * f["llm_output"]
+    return {"vision": (float(vit), float(vit + vit_extra)), "llm_layers": (float(layers), float(layers + layers_extra)),
+            "llm_attn": (float(attn), float(attn + attn_extra)), "llm_output": (float(out), float(out))}
+
+
 if __name__ == "__main__":
     import json
 

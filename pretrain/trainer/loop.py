@@ -42,7 +42,7 @@ class Trainer:
         from pretrain.data import plan_data
         from pretrain.recipes import RECIPES, STAGES, Parallelism, stage_folder, validate
         from pretrain.trainer.build import build_model, device, param_count, setup_distributed
-        from pretrain.trainer.optimizer import build_optimizer, on_cuda
+        from pretrain.trainer.optimizer import build_optimizer, ddp_config, on_cuda
         from pretrain.trainer.checkpoint import StageCheckpoints
         from pretrain.trainer.loader import stage_batches
         from pretrain.trainer.memory import GIB
@@ -53,8 +53,7 @@ class Trainer:
         rank0 = int(os.environ.get("RANK", "0")) == 0
         validate(RECIPES[cfg.recipe], Parallelism(
             tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, sequence_parallel=cfg.sequence_parallel, world_size=world,
-            distributed_optimizer=cuda if cfg.distributed_optimizer is None else cfg.distributed_optimizer),
-                 cuda=cuda)
+            distributed_optimizer=cfg.distributed_optimizer is not False))
         # ---- the config, resolved once and passed whole from here on
         memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB if cuda else None
         self.cfg = cfg = cfg.resolve(cuda, world, memory, log=log if rank0 else None)
@@ -66,11 +65,11 @@ class Trainer:
         # ---- build: process groups, seeds, the data plan, the model
         self.sizes = setup_distributed(cfg.tp, cfg.pp, cfg.cp)
         self.rank0 = rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        from pretrain.trainer.build import CHOSEN
         from pretrain.trainer.host_collectives import describe
 
         self.collectives = describe()
-        if rank0 and world > 1:
-            log(f"stage {cfg.stage}: collectives: {self.collectives}")
+        self.collectives_why = CHOSEN.get("why")
         self.dtype = torch.bfloat16 if cfg.bf16 else torch.float32
         torch.manual_seed(cfg.seed)
         model_parallel_cuda_manual_seed(cfg.seed)
@@ -79,6 +78,7 @@ class Trainer:
         self.steps = self.plan.steps
         if rank0:
             log(f"stage {cfg.stage}: {self.plan.describe()}")
+            log(f"stage {cfg.stage}: collectives: {self.collectives} ({self.collectives_why or 'set up before'})")
         self.model = build_model(cfg, self.sizes, self.dtype)
         if rank0 and cfg.precision.startswith("fp8"):
             from pretrain.model.float8 import converted
@@ -87,6 +87,7 @@ class Trainer:
                 "(torchao; the rest, the output layer, the tower and the projector in bf16)")
         self.out = cfg.run_dir / stage_folder(cfg.stage)
         self.out.mkdir(parents=True, exist_ok=True)
+        self.ddp_cfg = ddp_config(cfg, self.sizes["dp"])
         if rank0:
             self._write_stage_json()
         # ---- checkpoint: the stage's own newest, else the previous stage's weights
@@ -95,7 +96,7 @@ class Trainer:
         self.ckpt.load_model(self.model)
         self.model.set_trainable(self.stage.trainable)
         self.ddp, self.opt = build_optimizer(self.model, self.stage, cfg.lr, cfg.bf16, self.dtype,
-                                             cfg.distributed_optimizer, cfg.optimizer_offload)
+                                             self.ddp_cfg, cfg.optimizer_offload)
         self.ckpt.load_optimizer(self.model, self.opt)
         if cuda:
             on_cuda(self.opt)
@@ -124,8 +125,10 @@ class Trainer:
              **self.sizes,
              "sequence_parallel": c.sequence_parallel, "distributed_optimizer": c.distributed_optimizer,
              "bf16": c.bf16, "precision": c.precision, "optimizer_offload": c.optimizer_offload,
+             "grad_reduce_dtype": c.grad_reduce_dtype, "overlap_param_gather": self.ddp_cfg.overlap_param_gather,
              "recompute": c.recompute, "vision_recompute": c.vision_recompute,
              "kernels": c.kernels, "loss_kernel": c.loss_kernel, "seed": c.seed, "collectives": self.collectives,
+             "collectives_why": self.collectives_why,
              "recompute_auto": None if self.auto is None else {
                  "peak_estimate_gib": round(self.auto.peak_gib, 2), "memory_gib": round(self.auto.memory_gib, 2),
                  "candidates": [{"recompute": lm, "vision_recompute": vm, "loss_kernel": lk,
@@ -222,7 +225,7 @@ class Trainer:
             stopping = preempted or (bool(cfg.stop_after) and step + 1 - self.start >= cfg.stop_after)
             if (due or stopping) and step + 1 < self.steps:
                 t0 = time.perf_counter()
-                self.ckpt.save(self.model, self.opt, step + 1, self.packs_consumed(step + 1))
+                self._save(step + 1)
                 self.policy.saved()
                 if self.rank0:
                     self.log(f"checkpoint: step {step + 1} saved in {time.perf_counter() - t0:.1f} s")
@@ -230,11 +233,19 @@ class Trainer:
                 return self._result(self.policy.signalled or (signal.SIGTERM if preempted else None))
         self.close()
         if self.ckpt.newest_step() != self.steps:
-            self.ckpt.save(self.model, self.opt, self.steps, self.packs_consumed(self.steps))
+            self._save(self.steps)
         rows = write_metrics_manifest(cfg.run_dir, cfg.stage, self.out / "metrics.jsonl")
         if rows:
             self.log(f"stage {cfg.stage}: {consumed(rows, self.plan)}")
         return self._result(None)
+
+    def _save(self, step: int) -> None:
+        """A checkpoint after optimizer step ``step``, with every parameter gathered first: under
+        ``overlap_param_gather`` the step left the other ranks' shards to the next forward."""
+        from pretrain.trainer.optimizer import params_gathered
+
+        with params_gathered(self.ddp):
+            self.ckpt.save(self.model, self.opt, step, self.packs_consumed(step))
 
     def _result(self, preempted) -> dict:
         return {"metrics": self.metrics.records, "checkpoint": str(self.ckpt.root), "params": self.n_params,

@@ -136,12 +136,17 @@ class Layout:
 
 def state_bytes(recipe, trainable: str, lay: Layout) -> float:
     """Weights, gradients and optimizer state on the rank of the largest pipeline stage."""
+    return max(stage_state_bytes(recipe, trainable, lay))
+
+
+def stage_state_bytes(recipe, trainable: str, lay: Layout) -> list[float]:
+    """Weights, gradients and optimizer state of a rank of each pipeline stage (first to last)."""
     stages = _stages(recipe, lay)
     trained = _trained(recipe, trainable, lay)
     shard = lay.dp * lay.cp if lay.distributed_optimizer else 1
     # bf16: bf16 weights, fp32 gradients, fp32 master weights + Adam's moments; fp32: no master copy
     weight, adam = (2, 12) if lay.bf16 else (4, 8)
-    return max(weight * s + (4 + adam * (1 - lay.offload) / shard) * t for s, t in zip(stages, trained))
+    return [weight * s + (4 + adam * (1 - lay.offload) / shard) * t for s, t in zip(stages, trained)]
 
 
 def _stages(recipe, lay: Layout) -> list[float]:

@@ -1,9 +1,16 @@
 """The trainer's optimizer: megatron-core's DDP and optimizer around the VLM, the stage's learning-rate
 schedule, and the two CUDA adaptations of megatron's no-TE/no-Apex fallbacks that ``on_cuda`` applies.
 
-- ``build_optimizer``: the model in ``DistributedDataParallel`` (grads reduced over DP×CP with
-  ``overlap_grad_reduce``) and ``get_megatron_optimizer`` (Adam with the stage's β2 and weight decay, clip 1.0;
-  the distributed optimizer on GPU).
+- ``ddp_config``: megatron-core's ``DistributedDataParallelConfig`` of a stage — the one place that decides
+  the gradient-reduce dtype (fp32 unless ``grad_reduce_dtype: bf16``), the overlap of the gradient reduce with
+  the backward (always) and of the parameter all-gather with the forward (with the distributed optimizer), and
+  the bucket size (megatron's rule, max(40M, 1M × DP) parameters). The trainer builds its DDP from it and
+  ``pretrain.plan`` reads its DP traffic from it.
+- ``build_optimizer``: the model in ``DistributedDataParallel`` (grads reduced over DP×CP) and
+  ``get_megatron_optimizer`` (Adam with the stage's β2 and weight decay, clip 1.0; the distributed optimizer
+  on GPU).
+- ``params_gathered``: every parameter whole on every rank for a while (a checkpoint save), where the
+  all-gather otherwise waits for the next forward.
 - ``fused_adam``: torch's fused AdamW kernel under megatron's optimizer.
 - ``foreach_optimizer``: the gradient norm, the clipping and the buffers' per-token scaling on torch's
   ``_foreach`` kernels.
@@ -13,9 +20,12 @@ What each saves on the 4B recipe's optimizer step: docs/pretrain.md (figures in 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
+
+from pretrain.trainer.config import GRAD_REDUCE_DTYPES
 
 
 def lr_at(step: int, total: int, peak: float, min_lr: float = 1e-6, warmup_frac: float = 0.002) -> float:
@@ -26,10 +36,64 @@ def lr_at(step: int, total: int, peak: float, min_lr: float = 1e-6, warmup_frac:
     return min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
-def build_optimizer(model, stage, lr: float, bf16: bool, dtype: torch.dtype, distributed_optimizer: bool,
-                    offload: float = 0.0):
+BUCKET_MIN = 40_000_000        # parameters per bucket: megatron-core's default, max(40M, 1M × DP)
+BUCKET_PER_DP = 1_000_000
+
+
+def bucket_size(dp: int) -> int:
+    """Parameters per DDP bucket at DP size ``dp``: megatron-core's own default (larger DP, larger buckets, so
+    each rank's piece of a ring collective stays bandwidth-bound), written here so the plan reads the same."""
+    return max(BUCKET_MIN, BUCKET_PER_DP * dp)
+
+
+def ddp_config(cfg, dp: int = 1):
+    """megatron-core's ``DistributedDataParallelConfig`` for the stage ``cfg`` at DP size ``dp``. ``cfg``: a
+    ``TrainConfig``, resolved or not, or anything with its ``distributed_optimizer`` and ``grad_reduce_dtype``
+    (missing or None: the GPU defaults, the distributed optimizer on and an fp32 reduce).
+
+    - ``grad_reduce_in_fp32``: ``cfg.grad_reduce_dtype`` (None: fp32). With bf16 parameters, fp32 doubles the
+      gradient bytes on the wire and in the buffer; with fp32 parameters the reduce is fp32 either way.
+    - ``overlap_grad_reduce``: on — each bucket's reduce-scatter (all-reduce without the distributed optimizer)
+      starts in the backward as soon as its gradients are ready.
+    - ``overlap_param_gather``: with the distributed optimizer — the step updates this rank's shard only, and
+      each bucket's all-gather runs at the next forward, dispatched by megatron's forward pre-hooks one bucket
+      ahead of the layer that needs it (``params_gathered`` gathers them at once for a save).
+      ``overlap_param_gather_with_optimizer_step`` is not used: megatron-core supports it only with an
+      interleaved (virtual) pipeline, which this trainer does not build.
+    - ``bucket_size``: ``bucket_size(dp)``."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    dist_opt = getattr(cfg, "distributed_optimizer", None)
+    dist_opt = True if dist_opt is None else bool(dist_opt)
+    reduce = getattr(cfg, "grad_reduce_dtype", None) or "fp32"
+    if reduce not in GRAD_REDUCE_DTYPES:
+        raise ValueError(f"grad_reduce_dtype must be one of {list(GRAD_REDUCE_DTYPES)}, got {reduce!r}")
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=reduce == "fp32", overlap_grad_reduce=True, overlap_param_gather=dist_opt,
+        use_distributed_optimizer=dist_opt, bucket_size=bucket_size(dp))
+
+
+@contextlib.contextmanager
+def params_gathered(ddp):
+    """Every parameter whole on every rank inside the block. With ``overlap_param_gather`` a step leaves each
+    rank's shard updated and the rest stale until the next forward's all-gathers; megatron's
+    ``disable_forward_pre_hook`` runs them now (synchronously), and the hooks come back after. The next
+    forward then finds the buckets already gathered and gathers nothing again."""
+    if not getattr(ddp, "use_forward_hook", False):
+        yield
+        return
+    ddp.disable_forward_pre_hook(param_sync=True)
+    try:
+        yield
+    finally:
+        ddp.enable_forward_pre_hook()
+
+
+def build_optimizer(model, stage, lr: float, bf16: bool, dtype: torch.dtype, ddp_cfg, offload: float = 0.0):
     """``(ddp, opt)``: the model in megatron's ``DistributedDataParallel`` and ``get_megatron_optimizer``
     over it, wired into the model config for megatron's schedules (``finalize_model_grads``, ``no_sync``).
+
+    ``ddp_cfg``: the stage's ``ddp_config`` (the distributed optimizer is on where it says so).
 
     ``offload`` > 0: megatron-core's ``HybridDeviceOptimizer`` keeps that share of the trained parameters'
     fp32 master copy and Adam moments on the host and steps them there (torch's CPU AdamW; the rest on the
@@ -40,25 +104,25 @@ def build_optimizer(model, stage, lr: float, bf16: bool, dtype: torch.dtype, dis
     ``overlap_grad_reduce`` on CPU (gloo) too: the async all-reduce / reduce-scatter and megatron's
     bucket-readiness bookkeeping are device-independent, so CI runs the production code path;
     text-only micro-batches keep every bucket complete through ``VLM.embed``'s zero-valued dummy image."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import DistributedDataParallel
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    cfg = model.config
-    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, use_distributed_optimizer=distributed_optimizer, overlap_grad_reduce=True), model)
+    mcfg = model.config
+    ddp = DistributedDataParallel(mcfg, ddp_cfg, model)
     opt = get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=lr, min_lr=stage.min_lr, weight_decay=stage.weight_decay, adam_beta1=0.9,
         adam_beta2=stage.adam_beta2, adam_eps=stage.adam_eps, clip_grad=1.0, bf16=bf16, params_dtype=dtype,
-        use_distributed_optimizer=distributed_optimizer, optimizer_cpu_offload=offload > 0,
-        optimizer_offload_fraction=offload, use_precision_aware_optimizer=offload > 0), [ddp])
+        use_distributed_optimizer=ddp_cfg.use_distributed_optimizer, overlap_param_gather=ddp_cfg.overlap_param_gather,
+        optimizer_cpu_offload=offload > 0, optimizer_offload_fraction=offload,
+        use_precision_aware_optimizer=offload > 0), [ddp])
     # megatron leaves norms and biases undecayed through each group's wd_mult, which its
     # OptimizerParamScheduler multiplies in; this trainer sets the lr itself (lr_at), so it applies
     # the (constant) decay here, once
     for g in opt.param_groups:
         g["weight_decay"] = stage.weight_decay * g.get("wd_mult", 1.0)
-    cfg.finalize_model_grads_func = finalize_model_grads
-    cfg.no_sync_func = ddp.no_sync
+    mcfg.finalize_model_grads_func = finalize_model_grads
+    mcfg.no_sync_func = ddp.no_sync
     return ddp, opt
 
 

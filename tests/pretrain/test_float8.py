@@ -173,14 +173,17 @@ def _megatron_steps(precision, steps=2):
     from pretrain.model.attention import rotary_tables
     from pretrain.model.llm import build_llm, packed_seq_params
     from pretrain.recipes import STAGES
-    from pretrain.trainer.optimizer import build_optimizer
+    from types import SimpleNamespace
+
+    from pretrain.trainer.optimizer import build_optimizer, ddp_config
 
     model_parallel_cuda_manual_seed(1)
     torch.manual_seed(1)
     llm = build_llm(ONE, backend="sdpa", calculate_per_token_loss=True)
     if precision != "fp32":
         float8.convert(llm, precision, compile=False)
-    ddp, opt = build_optimizer(llm, STAGES["1.5"], 1e-3, False, torch.float32, False)
+    ddp, opt = build_optimizer(llm, STAGES["1.5"], 1e-3, False, torch.float32,
+                               ddp_config(SimpleNamespace(distributed_optimizer=False)))
     for g in opt.param_groups:
         g["lr"] = 1e-3
     gen = torch.Generator().manual_seed(0)

@@ -137,26 +137,3 @@ def test_every_staged_collective_means_what_it_says():
     assert res[0]["reduce_on_0"] == [5.0]
     assert res[1]["send_recv"] == [42.0] and res[0]["send_recv"] == [43.0]
 
-
-def test_collectives_path_is_chosen_alike_on_every_rank(monkeypatch):
-    """nccl where each rank has its own GPU, host staging where a node's ranks outnumber its GPUs, gloo on
-    a CPU; a wrong OVPIPE_COLLECTIVES names the variable."""
-    import torch
-
-    from pretrain.trainer.build import collectives_path
-
-    monkeypatch.delenv("OVPIPE_COLLECTIVES", raising=False)
-    assert collectives_path(False) == "gloo"
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    assert collectives_path(True) == "nccl"
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert collectives_path(True) == "host"
-    monkeypatch.setenv("OVPIPE_COLLECTIVES", "nccl")
-    with pytest.raises(ValueError, match="NCCL refuses two ranks on one device"):
-        collectives_path(True)
-    monkeypatch.setenv("OVPIPE_COLLECTIVES", "host")
-    assert collectives_path(False) == "host"
-    monkeypatch.setenv("OVPIPE_COLLECTIVES", "mpi")
-    with pytest.raises(ValueError, match="OVPIPE_COLLECTIVES must be one of"):
-        collectives_path(False)

@@ -7,6 +7,12 @@ from pretrain.trainer import optimizer
 from tiny_batches import PAD, tiny_batch  # (tests/pretrain is on sys.path)
 
 
+def _ddp_cfg():
+    from types import SimpleNamespace
+
+    return optimizer.ddp_config(SimpleNamespace(distributed_optimizer=False))
+
+
 def _tiny_step(patch: bool, monkeypatch):
     """One optimizer step of the tiny recipe through megatron's DDP, ``finalize_model_grads`` (the
     per-token scaling of the gradient buffer) and optimizer (gradient norm + clipping), with megatron's
@@ -29,7 +35,7 @@ def _tiny_step(patch: bool, monkeypatch):
     r = RECIPES["tiny"]
     model = VLM(r, PAD, backend="sdpa")
     model.set_trainable("all")
-    ddp, opt = optimizer.build_optimizer(model, STAGES["1.5"], 1e-3, False, torch.float32, False)
+    ddp, opt = optimizer.build_optimizer(model, STAGES["1.5"], 1e-3, False, torch.float32, _ddp_cfg())
     b = tiny_batch(3, BatchPrep(r.vit, r.llm.kv_channels, r.llm.rope_theta, PAD), seed=0)
     opt.zero_grad()
     per_tok = ddp(b)
@@ -91,7 +97,7 @@ def test_the_stages_adam_settings_reach_the_optimizer_with_norms_and_biases_unde
     torch.manual_seed(0)
     model = VLM(RECIPES["tiny"], PAD, backend="sdpa")
     model.set_trainable("all")
-    _, opt = optimizer.build_optimizer(model, STAGES[stage], 1e-3, False, torch.float32, False)
+    _, opt = optimizer.build_optimizer(model, STAGES[stage], 1e-3, False, torch.float32, _ddp_cfg())
     decayed = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     assert all(g["betas"] == (0.9, beta2) for g in opt.param_groups)
     for name, p in model.named_parameters():

@@ -26,12 +26,6 @@ def test_validation_names_conflicting_settings(par, needles):
         assert n in str(e.value)
 
 
-def test_distributed_optimizer_needs_cuda():
-    with pytest.raises(ValueError, match="distributed_optimizer=True needs CUDA"):
-        validate(RECIPES["tiny"], Parallelism(distributed_optimizer=True), cuda=False)
-    validate(RECIPES["tiny"], Parallelism(distributed_optimizer=False), cuda=False)
-
-
 def test_valid_combination_passes():
     validate(RECIPES["llava-ov-1.5-8b"], Parallelism(tp=8, pp=4, cp=2, sequence_parallel=True, world_size=128))
 

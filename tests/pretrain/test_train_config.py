@@ -32,7 +32,7 @@ def test_device_defaults_resolve(tmp_path):
     cfg = TrainConfig(run_dir=str(tmp_path), stage="1.5", steps=3)
     cpu, gpu = cfg.resolve(cuda=False), cfg.resolve(cuda=True)
     assert cpu.run_dir == tmp_path and (cpu.data, cpu.lr) == ("pack", 1e-5)
-    assert (cpu.bf16, cpu.recompute, cpu.loader_workers, cpu.distributed_optimizer) == (False, "none", 0, False)
+    assert (cpu.bf16, cpu.recompute, cpu.loader_workers, cpu.distributed_optimizer) == (False, "none", 0, True)
     assert (gpu.bf16, gpu.recompute, gpu.loader_workers, gpu.distributed_optimizer) == (True, "auto", 4, True)
     assert cfg.resolve(cuda=False) == cpu and TrainConfig(run_dir=tmp_path, stage="1", steps=1, lr=0.0,
                                                           recompute="full").resolve(cuda=False).recompute == "full"

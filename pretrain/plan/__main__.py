@@ -1,0 +1,5 @@
+import sys
+
+from pretrain.plan import main
+
+sys.exit(main())
