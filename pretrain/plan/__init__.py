@@ -61,6 +61,39 @@ def forms(a, n: int, gpu: Gpu, data, cal) -> dict:
     return out
 
 
+def with_straggler(p, loss: float | None):
+    """A plan whose every step waits for its slowest DP rank: ``loss`` (packing.balance's straggler loss of the
+    packs at this layout) more compute than the mean rank's; None (no costs, no whole step) leaves it as it is."""
+    if not loss:
+        return p
+    extra = p.parts["compute"] * loss
+    step = p.step_s + extra
+    slow = p.step_s / step
+    return dataclasses.replace(p, step_s=step, parts={**p.parts, "straggler": extra},
+                               tokens_per_s_per_gpu=p.tokens_per_s_per_gpu * slow, mfu=p.mfu * slow,
+                               hours=p.hours / slow, gpu_hours=p.gpu_hours / slow)
+
+
+def run_stragglers(run_dir, step: str, plans: list) -> tuple[list, bool]:
+    """The packed plans with the measured straggler loss of a run's own packs at each layout's DP size, fastest
+    first again; (plans, whether the packs carry costs)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from manifests.io import manifest_files
+    from packing.balance import straggler_loss
+
+    files = manifest_files(run_dir, "packs", step)
+    if not files or "cost" not in pq.read_schema(files[0]).names:
+        return plans, False
+    cost = np.concatenate([pq.read_table(f, columns=["cost"]).column("cost").to_numpy(zero_copy_only=False)
+                           for f in files]).astype(np.float64)
+    if np.isnan(cost).any():
+        return plans, False
+    out = [with_straggler(p, straggler_loss(cost, p.dp, p.micro_batch, p.grad_accum)) for p in plans]
+    return sorted(out, key=lambda p: (p.hours, p.tp * p.pp * p.cp)), True
+
+
 def main(argv=None) -> int:
     from pretrain.plan import calibration as calib
     from pretrain.plan import data as data_mod
@@ -125,6 +158,11 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         ap.error(str(e))
     result = forms(a, n, gpu, data, cal)
+    costed = False
+    if a.run_dir and data.packs:
+        g, s_, ps, pad = result["packed"]
+        ps, costed = run_stragglers(a.run_dir, a.data, ps)
+        result["packed"] = (g, s_, ps, pad)
     main_form = "packed" if a.slots == "packs" else "unpacked"
     gbs, steps, plans, _ = result[main_form]
     unit = "packs" if main_form == "packed" else "samples"
@@ -133,6 +171,9 @@ def main(argv=None) -> int:
           f"{data.image_share:.0%} image tokens; {FORM_NAMES[main_form]}: {steps:,} steps × {gbs:,} {unit}"
           + (f" of {a.seq_len:,} tokens" if main_form == "packed" else f" (≤ {a.seq_len:,} tokens)"))
     print(cal.describe(gpu))
+    if costed:
+        print(f"each layout's step waits for its slowest DP rank: the straggler loss of {a.data}'s own packs at "
+              f"that DP size is added to its compute (packs.cost, packing.balance)")
     if not plans:
         print("no layout fits: more GPUs, a shorter --seq-len, or a smaller --micro-batch")
         return 1

@@ -231,3 +231,30 @@ def test_the_data_of_a_run(packed_demo, capsys):
     assert main(["plan", "--recipe", "tiny", "--stage", "1.5", "--run-dir", str(packed_demo), "--gpus", "2xH100",
                  "--global-batch", "2"]) == 0
     assert f"{math.ceil(rows / 2):,} steps × 2 packs of 512 tokens" in capsys.readouterr().out
+
+
+def test_packs_that_leave_a_rank_waiting_plan_slower_and_balanced_ones_do_not(tmp_path):
+    """The plan reads a run's own pack costs: the same total cost, dealt so that every step has a heavy and a
+    light rank, is slower at DP 2 than the same cost dealt evenly, which plans as if ranks never waited."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pretrain.plan import run_stragglers
+    from pretrain.plan.model import plan
+
+    plans = [p for p in plan("tiny", "1.5", "2xH100", steps=10, global_batch=2, seq_len=512) if p.dp == 2]
+    assert plans
+    runs = {}
+    for name, cost in (("even", [2.0] * 8), ("skewed", [1.0, 3.0] * 4)):
+        (tmp_path / name / "pack" / "packs").mkdir(parents=True)
+        pq.write_table(pa.table({"cost": np.array(cost)}), tmp_path / name / "pack" / "packs" / "part-00000.parquet")
+        runs[name], costed = run_stragglers(tmp_path / name, "pack", plans)
+        assert costed
+    for plain, even, skewed in zip(plans, runs["even"], runs["skewed"]):
+        assert even.hours == plain.hours and "straggler" not in even.parts
+        assert skewed.hours > plain.hours and skewed.parts["straggler"] > 0
+        assert skewed.tokens_per_s_per_gpu < plain.tokens_per_s_per_gpu
+    (tmp_path / "old" / "pack" / "packs").mkdir(parents=True)          # a pack step written before costs
+    pq.write_table(pa.table({"total_tokens": [512] * 4}), tmp_path / "old" / "pack" / "packs" / "part-00000.parquet")
+    assert run_stragglers(tmp_path / "old", "pack", plans) == (plans, False)
