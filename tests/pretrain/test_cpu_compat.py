@@ -28,6 +28,8 @@ if fake_cuda:
     torch.cuda.is_available = lambda: True
     torch.cuda.device_count = lambda: 1
     torch.cuda.set_device = lambda *_: None
+    torch.cuda.current_device = lambda: 0       # the device UUID the set-up publishes for the collectives path
+    torch.cuda.get_device_properties = lambda i: type("Props", (), {{"uuid": "GPU-fake-0"}})()
 import torch.distributed as dist
 asked, real_init = [], dist.init_process_group
 dist.init_process_group = lambda backend, *a, **k: (asked.append(backend), real_init("gloo", *a, **k))[1]
