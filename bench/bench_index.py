@@ -141,25 +141,14 @@ def recall(ix, picks: list[str], k: int = 10) -> float:
 
 def first_render(run: Path) -> float:
     """Seconds from navigating to /map until its points are drawn, in headless Chromium (median of 3)."""
-    import contextlib  # noqa: F401
-    import socket
-    import threading
-
-    import uvicorn
     from playwright.sync_api import sync_playwright
 
     from viewer.app import create_app
+    from viewer.serve import serving_in_thread
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(run), log_level="warning"))
-    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    th.start()
-    while not server.started:
-        th.join(0.05)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/map"
     out, base = [], []
-    try:
+    with serving_in_thread(create_app(run)) as root:
+        url = f"{root}/map"
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=shutil.which("chromium") or shutil.which("chromium-browser"),
                                          args=["--no-sandbox"])
@@ -180,9 +169,6 @@ def first_render(run: Path) -> float:
                     page.close()
             finally:
                 browser.close()
-    finally:
-        server.should_exit = True
-        th.join(10)
     return statistics.median(out), statistics.median(base)
 
 

@@ -9,9 +9,11 @@ SIGTERM by its PID: either interrupts the queries in flight, so it exits within 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
@@ -39,6 +41,26 @@ def allowed_hosts(host: str, extra: list[str]) -> list[str]:
 
     bound = [] if host in ("0.0.0.0", "::", "") else [f"[{host}]" if ":" in host else host]
     return list(dict.fromkeys([*LOOPBACK_HOSTS, *bound, *extra]))
+
+
+@contextlib.contextmanager
+def serving_in_thread(app):
+    """Serve ``app`` with uvicorn on a free loopback port in a thread of this process (tests, benches): its base
+    URL, the server stopped on exit."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind((DEFAULT_HOST, 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+    while not server.started:
+        t.join(0.05)
+    try:
+        yield f"http://{DEFAULT_HOST}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        t.join(10)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 
 import numpy as np
 import pytest
@@ -141,19 +140,8 @@ def view_client(view_run):
 @pytest.fixture(scope="session")
 def view_server(view_run):
     """The app served by uvicorn on a loopback port in this process: its base URL."""
-    import socket
-
-    import uvicorn
-
     from viewer.app import create_app
+    from viewer.serve import serving_in_thread
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(view_run["run"]), log_level="warning"))
-    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    t.start()
-    while not server.started:
-        t.join(0.05)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    t.join(10)
+    with serving_in_thread(create_app(view_run["run"])) as url:
+        yield url

@@ -171,27 +171,7 @@ def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path
 
 
 def _serve(run):
-    import contextlib
-    import socket
-    import threading
-
-    import uvicorn
-
     from viewer.app import create_app
+    from viewer.serve import serving_in_thread
 
-    @contextlib.contextmanager
-    def serving():
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(create_app(run), log_level="warning"))
-        t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        t.start()
-        while not server.started:
-            t.join(0.05)
-        try:
-            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-        finally:
-            server.should_exit = True
-            t.join(10)
-
-    return serving()
+    return serving_in_thread(create_app(run))
