@@ -327,16 +327,11 @@ def plan_data(run_dir: str | Path, step: str, micro_batch: int, grad_accum: int,
 def balance_of(run_dir, step: str, dp: int, grad_accum: int, micro_batch: int, files) -> tuple:
     """(straggler loss of the step's packs streamed at this layout, the layout ``pack`` balanced them for):
     (None, …) when its manifest has no ``cost`` column (an older pack step) or no whole step."""
-    import pyarrow.parquet as pq
-
     from ovpipe.inputs import upstream_config
-    from packing.balance import straggler_loss
+    from packing.balance import pack_costs, straggler_loss
 
-    if not files or "cost" not in pq.read_schema(files[0]).names:
-        return None, None
-    cost = np.concatenate([pq.read_table(f, columns=["cost"]).column("cost").to_numpy(zero_copy_only=False)
-                           for f in files]).astype(np.float64)
-    if np.isnan(cost).any():                     # a pack without a cost: the loss is undefined, not 0
+    cost = pack_costs(files)
+    if cost is None:                             # no costs, or a pack without one: the loss is undefined, not 0
         return None, None
     try:
         cfg = upstream_config(run_dir, step)[1]

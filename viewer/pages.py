@@ -93,7 +93,7 @@ def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict) -> dict:
     """One training step's DP ranks side by side: the packs each rank reads at that step and their summed cost,
     under a layout (``dp``, ``mb`` packs a micro-batch, ``ga`` micro-batches a step; default: the one the pack
     step balanced for, else DP 8 × 1), and the straggler loss of the whole step folder under it."""
-    from packing.balance import straggler_loss
+    from packing.balance import step_rank, straggler_loss
 
     try:
         cfg = json.loads((cat.run_dir / step / "config.json").read_text())
@@ -108,8 +108,9 @@ def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict) -> dict:
     n_steps = len(cost) // G
     at = min(layout.get("at") or 0, max(n_steps - 1, 0))
     ranks = [{"rank": r, "packs": [], "cost": 0.0} for r in range(dp)]
+    _, rank_of = step_rank(len(cost), dp, mb, ga)
     for p in range(at * G, min((at + 1) * G, len(cost))):
-        r = ranks[(p % G) // mb % dp]
+        r = ranks[rank_of[p]]
         r["packs"].append(p)
         r["cost"] += cost[p]
     mean = float(np.mean([r["cost"] for r in ranks])) if ranks else 0.0

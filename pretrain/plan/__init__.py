@@ -77,18 +77,11 @@ def with_straggler(p, loss: float | None):
 def run_stragglers(run_dir, step: str, plans: list) -> tuple[list, bool]:
     """The packed plans with the measured straggler loss of a run's own packs at each layout's DP size, fastest
     first again; (plans, whether the packs carry costs)."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
     from manifests.io import manifest_files
-    from packing.balance import straggler_loss
+    from packing.balance import pack_costs, straggler_loss
 
-    files = manifest_files(run_dir, "packs", step)
-    if not files or "cost" not in pq.read_schema(files[0]).names:
-        return plans, False
-    cost = np.concatenate([pq.read_table(f, columns=["cost"]).column("cost").to_numpy(zero_copy_only=False)
-                           for f in files]).astype(np.float64)
-    if np.isnan(cost).any():
+    cost = pack_costs(manifest_files(run_dir, "packs", step))
+    if cost is None:
         return plans, False
     out = [with_straggler(p, straggler_loss(cost, p.dp, p.micro_batch, p.grad_accum)) for p in plans]
     return sorted(out, key=lambda p: (p.hours, p.tp * p.pp * p.cp)), True
