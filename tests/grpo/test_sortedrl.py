@@ -84,7 +84,9 @@ LEGAL = {("cached", "running"), ("running", "completed"), ("running", "paused"),
 
 
 @pytest.mark.parametrize("mode", ["on_policy", "partial"])
-def test_the_buffer_lifecycle_is_complete(mode):
+def test_the_buffer_lifecycle_is_complete(mode, monkeypatch):
+    import grpo.rollout_sim as sim
+
     ctl_entries = []
 
     class Recording(SortedRLController):
@@ -92,14 +94,9 @@ def test_the_buffer_lifecycle_is_complete(mode):
             ctl_entries.extend(entries)
             super().load_group(entries)
 
-    import grpo.rollout_sim as sim
-    orig = sim.SortedRLController
-    sim.SortedRLController = Recording
-    try:
-        lengths = sample_lengths(96, 2048, 3, 300, 1.2, 0.2)
-        simulate_sorted(lengths, np.full(96, 32), 16, 24, mode, group_batches=2)
-    finally:
-        sim.SortedRLController = orig
+    monkeypatch.setattr(sim, "SortedRLController", Recording)
+    lengths = sample_lengths(96, 2048, 3, 300, 1.2, 0.2)
+    simulate_sorted(lengths, np.full(96, 32), 16, 24, mode, group_batches=2)
     assert len(ctl_entries) == 96
     for e in ctl_entries:
         assert e.history[0] == "cached" and e.history[-1] == "consumed", e.history
