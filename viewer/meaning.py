@@ -4,6 +4,7 @@ read-only; a refused query (``QueryError``) is a 400 page that says why.
 """
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -33,14 +34,22 @@ def _k(request: Request, default: int = NEIGHBOURS) -> int:
 def routes(cat: RunCatalog, roots: list[Path], page) -> list[Route]:
     """The routes, given the app's catalog, allowed roots and page renderer ``page(request, template, **ctx)``."""
     held: dict = {}
+    bodies: dict = {}           # map body name → [its lock, its bytes once built]
     lock = threading.Lock()
+
+    def step() -> Path | None:
+        """The index step's folder: enough for the map, which never loads the faiss index itself."""
+        with lock:
+            if "step" not in held:
+                held["step"] = sim.find_index(cat)
+            return held["step"]
 
     def index() -> sim.EmbeddingIndex | None:
         with lock:
             if "index" not in held:
-                step = sim.find_index(cat)
+                found = sim.find_index(cat)
                 try:
-                    held["index"] = sim.EmbeddingIndex(cat.run_dir, step, roots) if step else None
+                    held["index"] = sim.EmbeddingIndex(cat.run_dir, found, roots) if found else None
                 except Refused as e:
                     raise HTTPException(403, str(e)) from None
             return held["index"]
@@ -52,23 +61,40 @@ def routes(cat: RunCatalog, roots: list[Path], page) -> list[Route]:
         return page(request, template, error=str(e), status_code=400, **ctx)
 
     def map_page(request: Request):
-        ix = index()
-        if ix is None:
+        found = step()
+        if found is None:
             return missing(request)
+        meta = json.loads((found / "data" / "index.json").read_text())
         n_map = cat.one("SELECT count(*) FILTER (WHERE in_map) AS n FROM embedding_map")["n"]
-        return page(request, "map.html", colours=sorted(sim.colours(cat)), n_map=n_map, meta=ix.meta)
+        return page(request, "map.html", colours=sorted(sim.colours(cat)), n_map=n_map, meta=meta)
+
+    def built(key: str, make):
+        """What ``make`` builds for the map, on the first request that needs it, then kept: the run is read-only,
+        and at 1M points the query behind a map body takes about a second where sending it takes milliseconds."""
+        if step() is None:
+            raise HTTPException(404, "no index in this run")
+        with lock:
+            slot = bodies.setdefault(key, [threading.Lock(), None])
+        with slot[0]:
+            if slot[1] is None:
+                try:
+                    slot[1] = make()
+                except sim.QueryError as e:
+                    raise HTTPException(400, str(e)) from None
+        return slot[1]
 
     def map_points(request: Request):
-        if index() is None:
-            raise HTTPException(404, "no index in this run")
-        try:
-            body = sim.map_points(cat, request.query_params.get("colour", "cluster"))
-        except sim.QueryError as e:
-            raise HTTPException(400, str(e)) from None
-        return Response(body, media_type="application/octet-stream")
+        return Response(built("layout", lambda: sim.map_layout(cat))[0], media_type="application/octet-stream")
+
+    def map_colours(request: Request):
+        colour = request.query_params.get("colour", "cluster")
+        if colour not in sim.colours(cat):        # checked before the name becomes a key of the cache
+            raise HTTPException(400, f"colour {colour!r}: one of {sorted(sim.colours(cat))}")
+        return Response(built("colour:" + colour, lambda: sim.map_colours(cat, colour)),
+                        media_type="application/octet-stream")
 
     def map_region(request: Request):
-        if index() is None:
+        if step() is None:
             raise HTTPException(404, "no index in this run")
         try:
             region = sim.region_sql(request.query_params.get("box"), request.query_params.get("lasso"))
@@ -78,11 +104,13 @@ def routes(cat: RunCatalog, roots: list[Path], page) -> list[Route]:
         return JSONResponse({"sql": sql, "total": total, "rows": rows})
 
     def map_point(request: Request):
-        ix = index()
-        p = request.path_params["position"]
-        if ix is None or not 0 <= p < len(ix):
+        """The n-th point of the map's body (what the page clicked) → "more like this" on its sample."""
+        positions = built("layout", lambda: sim.map_layout(cat))[1]
+        n = request.path_params["n"]
+        if not 0 <= n < len(positions):
             raise HTTPException(404, "no such point")
-        return RedirectResponse(f"/similar/{int(ix.ids[p]):016x}", status_code=303)
+        got = cat.one("SELECT sample_id FROM embedding_map WHERE position = ?", [int(positions[n])])
+        return RedirectResponse(f"/similar/{got['sample_id']}", status_code=303)
 
     def similar(request: Request):
         ix = index()
@@ -136,7 +164,8 @@ def routes(cat: RunCatalog, roots: list[Path], page) -> list[Route]:
             raise HTTPException(400, str(e)) from None
         return page(request, "neighbours.html", info=info, hits=hits, balanced=cat.has("balanced"))
 
-    return [Route("/map", map_page), Route("/map/points", map_points), Route("/map/region", map_region),
-            Route("/map/point/{position:int}", map_point), Route("/similar/{sample_id}", similar),
+    return [Route("/map", map_page), Route("/map/points", map_points), Route("/map/colours", map_colours),
+            Route("/map/region", map_region),
+            Route("/map/point/{n:int}", map_point), Route("/similar/{sample_id}", similar),
             Route("/search", search), Route("/duplicates", duplicates),
             Route("/concepts/{concept_id:int}/neighbours", neighbours)]

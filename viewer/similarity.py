@@ -218,50 +218,74 @@ def colours(cat: RunCatalog) -> dict[str, tuple[str, str, str]]:
     return out
 
 
-def map_points(cat: RunCatalog, colour: str) -> bytes:
-    """The map's points (``in_map`` rows) as one binary body for the page's typed arrays: a little-endian uint32
-    header length, the JSON header (n, kind, labels or range), padding to 4 bytes, then x, y (float32), index
-    position (uint32) and the colour (uint16 label codes, or float32 with NaN for NULL)."""
+def _body(head: dict, *arrays: np.ndarray) -> bytes:
+    """A little-endian uint32 header length, the JSON ``head`` padded to 4 bytes, then the arrays' raw bytes."""
+    js = json.dumps(head).encode()
+    js += b" " * (-len(js) % 4)
+    return len(js).to_bytes(4, "little") + js + b"".join(a.tobytes() for a in arrays)
+
+
+def _map_query(cat: RunCatalog, sql: str):
+    from manifests.catalog import check_read_only
+
+    check_read_only(sql)
+    cur = cat.con.cursor()
+    try:
+        return cur.sql(sql).to_arrow_table()
+    finally:
+        cur.close()
+
+
+def map_layout(cat: RunCatalog) -> tuple[bytes, np.ndarray]:
+    """The map's points (``in_map`` rows, by index position) as one binary body the page hands to WebGL as is —
+    head ``{n, x: [min, max], y: [min, max]}``, then x, y interleaved (float32 × 2n, one vertex buffer; 8 MB at
+    1M points) — and each point's index position (uint32 × n), which the server keeps to resolve a clicked point."""
+    t = _map_query(cat, "SELECT x, y, position FROM embedding_map WHERE in_map ORDER BY position")
+    n = t.num_rows
+    xy = np.empty((n, 2), np.float32)
+    head: dict = {"n": n}
+    for j, c in enumerate(("x", "y")):
+        xy[:, j] = t.column(c).to_numpy(zero_copy_only=False)
+        v = xy[:, j][np.isfinite(xy[:, j])]
+        head[c] = [float(v.min()), float(v.max())] if len(v) else [0.0, 1.0]
+    return _body(head, xy), np.asarray(t.column("position").to_numpy(zero_copy_only=False), np.uint32)
+
+
+def map_colours(cat: RunCatalog, colour: str) -> bytes:
+    """One colour of the map's points, in ``map_layout``'s order, as a uint8 code a point: head ``{n, kind, colour}``
+    and, for a category, its ``labels`` (the ``MAX_LABELS`` most frequent, then "other"; NULL is "∅") with their
+    ``counts``, the code being the label's place; for a number, its ``range``, the code the value's place in it
+    in 255 steps (0–254) and 255 for NULL (``nulls`` of them)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from manifests.catalog import check_read_only
 
     table = colours(cat)
     if colour not in table:
         raise QueryError(f"colour {colour!r}: one of {sorted(table)}")
     expr, join, kind = table[colour]
-    cur = cat.con.cursor()
-    try:
-        sql = f"SELECT m.x, m.y, m.position, {expr} AS v FROM embedding_map m {join} WHERE m.in_map"
-        check_read_only(sql)
-        t = cur.sql(sql).to_arrow_table()
-    finally:
-        cur.close()
-    n = t.num_rows
-    head: dict = {"n": n, "kind": kind, "colour": colour}
-    v = t.column("v")
+    v = _map_query(cat, f"SELECT {expr} AS v FROM embedding_map m {join} WHERE m.in_map ORDER BY m.position"
+                   ).column("v")
+    head: dict = {"n": len(v), "kind": kind, "colour": colour}
     if kind == "category":
         v = pc.fill_null(v.cast("string"), "∅")
         counts = pc.value_counts(v).to_pylist()
         counts.sort(key=lambda c: (-c["counts"], c["values"]))
         labels = [c["values"] for c in counts[:MAX_LABELS]]
         codes = np.asarray(pc.index_in(v, value_set=pa.array(labels, pa.string()))
-                           .fill_null(len(labels)).to_numpy(zero_copy_only=False), np.uint16)
+                           .fill_null(len(labels)).to_numpy(zero_copy_only=False), np.uint8)
+        head["counts"] = [c["counts"] for c in counts[:MAX_LABELS]]
         if len(counts) > MAX_LABELS:
             labels.append("other")
+            head["counts"].append(sum(c["counts"] for c in counts[MAX_LABELS:]))
         head["labels"] = labels
-        body = codes.tobytes() + b"\0" * (2 * (n % 2))
     else:
-        vals = np.asarray(v.cast("float32").to_numpy(zero_copy_only=False), np.float32)
-        finite = vals[np.isfinite(vals)]
-        head["range"] = [float(finite.min()), float(finite.max())] if len(finite) else [0.0, 1.0]
-        body = vals.tobytes()
-    js = json.dumps(head).encode()
-    js += b" " * (-len(js) % 4)
-    arrays = [np.asarray(t.column(c).to_numpy(zero_copy_only=False), dt).tobytes()
-              for c, dt in (("x", np.float32), ("y", np.float32), ("position", np.uint32))]
-    return len(js).to_bytes(4, "little") + js + b"".join(arrays) + body
+        vals = np.asarray(v.cast("float64").to_numpy(zero_copy_only=False), np.float64)
+        ok = np.isfinite(vals)
+        lo, hi = (float(vals[ok].min()), float(vals[ok].max())) if ok.any() else (0.0, 1.0)
+        head["range"], head["nulls"] = [lo, hi], int(len(vals) - ok.sum())
+        codes = np.full(len(vals), 255, np.uint8)
+        codes[ok] = np.rint((vals[ok] - lo) / (hi - lo or 1.0) * 254).astype(np.uint8)
+    return _body(head, codes)
 
 
 def _num(s: str, what: str) -> float:

@@ -99,7 +99,7 @@ def test_more_like_this_text_search_and_groups_through_the_client(meaning_run, c
     ("/search", {"q": "x" * 201}, "the cap is 200"),
     ("/similar/not-an-id", {}, "16 hex digits"),
     ("/similar/0000000000000000", {"k": "1000"}, "between 1 and 100"),
-    ("/map/points", {"colour": "x); DROP TABLE samples; --"}, "one of"),
+    ("/map/colours", {"colour": "x); DROP TABLE samples; --"}, "one of"),
     ("/map/region", {"box": "0,1,2"}, "x0,x1,y0,y1"),
     ("/map/region", {"lasso": "0,0;1,nan;1,1"}, "not a finite number"),
 ])
@@ -108,14 +108,32 @@ def test_bad_queries_are_refused_with_a_message(client, path, params, says):
     assert r.status_code == 400 and says in r.text
 
 
+def _body(raw: bytes) -> tuple[dict, bytes]:
+    hlen = int.from_bytes(raw[:4], "little")
+    return json.loads(raw[4:4 + hlen]), raw[4 + hlen:]
+
+
 def test_map_body_and_regions_agree_with_the_manifest(meaning_run, client):
     from manifests.io import read_manifest
 
-    body = client.get("/map/points", params={"colour": "near duplicate"}).content
-    hlen = int.from_bytes(body[:4], "little")
-    head = json.loads(body[4:4 + hlen])
     m = read_manifest(meaning_run["run"], "embedding_map").to_pydict()
-    assert head["n"] == sum(m["in_map"]) and set(head["labels"]) == {"ok", "near_duplicate"}
+    drawn = sorted((p, x, y, sid) for p, x, y, sid, i in zip(m["position"], m["x"], m["y"], m["sample_id"],
+                                                              m["in_map"]) if i)     # the body's order: by position
+    head, arrays = _body(client.get("/map/points").content)
+    assert head["n"] == len(drawn) and len(arrays) == 8 * len(drawn)
+    assert np.allclose(np.frombuffer(arrays, np.float32).reshape(-1, 2), [d[1:3] for d in drawn])
+    head, codes = _body(client.get("/map/colours", params={"colour": "near duplicate"}).content)
+    assert head["n"] == len(drawn) and sorted(head["labels"]) == ["near_duplicate", "ok"]
+    assert sum(head["counts"]) == len(drawn)
+    shown = {d[3]: head["labels"][c] for d, c in zip(drawn, codes)}
+    assert [sid for sid, label in shown.items() if label == "near_duplicate"] == [meaning_run["twin"]]
+    head, codes = _body(client.get("/map/colours", params={"colour": "cluster"}).content)
+    cluster = {d[3]: c for d, c in zip(drawn, codes)}
+    by_value = dict(zip(m["sample_id"], m["cluster"]))
+    assert head["range"] == [min(by_value.values()), max(by_value.values())] and head["nulls"] == 0
+    assert sorted(cluster, key=lambda s: (cluster[s], s)) == sorted(cluster, key=lambda s: (by_value[s], s))
+    point = client.get(f"/map/point/{len(drawn) - 1}", follow_redirects=False)
+    assert point.status_code == 303 and point.headers["location"] == f"/similar/{drawn[-1][3]}"
     xs, ys = np.array(m["x"], np.float64), np.array(m["y"], np.float64)
     x0, x1, y0, y1 = np.quantile(xs, 0.2), np.quantile(xs, 0.7), np.quantile(ys, 0.1), np.quantile(ys, 0.8)
     box = client.get("/map/region", params={"box": f"{x0},{x1},{y0},{y1}"}).json()
@@ -126,14 +144,23 @@ def test_map_body_and_regions_agree_with_the_manifest(meaning_run, client):
 
 
 def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path):
-    """One browser session: the map draws, a box over it fills the grid and shows its SQL; "more like this" on
-    the planted near-duplicate shows its twin first; the text query shows the planted image first."""
+    """One browser session: the map draws every point it was sent (each one's place is painted, the margin is
+    not), a box over it fills the grid and shows its SQL; a click on the planted near-duplicate opens "more like
+    this" on it (or its twin, drawn on the same place) with the other one first; the text query shows the
+    planted image first."""
+    import io
     import shutil as sh
+
+    from PIL import Image
+
+    from manifests.io import read_manifest
 
     chromium = sh.which("chromium") or sh.which("chromium-browser")
     if chromium is None:
         pytest.skip("no chromium on PATH (scripts/install_system_deps.sh installs Debian's)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (make install)")
+    m = read_manifest(meaning_run["run"], "embedding_map").to_pydict()
+    kept_at = next([x, y] for x, y, sid in zip(m["x"], m["y"], m["sample_id"]) if sid == meaning_run["kept"])
     errors: list[str] = []
     with _serve(meaning_run["run"]) as base, sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
@@ -143,7 +170,11 @@ def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path
             page.on("pageerror", lambda e: errors.append(f"{page.url}: {e}"))
             page.goto(base + "/map")
             page.wait_for_function("window.mapReady === true", timeout=20_000)
-            area = page.locator("#map .nsewdrag").first.bounding_box()
+            drawn = page.evaluate("window.ovpipeMap.drawn")
+            places = page.evaluate("ps => ps.map(p => window.ovpipeMap.toScreen(p[0], p[1]))", [
+                [x, y] for x, y, i in zip(m["x"], m["y"], m["in_map"]) if i])
+            shot = Image.open(io.BytesIO(page.screenshot())).convert("RGB")
+            area = page.locator("#map").bounding_box()
             page.mouse.move(area["x"] + 2, area["y"] + 2)
             page.mouse.down()
             page.mouse.move(area["x"] + area["width"] / 2, area["y"] + area["height"] / 2, steps=5)
@@ -152,8 +183,10 @@ def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path
             page.wait_for_selector("#region-grid .card img", timeout=10_000)
             count, sql = page.inner_text("#region-count"), page.inner_text("#region-sql")
             page.screenshot(path=tmp_path / "map.png")
-            page.goto(f"{base}/similar/{meaning_run['kept']}")
-            twin = page.get_attribute("#neighbours .card >> nth=0", "data-sample")
+            page.mouse.click(*page.evaluate("p => window.ovpipeMap.toScreen(p[0], p[1])", kept_at))
+            page.wait_for_url("**/similar/*")
+            clicked = page.url.rsplit("/", 1)[1]
+            first_like = page.get_attribute("#neighbours .card >> nth=0", "data-sample")
             page.screenshot(path=tmp_path / "similar.png")
             page.goto(base + "/search")
             page.fill("#q", QUERY)
@@ -163,11 +196,38 @@ def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path
             page.goto(base + "/duplicates")
             page.wait_for_selector("#groups .member")
             page.screenshot(path=tmp_path / "duplicates.png")
+            shots = [(_map_pixels(browser, base + "/map", z), _map_pixels(browser, base + "/map?every=1", z))
+                     for z in (0, 12)]
         finally:
             browser.close()
     assert errors == []
+    assert drawn == len(places) == sum(m["in_map"])
+    painted = [min(shot.getpixel((round(x), round(y)))) < 225 for x, y in places]
+    assert all(painted), f"{painted.count(False)} of {len(places)} points not drawn"
+    assert min(shot.getpixel((round(area["x"]) + 4, round(area["y"]) + 4))) > 250      # the margin stays blank
     assert count.startswith(f"{len(meaning_run['ok'])} images") and "FROM embedding_map" in sql
-    assert twin == meaning_run["twin"] and first == meaning_run["planted"]
+    pair = {meaning_run["kept"], meaning_run["twin"]}
+    assert clicked in pair and {clicked, first_like} == pair
+    assert first == meaning_run["planted"]
+    assert shots[0][0] != shots[1][0]                           # the wheel zoomed out
+    assert [a == b for a, b in shots] == [True, True]            # a frame leaves out only points hidden exactly
+
+
+def _map_pixels(browser, url: str, zoom_out: int) -> bytes:
+    """The map's pixels (the status colour) after ``zoom_out`` wheel steps at its centre (12 pile every point onto a
+    few pixels, the twin on its kept image among them)."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.goto(url)
+        page.wait_for_function("window.mapReady === true", timeout=20_000)
+        area = page.locator("#map-gl").bounding_box()
+        page.mouse.move(area["x"] + area["width"] / 2, area["y"] + area["height"] / 2)
+        for _ in range(zoom_out):
+            page.mouse.wheel(0, 400)
+        page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+        return page.locator("#map-gl").screenshot()
+    finally:
+        page.close()
 
 
 def _serve(run):
