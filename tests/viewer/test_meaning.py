@@ -182,6 +182,17 @@ def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path
             page.mouse.up()
             page.wait_for_selector("#region-grid .card img", timeout=10_000)
             count, sql = page.inner_text("#region-count"), page.inner_text("#region-sql")
+            page.check("input[name=drag][value=lasso]")
+            page.mouse.move(area["x"] + 4, area["y"] + 4)
+            page.mouse.down()
+            for fx, fy in ((0.9, 0.1), (0.5, 0.9), (0.1, 0.8)):
+                page.mouse.move(area["x"] + fx * area["width"], area["y"] + fy * area["height"], steps=4)
+            page.mouse.up()
+            page.wait_for_function("document.getElementById('region-sql').textContent.includes('% 2 = 1')")
+            lasso = int(page.inner_text("#region-count").split()[0])
+            page.select_option("#colour", "near duplicate")
+            page.wait_for_function("window.mapReady === true", timeout=20_000)
+            legend = page.inner_text("#map-legend")
             page.screenshot(path=tmp_path / "map.png")
             page.mouse.click(*page.evaluate("p => window.ovpipeMap.toScreen(p[0], p[1])", kept_at))
             page.wait_for_url("**/similar/*")
@@ -206,6 +217,7 @@ def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path
     assert all(painted), f"{painted.count(False)} of {len(places)} points not drawn"
     assert min(shot.getpixel((round(area["x"]) + 4, round(area["y"]) + 4))) > 250      # the margin stays blank
     assert count.startswith(f"{len(meaning_run['ok'])} images") and "FROM embedding_map" in sql
+    assert 0 < lasso < len(meaning_run["ok"]) and "near_duplicate (1)" in legend
     pair = {meaning_run["kept"], meaning_run["twin"]}
     assert clicked in pair and {clicked, first_like} == pair
     assert first == meaning_run["planted"]

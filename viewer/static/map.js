@@ -29,7 +29,8 @@
     "  gl_Position = vec4(px.x / canvas.x * 2.0 - 1.0, 1.0 - px.y / canvas.y * 2.0, 0.0, 1.0);\n" +
     "  gl_PointSize = size;\n}\n";
   var FS = "#version 300 es\nprecision mediump float;\nin vec4 colour;\nuniform float round;\nout vec4 o;\n" +
-    "void main() {\n  if (round > 0.5 && length(gl_PointCoord - 0.5) > 0.5) discard;\n  o = vec4(colour.rgb, 1.0);\n}\n";
+    "void main() {\n  if (round > 0.5 && length(gl_PointCoord - 0.5) > 0.5) discard;\n" +
+    "  o = vec4(colour.rgb, 1.0);\n}\n";
 
   var gl = cv.getContext("webgl2", {antialias: false, premultipliedAlpha: true});
   var pts = null;                            // {head, n, xy: Float32Array(2n)}: the body's order
@@ -123,7 +124,9 @@
     if (code === 255) return NULL_COLOUR;
     var t = code / 254 * (VIRIDIS.length - 1), i = Math.min(Math.floor(t), VIRIDIS.length - 2), f = t - i;
     var a = rgb(VIRIDIS[i]), b = rgb(VIRIDIS[i + 1]);
-    return "#" + a.map(function (v, j) { return (256 + Math.round(v + f * (b[j] - v))).toString(16).substr(1); }).join("");
+    return "#" + a.map(function (v, j) {
+      return (256 + Math.round(v + f * (b[j] - v))).toString(16).substr(1);
+    }).join("");
   }
 
   function palette() {
@@ -215,7 +218,7 @@
   function draw() {
     frame = 0;
     var size = Math.max(1, Math.round((pts.n > 200000 ? 2 : 4) * dpr));
-    shownPx = snap(size);
+    shownPx = window.ovpipeMap.primitives = snap(size);
     gl.bindBuffer(gl.ARRAY_BUFFER, xyBuf);
     gl.bufferData(gl.ARRAY_BUFFER, outXY.subarray(0, 2 * shownPx), gl.DYNAMIC_DRAW);
     gl.bindBuffer(gl.ARRAY_BUFFER, codeBuf);
@@ -241,7 +244,6 @@
     status.textContent = pts.n + " points drawn in " + Math.round(performance.now() - t0) + " ms (" + shownPx +
       " distinct pixels)";
     window.ovpipeMap.drawn = pts.n;
-    window.ovpipeMap.primitives = shownPx;
     window.mapReady = true;
   }
 
@@ -249,7 +251,9 @@
     var c = ov.getContext("2d"), path = null;
     c.setTransform(dpr, 0, 0, dpr, 0, 0);
     c.clearRect(0, 0, W, H);
-    if (drag && drag.moved && drag.mode !== "pan") path = drag.mode === "box" ? corners(drag.start, drag.last) : drag.path;
+    if (drag && drag.moved && drag.mode !== "pan") {
+      path = drag.mode === "box" ? corners(drag.start, drag.last) : drag.path;
+    }
     else if (shape) path = shape.map(function (p) { return toScreen(p[0], p[1]); });
     if (!path) return;
     c.beginPath();
@@ -306,7 +310,8 @@
   // Every point's cell of a GRID × GRID grid over the layout's bounds, as a counting sort: start[c] .. start[c+1]
   // index `order`, the points of cell c (1M points: ≈ 50 ms, once).
   function buildGrid() {
-    var h = pts.head, n = pts.n, xy = pts.xy, gx = GRID / ((h.x[1] - h.x[0]) || 1), gy = GRID / ((h.y[1] - h.y[0]) || 1);
+    var h = pts.head, n = pts.n, xy = pts.xy;
+    var gx = GRID / ((h.x[1] - h.x[0]) || 1), gy = GRID / ((h.y[1] - h.y[0]) || 1);
     var cell = new Uint32Array(n), start = new Uint32Array(GRID * GRID + 1), order = new Uint32Array(n), i;
     for (i = 0; i < n; i++) {
       var cx = Math.min(GRID - 1, Math.max(0, Math.floor((xy[2 * i] - h.x[0]) * gx))) || 0;
@@ -404,7 +409,6 @@
     status.textContent = "this browser offers no WebGL2: the map cannot be drawn";
     return;
   }
-  var t0 = performance.now();
   setup();
   Promise.all([fetchBody("/map/points"), fetchBody("/map/colours?colour=" + encodeURIComponent(picker.value))])
     .then(function (got) {
@@ -412,7 +416,7 @@
       setColours(got[1]);
       resize();
       fit();
-      drawNow(t0);
+      drawNow(0);                         // performance.now() counts from the navigation
     }).catch(function (e) { status.textContent = String(e); throw e; });
   picker.addEventListener("change", function () {
     var t = performance.now();
