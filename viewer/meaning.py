@@ -65,8 +65,14 @@ def routes(cat: RunCatalog, roots: list[Path], page) -> list[Route]:
         if found is None:
             return missing(request)
         meta = json.loads((found / "data" / "index.json").read_text())
+        colours = sorted(sim.colours(cat))
+        first = "status" if "status" in colours else "cluster"
+        # the bodies the page asks for next start building now, while the browser reads the page and its script
+        threading.Thread(target=lambda: [built("layout", lambda: sim.map_layout(cat)),
+                                         built("colour:" + first, lambda: sim.map_colours(cat, first))],
+                         daemon=True).start()
         n_map = cat.one("SELECT count(*) FILTER (WHERE in_map) AS n FROM embedding_map")["n"]
-        return page(request, "map.html", colours=sorted(sim.colours(cat)), n_map=n_map, meta=meta)
+        return page(request, "map.html", colours=colours, first=first, n_map=n_map, meta=meta)
 
     def built(key: str, make):
         """What ``make`` builds for the map, on the first request that needs it, then kept: the run is read-only,
