@@ -34,7 +34,7 @@
 
   var gl = cv.getContext("webgl2", {antialias: false, premultipliedAlpha: true});
   var pts = null;                            // {head, n, xy: Float32Array(2n)}: the body's order
-  var col = null;                            // {head, codes: Uint8Array(n), xy, order}: xy and codes in drawing order
+  var col = null;                            // {head, codes: the body's order; xy, drawCodes: the drawing order}
   var rgba = new Uint8Array(256 * 4), hidden = new Uint8Array(256), shownPx = 0;
   var key = null, last = null, outXY = null, outCodes = null;     // the frame's snapping buffers
   var view = null, W = 0, H = 0, dpr = 1, frame = 0, grid = null, shape = null, drag = null;
@@ -253,8 +253,9 @@
     c.clearRect(0, 0, W, H);
     if (drag && drag.moved && drag.mode !== "pan") {
       path = drag.mode === "box" ? corners(drag.start, drag.last) : drag.path;
+    } else if (shape) {
+      path = shape.map(function (p) { return toScreen(p[0], p[1]); });
     }
-    else if (shape) path = shape.map(function (p) { return toScreen(p[0], p[1]); });
     if (!path) return;
     c.beginPath();
     path.forEach(function (p, i) { if (i) c.lineTo(p[0], p[1]); else c.moveTo(p[0], p[1]); });
