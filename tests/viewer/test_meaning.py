@@ -145,9 +145,10 @@ def test_map_body_and_regions_agree_with_the_manifest(meaning_run, client):
 
 def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path):
     """One browser session: the map draws every point it was sent (each one's place is painted, the margin is
-    not), a box over it fills the grid and shows its SQL; a click on the planted near-duplicate opens "more like
-    this" on it (or its twin, drawn on the same place) with the other one first; the text query shows the
-    planted image first."""
+    not) and looks the same as with every point sent to WebGL; a box over it fills the grid and shows its SQL, a
+    lasso selects part of it; another colour redraws it with its legend and tooltip; a click on the planted
+    near-duplicate opens "more like this" on it (or its twin, drawn on the same place) with the other one first;
+    the text query shows the planted image first."""
     import io
     import shutil as sh
 
@@ -193,6 +194,9 @@ def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path
             page.select_option("#colour", "near duplicate")
             page.wait_for_function("window.mapReady === true", timeout=20_000)
             legend = page.inner_text("#map-legend")
+            page.mouse.move(*page.evaluate("p => window.ovpipeMap.toScreen(p[0], p[1])", kept_at))
+            page.wait_for_function("document.getElementById('map-overlay').title !== ''")
+            tooltip = page.get_attribute("#map-overlay", "title")
             page.screenshot(path=tmp_path / "map.png")
             page.mouse.click(*page.evaluate("p => window.ovpipeMap.toScreen(p[0], p[1])", kept_at))
             page.wait_for_url("**/similar/*")
@@ -218,6 +222,7 @@ def test_map_region_neighbours_and_text_search_in_chromium(meaning_run, tmp_path
     assert min(shot.getpixel((round(area["x"]) + 4, round(area["y"]) + 4))) > 250      # the margin stays blank
     assert count.startswith(f"{len(meaning_run['ok'])} images") and "FROM embedding_map" in sql
     assert 0 < lasso < len(meaning_run["ok"]) and "near_duplicate (1)" in legend
+    assert tooltip in ("near duplicate: ok", "near duplicate: near_duplicate")     # the kept image or its twin
     pair = {meaning_run["kept"], meaning_run["twin"]}
     assert clicked in pair and {clicked, first_like} == pair
     assert first == meaning_run["planted"]

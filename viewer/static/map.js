@@ -9,7 +9,7 @@
 // at 1M points (SwiftShader's cost is per primitive: ≈ 0.6–0.8 s for 1M points at load ≈ 10 whatever their
 // size, against ≈ 30 ms for the JavaScript pass). A box or lasso becomes the server's region query
 // (viewer.similarity.region_sql), which stays the truth for what a region holds; a click finds the nearest shown
-// point through a coarse grid over the positions (built on the first click) and opens "more like this".
+// point through a coarse grid over the positions (built on the first use) and opens "more like this".
 (function () {
   "use strict";
   var wrap = document.getElementById("map"), cv = document.getElementById("map-gl"),
@@ -356,8 +356,22 @@
     var p = local(e);
     drag = {mode: mode(), start: p, last: p, path: [p], moved: false, cx: view.cx, cy: view.cy};
   });
+  // The point under the pointer names its colour in the tooltip (at most once a frame).
+  var hoverAt = null;
+  function hover() {
+    var i = pick(hoverAt[0], hoverAt[1]), h = col.head, c = i < 0 ? -1 : col.codes[i];
+    hoverAt = null;
+    if (c < 0) { ov.title = ""; return; }
+    ov.title = h.colour + ": " + (h.kind === "category" ? h.labels[c] : c === 255 ? "no value" :
+      "≈ " + (h.range[0] + c / 254 * (h.range[1] - h.range[0])).toPrecision(4));
+  }
+
   ov.addEventListener("pointermove", function (e) {
-    if (!drag) return;
+    if (!drag) {
+      if (col && !hoverAt) requestAnimationFrame(hover);
+      hoverAt = local(e);
+      return;
+    }
     var p = local(e);
     drag.moved = drag.moved || Math.abs(p[0] - drag.start[0]) + Math.abs(p[1] - drag.start[1]) > 4;
     if (drag.mode === "pan") {
