@@ -1,10 +1,11 @@
 """The Makefile on Slurm: the curation + packing + rl part of the demo with EXECUTOR=slurm TASKS=2 WORKERS=2 on
-the loopback cluster gives the manifests of the same targets run locally, byte for byte (``ovpipe sql`` dumps).
+the loopback cluster gives the manifests of the same targets run locally, their tasks one after another in the
+step's own process (TASKS=2 WORKERS=1), byte for byte (``ovpipe sql`` dumps).
 
-Kept as small as the targets allow: a 300-sample demo corpus and a 20-step demo CLIP (both runs alike). The local
-run goes on beside the Slurm one, whose time is mostly Slurm's per-job scheduling and start-up: each writes under
-its own folder of the same length (``local/``, ``slurm/``), and the local run's absolute paths are read as the
-Slurm run's before the bytes are compared.
+Kept as small as the targets allow: a 300-sample demo corpus and a demo CLIP trained 2 steps at batch 16 (both runs
+alike; the suite's curation tests train it for real). The local run goes on beside the Slurm one, whose time is
+mostly Slurm's per-job scheduling and start-up: each writes under its own folder of the same length (``local/``,
+``slurm/``), and the local run's absolute paths are read as the Slurm run's before the bytes are compared.
 The whole demo, pretrain included, is `make slurm-up && make slurm-demo && make slurm-down` (docs/slurm.md)."""
 import contextlib
 import io
@@ -27,7 +28,10 @@ VENV = REPO / ".venv"
 pytestmark = [pytest.mark.slurm, pytest.mark.checkout_venv]
 
 TARGETS = ["ingest", "curation", "packing", "rl"]
-SMALL = ["DEMO_DATA_ARGS=--samples 300", "DEMO_CLIP_ARGS=--set steps=20", "TASKS=2", "WORKERS=2"]
+SMALL = ["DEMO_DATA_ARGS=--samples 300", "DEMO_CLIP_ARGS=--set steps=2 --set batch_size=16"]
+# the local run's tasks in the step's process: no pool of spawned workers to start (a manifest such as
+# image_embeddings names each vector's task shard, so the task count is the same on both sides)
+SPLIT = {"local": ["TASKS=2", "WORKERS=1"], "slurm": ["TASKS=2", "WORKERS=2"]}
 # every manifest these targets write; each one's dump must be the same bytes (in part order, no ORDER BY)
 MANIFESTS = ["samples", "image_embeddings", "concepts", "assignments", "dedup", "alignment", "concept_counts",
              "balanced", "lengths", "packs", "mixed", "rl_prompts", "rollouts", "rewards", "selection"]
@@ -36,7 +40,7 @@ MANIFESTS = ["samples", "image_embeddings", "concepts", "assignments", "dedup", 
 def _make(run: Path, executor: str, env: dict) -> subprocess.Popen:
     """The targets into ``run`` (the demo data beside it, in ``run.parent / "data"``), started."""
     return subprocess.Popen(["make", "-C", str(REPO), "--no-print-directory", *TARGETS, f"RUN={run}",
-                             f"DEMO_DATA={run.parent / 'data'}", f"EXECUTOR={executor}", *SMALL],
+                             f"DEMO_DATA={run.parent / 'data'}", f"EXECUTOR={executor}", *SMALL, *SPLIT[executor]],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)     # its own process group: stopped whole if the test fails
 
