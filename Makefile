@@ -123,13 +123,13 @@ status:
 	$(OVPIPE) status $(RUN)
 
 # Two pytest workers (pytest-xdist): most tests keep one core busy, so two cut the wall time on the 2-core CI
-# machine. The xdist groups of tests/conftest.py (the Makefile on Slurm; the other Slurm tests; the parallel-
-# parity runs) each keep to one worker and start first, in the order conftest sorts them (hence
-# --no-loadscope-reorder: xdist would otherwise start the groups with the most tests first). TEST_WORKERS=0
-# runs serially, TEST_WORKERS=3 adds a worker to compute while the Slurm tests wait (docs/install.md has both
-# timings). PYTEST_ARGS adds to either target: make test-fast PYTEST_ARGS="--durations=40", PYTEST_ARGS=tests/packing.
+# machine. --dist loadscope keeps each module on one worker (its module fixtures, such as a Slurm module's loopback
+# cluster, made once), in the order tests/conftest.py sorts them (hence --no-loadscope-reorder: xdist would
+# otherwise start the modules with the most tests first). TEST_WORKERS=0 runs serially, TEST_WORKERS=3 adds a
+# worker (docs/install.md has the timings). PYTEST_ARGS adds to either target: make test-fast
+# PYTEST_ARGS="--durations=40", PYTEST_ARGS=tests/packing.
 TEST_WORKERS ?= 2
-TEST_XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+TEST_XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 PYTEST_ARGS ?=
 # make test: the whole suite, the Slurm tests included where Slurm is installed (under CI=true, they and the
 # browser test fail where what they need is missing; tests/conftest.py NEEDS).

@@ -37,11 +37,13 @@ def _cuda_available() -> bool:
         return False
 
 
-# The longest-running modules, scheduled right after the Slurm group so that no long test starts late and
-# holds the suite's end (the 2-core CI machine: `make test` is two xdist workers).
-LONG_FIRST = ("tests/pretrain/test_parallel_parity.py", "tests/pretrain/test_kill_drill.py",
-              "tests/pretrain/test_export.py", "tests/pretrain/test_tensor_parallel.py",
-              "tests/pretrain/test_conversation_training.py", "tests/curation/test_curation_demo.py")
+# The longest-running modules (CPU seconds, longest first), scheduled right after the Slurm modules so that no
+# long module starts late and holds the suite's end (the 2-core CI machine: `make test` is two xdist workers).
+LONG_FIRST = ("tests/pretrain/test_parallel_parity.py", "tests/pretrain/test_comm_bytes.py",
+              "tests/pretrain/test_kill_drill.py", "tests/pretrain/test_export.py",
+              "tests/curation/test_ingest_memory.py", "tests/curation/test_dedup_memory.py",
+              "tests/pretrain/test_tensor_parallel.py", "tests/pretrain/test_conversation_training.py",
+              "tests/pretrain/test_launch.py", "tests/curation/test_curation_demo.py", "tests/pretrain/test_train.py")
 
 
 SLURM_DEMO = "tests/ovpipe/test_slurm_demo.py"
@@ -107,13 +109,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _listed_slow(item.nodeid):
             item.add_marker(pytest.mark.slow)
-    # Under xdist three groups each keep to one worker. The Makefile-on-Slurm test (the suite's longest: the demo's
-    # curation, packing and RL as ~20 Slurm chains, mostly waiting on Slurm's per-job scheduling) is one; the
-    # other Slurm tests are another, since each of their modules starts its own loopback cluster and more than
-    # two clusters at once would crowd the two cores. The parallel-parity tests are the third, so their
-    # one-process reference run (a module fixture) is computed once, not on each worker. Work is handed out in
-    # collection order (the Makefile passes --no-loadscope-reorder): the Makefile-on-Slurm test first, the other
-    # Slurm tests next, then LONG_FIRST (the parity group its first), so no long test starts late.
+    # Under xdist (`make test`: --dist loadscope) a module's tests keep to one worker, so a module fixture — a Slurm
+    # module's loopback cluster, the parity runs' one-process reference, the counted 2- and 4-rank runs — is made
+    # once, not on each worker. (loadgroup's xdist_group marks would do it test by test, but pytest-xdist 3.8 names
+    # a group in Item._nodeid, which pytest 9.2's Item.nodeid no longer reads: the groups were silently ignored.)
+    # Modules are handed out in collection order (the Makefile passes --no-loadscope-reorder): the Makefile-on-Slurm
+    # test first (the suite's longest: the demo's curation, packing and RL as ~25 Slurm chains, mostly waiting on
+    # Slurm's per-job start-up), the other Slurm modules next, then LONG_FIRST, so no long module starts late.
     def rank(item):
         if item.nodeid.startswith(SLURM_DEMO):
             return 0
@@ -122,13 +124,6 @@ def pytest_collection_modifyitems(config, items):
         path = item.nodeid.split("::")[0]
         return 2 + LONG_FIRST.index(path) if path in LONG_FIRST else len(LONG_FIRST) + 2
 
-    for item in items:
-        if item.nodeid.startswith(SLURM_DEMO):
-            item.add_marker(pytest.mark.xdist_group("slurm-demo"))
-        elif "slurm" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif item.nodeid.startswith("tests/pretrain/test_parallel_parity.py"):
-            item.add_marker(pytest.mark.xdist_group("parity"))
     items.sort(key=rank)          # stable: collection order within each rank
     if any("gpu" in item.keywords for item in items) and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
