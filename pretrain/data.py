@@ -221,7 +221,10 @@ def loader(run_dir, pack_step: str, micro_batch: int, rank: int = 0, world: int 
     ``prep`` run in ``workers`` processes (0: in this one), each keeping ``prefetch`` micro-batches
     ready, copied to page-locked memory when ``pin_memory``."""
     ds = PackStream(run_dir, pack_step, micro_batch, rank, world, start_pack, prep)
-    kw = {"prefetch_factor": prefetch, "persistent_workers": False} if workers else {}
+    # forkserver, not fork: a forked worker inherits whatever lock a thread of the trainer (torch's, pyarrow's, a
+    # gloo store's) held at that instant, and waits on it forever
+    kw = {"prefetch_factor": prefetch, "persistent_workers": False,
+          "multiprocessing_context": "forkserver"} if workers else {}
     return torch.utils.data.DataLoader(ds, batch_size=None, collate_fn=_as_is, num_workers=workers,
                                        pin_memory=pin_memory, **kw)
 
