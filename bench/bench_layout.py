@@ -23,6 +23,7 @@ as N log N (an approximate kNN graph, then a fixed number of epochs or iteration
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -232,6 +233,11 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.rows, args.kmeans_rows, args.dim = [3_000, 6_000], [], 64
+    needs = {"umap": "umap", "opentsne": "openTSNE", "kmeans-tsne": "openTSNE"}
+    missing = [m for m in args.methods if m in needs and importlib.util.find_spec(needs[m]) is None]
+    if missing:
+        print(f"{', '.join(missing)}: left out, not installed (make install-layout)", flush=True)
+        args.methods = [m for m in args.methods if m not in missing]
     results = []
     if args.from_logs:
         for log in args.from_logs:
