@@ -28,7 +28,7 @@ EXEC_ARGS  = --run-dir $(RUN) --executor $(EXECUTOR) $(if $(filter slurm,$(EXECU
 STEP_ARGS  = $(EXEC_ARGS) --tasks $(TASKS) --workers $(WORKERS)
 DEMO_DATA_ARGS ?=
 
-.PHONY: install bytecode lock test-latest demo test test-fast bench demo-data ingest report status clean
+.PHONY: install install-layout bytecode lock test-latest demo test test-fast bench demo-data ingest report status clean
 
 # The install is the lock (requirements/lock.txt, every package pinned with hashes for CPython 3.12 on
 # x86-64 Linux), made by uv from pyproject.toml's ranges; `make lock` refreshes it (docs/install.md).
@@ -56,6 +56,11 @@ $(VENV)/.installed: $(LOCK) requirements/no-deps.txt pyproject.toml | $(UV)
 	$(BIN)/python -W ignore -c "import logging; logging.disable(logging.WARNING); import torchvision, open_clip, megatron.core, faiss, transformers; print('install ok: torch', __import__('torch').__version__, '| transformers', transformers.__version__, '| megatron-core', megatron.core.__version__)"
 	touch $@
 
+# UMAP and openTSNE for bench/bench_layout.py only, on top of the install (requirements/layout.txt: the lock's
+# versions plus theirs); `make install` drops them again.
+install-layout: install
+	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --require-hashes -r requirements/layout.txt
+
 # The project's own packages, compiled where their sources changed (the install's note above says why).
 PROJECT_PKGS := ovpipe manifests curation packing pretrain rl_select inference grpo demo viewer
 bytecode: install
@@ -67,6 +72,7 @@ LOCK_UPGRADE ?=
 lock: | $(UV)
 	$(UV) pip compile pyproject.toml --extra all $(LOCK_ARGS) $(LOCK_UPGRADE) -o $(LOCK)
 	$(UV) pip compile requirements/no-deps.in --no-deps $(LOCK_ARGS) -o requirements/no-deps.txt
+	$(UV) pip compile pyproject.toml --extra layout -c $(LOCK) $(LOCK_ARGS) -o requirements/layout.txt
 	$(UV) pip compile requirements/trainers.in --no-deps $(LOCK_ARGS) -o requirements/trainers.txt
 	$(UV) pip compile requirements/lmms-eval.in --no-deps $(LOCK_ARGS) -o requirements/lmms-eval.txt
 

@@ -10,8 +10,8 @@ re-rank, k = 24) over 50 random samples — median and 95th percentile —, reca
 fp16 vectors (20 queries), the map's bodies (points and one colour: the server's first build and their size)
 and, with ``--browser``, the map's first render in headless Chromium (navigation to ``window.mapReady``: the
 points fetched and drawn by WebGL; warm and on a fresh server). ``--text-tower``: the time of one text query
-through that open_clip model's text tower (weights left random: the architecture sets the time), which a text
-search adds to the search itself.
+through that open_clip model's text tower (weights left random: the architecture sets the time) padded, trimmed,
+and as the viewer runs it, and the index search it adds (``--rows 0 --text-tower M [--measure RUN]``: that alone).
 """
 from __future__ import annotations
 
@@ -118,18 +118,22 @@ def measure(run: Path, browser: bool) -> dict:
 
 
 def recall(ix, picks: list[str], k: int = 10) -> float:
-    """Share of the exact top-k (brute force over the fp16 shards, in blocks) that the index's top-k holds."""
+    """Share of the exact top-k (brute force over the fp16 shards, in blocks) that the index's top-k holds. Each
+    block is read, not mapped, so the process does not keep every shard's pages resident (6 GB at 3M × 1024)."""
     q = ix.vectors([ix.position(s) for s in picks])
     best = np.full((len(q), 0), -1, np.int64), np.full((len(q), 0), -np.inf, np.float32)
     at = 0
     for shard in ix.shards:
-        for a in range(0, len(shard), 100_000):
-            s = np.asarray(shard[a:a + 100_000], np.float32) @ q.T
-            pos = np.arange(at + a, at + a + len(s))
-            cos = np.concatenate([best[1], s.T], 1)
-            ids = np.concatenate([best[0], np.broadcast_to(pos, (len(q), len(pos)))], 1)
-            top = np.argsort(-cos, 1)[:, :k + 1]
-            best = np.take_along_axis(ids, top, 1), np.take_along_axis(cos, top, 1)
+        with open(shard.filename, "rb") as f:
+            f.seek(shard.offset)
+            for a in range(0, len(shard), 100_000):
+                block = np.fromfile(f, shard.dtype, min(100_000, len(shard) - a) * shard.shape[1])
+                s = block.reshape(-1, shard.shape[1]).astype(np.float32) @ q.T
+                pos = np.arange(at + a, at + a + len(s))
+                cos = np.concatenate([best[1], s.T], 1)
+                ids = np.concatenate([best[0], np.broadcast_to(pos, (len(q), len(pos)))], 1)
+                top = np.argsort(-cos, 1)[:, :k + 1]
+                best = np.take_along_axis(ids, top, 1), np.take_along_axis(cos, top, 1)
         at += len(shard)
     hit = 0
     for j, sid in enumerate(picks):
@@ -166,26 +170,74 @@ def first_render(run: Path) -> tuple[float, float]:
     return statistics.median(out[1:]), out[0]
 
 
-def text_tower_ms(model: str, repeat: int = 10) -> float:
-    """One query's time through ``model``'s text tower on this CPU (random weights: the architecture sets it)."""
-    import open_clip
+def text_query(model: str, run: Path | None = None, repeat: int = 15) -> dict:
+    """One text query's time on this CPU, on one thread as the viewer runs it, through ``model``'s text tower
+    (random weights: the architecture sets the time): padded to the context (``embed_texts``, as align and
+    embed-concepts run it), trimmed to its tokens in fp32, and as the viewer runs it (``embed_query``: trimmed, in
+    ``query_precision()``); cosine of the trimmed vectors to the padded one; with ``run``, the index search
+    (``EmbeddingIndex.search``, k = 24) the query adds. Medians over ``repeat`` queries, with the load average."""
+    import os
+
     import torch
 
-    from curation.clip import register_configs
+    from curation.clip import embed_query, load_text_tower, query_precision
     from curation.concepts import embed_texts
 
-    register_configs()
     torch.set_num_threads(1)          # as the viewer runs it (viewer.similarity)
-    net, _, _ = open_clip.create_model_and_transforms(model, pretrained=None)
-    net.visual = None                 # the text query never runs the image tower
-    tok = open_clip.get_tokenizer(model)
-    embed_texts(["warm up"], ["{}"], net.eval(), tok, "cpu", 1)
-    times = []
-    for i in range(repeat):
-        t = time.perf_counter()
-        embed_texts([f"a handwritten receipt {i}"], ["{}"], net, tok, "cpu", 1)
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
+    torch.manual_seed(0)
+    net, tok = load_text_tower(model, None, "fp32")
+    texts = [f"a handwritten receipt {i}" for i in range(repeat)]
+
+    cpu = []
+
+    def median_ms(fn) -> float:
+        fn("warm up")
+        times = []
+        cpu.clear()
+        for text in texts:
+            t, c = time.perf_counter(), time.process_time()
+            fn(text)
+            times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+        return 1000 * statistics.median(times)
+
+    out = {"load_before": os.getloadavg()[0], "precision": query_precision(),
+           "tokens": int(tok([texts[0]]).argmax(-1).max()) + 1, "context": int(tok([texts[0]]).shape[1])}
+    padded = embed_texts(texts[:3], ["{}"], net, tok, "cpu", 1)
+    out["padded_ms"] = median_ms(lambda text: embed_texts([text], ["{}"], net, tok, "cpu", 1))
+    out["trimmed_fp32_ms"] = median_ms(lambda text: embed_query(net, tok, text))
+    out["trimmed_fp32_cos"] = min(float(embed_query(net, tok, t) @ p) for t, p in zip(texts, padded))
+    if out["precision"] != "fp32":
+        del net
+        torch.manual_seed(0)          # the same random weights, converted as open_clip converts them
+        net, tok = load_text_tower(model, None, out["precision"])
+    out["viewer_ms"] = median_ms(lambda text: embed_query(net, tok, text))
+    out["viewer_cpu_ms"] = 1000 * statistics.median(cpu)
+    out["viewer_cos"] = min(float(embed_query(net, tok, t) @ p) for t, p in zip(texts, padded))
+    if run is not None:
+        from viewer.catalog import RunCatalog
+        from viewer.files import allowed_roots
+        from viewer.similarity import EmbeddingIndex, find_index
+
+        ix = EmbeddingIndex(run, find_index(RunCatalog(run)), allowed_roots(run))
+        rng = np.random.default_rng(2)
+        qs = rng.standard_normal((repeat + 1, ix.meta["dim"])).astype(np.float32)
+        qs = iter(qs / np.linalg.norm(qs, axis=1, keepdims=True))
+        out["search_ms"] = median_ms(lambda _: ix.search(next(qs), 24))
+        out["rows"] = len(ix)
+    out["load_after"] = os.getloadavg()[0]
+    return out
+
+
+def text_query_line(model: str, q: dict) -> str:
+    search = ""
+    if "search_ms" in q:
+        search = f"; the index search it adds at {q['rows']:,} rows: {q['search_ms']:.0f} ms"
+    return (f"Text query through {model}'s text tower, one thread, load {q['load_before']:.1f}–"
+            f"{q['load_after']:.1f}: padded to {q['context']} tokens {q['padded_ms']:.0f} ms; trimmed to its "
+            f"{q['tokens']} tokens, fp32 {q['trimmed_fp32_ms']:.0f} ms (cosine to padded ≥ "
+            f"{q['trimmed_fp32_cos']:.7f}); as the viewer runs it ({q['precision']}) {q['viewer_ms']:.0f} ms, "
+            f"{q['viewer_cpu_ms']:.0f} ms of CPU (cosine ≥ {q['viewer_cos']:.5f}){search}")
 
 
 def demo_ranks(run: Path, data: Path) -> dict:
@@ -233,8 +285,8 @@ def main(argv=None) -> int:
                     help="text-search ranks on a demo run (after `ovpipe index`) and its demo-data folder")
     ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)     # internal: one measurement, as JSON
     args = ap.parse_args(argv)
-    if args.text_tower and not args.rows[1:] and args.rows == [0]:     # --rows 0 --text-tower M: the tower alone
-        print(f"text tower of {args.text_tower}: {text_tower_ms(args.text_tower):.0f} ms a query")
+    if args.text_tower and args.rows == [0]:       # --rows 0 --text-tower M [--measure RUN]: the query alone
+        print(text_query_line(args.text_tower, text_query(args.text_tower, args.measure)))
         return 0
     if args.demo_ranks:
         print(json.dumps(demo_ranks(*args.demo_ranks)))
@@ -267,8 +319,7 @@ def main(argv=None) -> int:
                      f"| {m.get('map_first_render_s', nan):.2f} ({m.get('map_first_render_cold_s', nan):.2f}) "
                      f"| {m['peak_rss_mib']:,.0f} |")
     if args.text_tower:
-        ms = text_tower_ms(args.text_tower)
-        lines.append(f"\nText tower of {args.text_tower}, one query on this CPU: {ms:.0f} ms")
+        lines.append("\n" + text_query_line(args.text_tower, text_query(args.text_tower, run if args.rows else None)))
     table = "\n".join(lines)
     print(table)
     if args.out:

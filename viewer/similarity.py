@@ -5,8 +5,9 @@ own CLIP text tower, a concept's neighbourhood, and the map's points and regions
 (``data/index.faiss``), the uint64 sample id of each index position (``data/ids.npy``, ascending) and where each
 position's vector lies (``data/rows.npy`` + the shard list of ``index.json``; the fp16 ``.npy`` shards are
 memory-mapped, never loaded). A query vector is a sample's own stored vector, a concept's, or a text's; the
-index proposes ``RERANK × k`` candidates (IVF-PQ codes are approximate) and their stored vectors give the exact
-cosine each neighbour is shown with. Query time at 1M × 1024 rows: ``bench/results/bench_index.txt``.
+index's fp16 codes (``flat``, ``ivf``) score the exact cosine each neighbour is shown with; IVF-PQ's codes are
+approximate, so it proposes ``RERANK × k`` candidates that their stored vectors re-rank. Query time at 100K, 1M
+and 3M × 1024 rows: ``bench/results/bench_index.txt``.
 
 Everything a request names is checked before use: a sample id is 16 hex digits, ``k`` ≤ ``MAX_K``, a text is at
 most ``MAX_QUERY_CHARS`` characters (a longer one is refused with a message saying the cap), a map region is
@@ -18,6 +19,7 @@ import json
 import math
 import re
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,7 @@ from viewer.files import check_path
 MAX_K = 100
 RERANK = 4                     # candidates asked of the index per neighbour shown, re-ranked by exact cosine
 MAX_QUERY_CHARS = 200          # a CLIP text tower reads 77 tokens; a longer query is refused, not cut silently
+CACHED_QUERIES = 256           # text queries whose vectors are kept (4 KB each at d = 1024), most recent first
 MAX_LASSO_POINTS = 256         # a lasso's outline is thinned to this many vertices before it becomes SQL
 MAX_LABELS = 20                # a categorical colour shows its 20 most frequent values; the rest are "other"
 SAMPLE_ID = re.compile(r"[0-9a-f]{16}")
@@ -60,6 +63,7 @@ class EmbeddingIndex:
         self.rows = np.load(self.step_dir / "data" / "rows.npy", mmap_mode="r")
         self.shards = [np.load(check_path(self.run_dir / f, roots), mmap_mode="r") for f in self.meta["shards"]]
         self._clip = None
+        self._texts: OrderedDict[str, np.ndarray] = OrderedDict()     # recent text queries' vectors
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -86,9 +90,14 @@ class EmbeddingIndex:
         q = np.ascontiguousarray(q, np.float32).reshape(1, -1)
         if q.shape[1] != self.meta["dim"]:
             raise QueryError(f"a {q.shape[1]}-wide query vector against an index of {self.meta['dim']}")
-        _, cand = self.index.search(q, min(len(self), RERANK * k + 1))
-        cand = cand[0][(cand[0] >= 0) & (cand[0] != (-1 if exclude is None else exclude))]
-        cos = self.vectors(cand) @ q[0]
+        # fp16 codes (flat, ivf) are the stored vectors themselves: the index's scores are their exact cosines.
+        # IVF-PQ's are approximate, so its candidates are re-ranked by their stored vectors — a random read each
+        # from the shards, most of a query where they are not in the page cache (97 reads: 0.12 s on this disk).
+        exact = self.meta["kind"] in ("flat", "ivf")
+        score, cand = self.index.search(q, min(len(self), (1 if exact else RERANK) * k + 1))
+        keep = (cand[0] >= 0) & (cand[0] != (-1 if exclude is None else exclude))
+        cand = cand[0][keep]
+        cos = score[0][keep] if exact else self.vectors(cand) @ q[0]
         order = np.lexsort((cand, -cos))[:k]
         return [(f"{int(self.ids[cand[i]]):016x}", float(cos[i])) for i in order]
 
@@ -99,36 +108,43 @@ class EmbeddingIndex:
         return self.search(self.vectors([p])[0], k, exclude=p)
 
     def text_vector(self, text: str) -> np.ndarray:
-        """``text`` through the embed step's own CLIP text tower (loaded on the first text query)."""
+        """``text`` through the embed step's own CLIP text tower (loaded on the first text query), trimmed to its
+        tokens and in bf16 where the CPU has it (``curation.clip.embed_query``); the last ``CACHED_QUERIES``
+        texts' vectors are kept, so paging or re-sorting a result asks the tower nothing."""
         text = (text or "").strip()
         if not text:
             raise QueryError("an empty query")
         if len(text) > MAX_QUERY_CHARS:
             raise QueryError(f"the query has {len(text)} characters; the cap is {MAX_QUERY_CHARS} "
                              f"(the text tower reads its first 77 tokens)")
-        from curation.concepts import embed_texts
+        from curation.clip import embed_query
 
         with self._lock:
-            if self._clip is None:
-                self._clip = _load_text_tower(self.run_dir, self.step_dir)
-            net, tokenizer, device = self._clip
-            return embed_texts([text], ["{}"], net, tokenizer, device, 1)[0]
+            v = self._texts.pop(text, None)
+            if v is None:
+                if self._clip is None:
+                    self._clip = _load_text_tower(self.run_dir, self.step_dir)
+                v = embed_query(*self._clip, text)
+                v.flags.writeable = False
+            self._texts[text] = v                        # most recent last; the oldest goes past the cap
+            if len(self._texts) > CACHED_QUERIES:
+                self._texts.popitem(last=False)
+            return v
 
 
 def _load_text_tower(run_dir: Path, step_dir: Path):
-    """(model, tokenizer, device) of the embed step the index was built from (its ``config.json``)."""
-    from curation.clip import load_clip
+    """(text tower, tokenizer) of the embed step the index was built from (its ``config.json``)."""
+    from curation.clip import load_text_tower
     from ovpipe.inputs import upstream_config
 
     import torch
 
-    # One thread, as for faiss above: the demo's text tower answers in ≈ 45 ms on one thread and ≈ 1.5 s on two
-    # at load average 36 on the 2-core machine (bench/bench_index.py --demo-ranks ran 127 queries either way).
+    # One thread, as for faiss above: on the loaded 2-core machine a second thread's spin-waits cost more than it
+    # gains — ViT-H-14's tower, 77 tokens: 2.1 s on one thread, 9.1 s on two at load average 10.
     torch.set_num_threads(1)
     cfg = json.loads((step_dir / "config.json").read_text())
     _, ecfg = upstream_config(run_dir, cfg.get("embeddings_step", "embed-images"))
-    net, _, tokenizer, device = load_clip(ecfg.model, ecfg.pretrained, "cpu")
-    return net, tokenizer, device
+    return load_text_tower(ecfg.model, ecfg.pretrained)
 
 
 def find_index(cat: RunCatalog) -> Path | None:

@@ -31,6 +31,61 @@ def test_default_metaclip_tag_is_registered():
     assert DEFAULT_PRETRAINED in open_clip.list_pretrained_tags_by_model(DEFAULT_MODEL)
 
 
+TOWERS = {   # open_clip's CLIP (the demo's tiny model), a CustomTextCLIP tower, and a bidirectional one (SigLIP-like)
+    "clip": None,
+    "custom": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 2},
+    "bidirectional": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 4, "layers": 2,
+                      "no_causal_mask": True, "pool_type": "last"},
+}
+
+
+@pytest.mark.parametrize("kind", list(TOWERS))
+def test_a_query_runs_on_its_own_tokens_and_gives_the_padded_vector(kind):
+    import open_clip
+    from open_clip.model import CustomTextCLIP
+
+    from curation.clip import encode_text_trimmed, register_configs
+
+    register_configs()
+    torch.manual_seed(0)
+    if TOWERS[kind] is None:
+        net = open_clip.create_model("ovpipe-tiny-clip", pretrained=None)
+    else:
+        net = CustomTextCLIP(64, {"image_size": 32, "layers": 1, "width": 64, "patch_size": 16}, TOWERS[kind])
+    net.eval()
+    tokens = open_clip.get_tokenizer("ovpipe-tiny-clip")(["handwritten receipt", "a red circle on a blue square",
+                                                          "x"])
+    seen = []
+    blocks = net.transformer if kind == "clip" else net.text.transformer
+    blocks.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[1]))
+    with torch.inference_mode():
+        padded = torch.nn.functional.normalize(net.encode_text(tokens), dim=-1)
+        seen.clear()
+        trimmed = torch.nn.functional.normalize(encode_text_trimmed(net, tokens), dim=-1)
+    longest = int(tokens.argmax(-1).max()) + 1                 # the longest query's tokens, end-of-text included
+    assert seen == ([tokens.shape[1]] if kind == "bidirectional" else [longest]) and longest < tokens.shape[1]
+    assert ((padded * trimmed).sum(-1) > 1 - 1e-6).all()
+
+
+def test_the_query_tower_drops_the_image_tower_and_keeps_the_vector(tmp_path):
+    import open_clip
+
+    from curation.clip import embed_query, load_text_tower, register_configs
+
+    register_configs()
+    net, _, _ = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
+    ckpt = tmp_path / "tiny.pt"
+    torch.save({"state_dict": net.state_dict()}, ckpt)
+    tok = open_clip.get_tokenizer("ovpipe-tiny-clip")
+    with torch.inference_mode():
+        ref = torch.nn.functional.normalize(net.eval().encode_text(tok(["a red circle"])), dim=-1)[0].numpy()
+    for precision in ("fp32", "bf16"):
+        tower, tokenizer = load_text_tower("ovpipe-tiny-clip", str(ckpt), precision)
+        v = embed_query(tower, tokenizer, "a red circle")
+        assert tower.visual is None and v.dtype == np.float32 and abs(np.linalg.norm(v) - 1) < 1e-5
+        assert v @ ref > (1 - 1e-6 if precision == "fp32" else 0.999)
+
+
 def _unit(rng, n, d):
     x = rng.standard_normal((n, d)).astype(np.float32)
     return x / np.linalg.norm(x, axis=1, keepdims=True)

@@ -95,6 +95,32 @@ def test_more_like_this_text_search_and_groups_through_the_client(meaning_run, c
     assert r.status_code == 200 and len(_ranked(r.text, "neighbourhood")) == 48
 
 
+def test_search_scores_are_the_stored_vectors_cosines_and_texts_are_embedded_once(meaning_run, monkeypatch):
+    import curation.clip
+    from viewer import similarity as sim
+    from viewer.catalog import RunCatalog
+    from viewer.files import allowed_roots
+
+    run = meaning_run["run"]
+    ix = sim.EmbeddingIndex(run, sim.find_index(RunCatalog(run)), allowed_roots(run))
+    q = ix.vectors([ix.position(meaning_run["kept"])])[0]
+    hits = ix.search(q, 10)
+    stored = ix.vectors([ix.position(sid) for sid, _ in hits]) @ q
+    assert np.allclose([c for _, c in hits], stored, atol=1e-5) and np.all(np.diff(stored) <= 1e-6)
+    asked = []
+    real = curation.clip.embed_query
+    monkeypatch.setattr(curation.clip, "embed_query", lambda net, tok, text: asked.append(text) or real(net, tok, text))
+    monkeypatch.setattr(sim, "CACHED_QUERIES", 2)
+    first = ix.text_vector(QUERY)
+    assert ix.text_vector(f"  {QUERY} ") is first and asked == [QUERY]
+    ix.text_vector("b")
+    ix.text_vector(QUERY)                                     # the most recent again: "b" is now the oldest
+    ix.text_vector("c")
+    ix.text_vector(QUERY)
+    ix.text_vector("b")
+    assert asked == [QUERY, "b", "c", "b"]
+
+
 @pytest.mark.parametrize("path,params,says", [
     ("/search", {"q": "x" * 201}, "the cap is 200"),
     ("/similar/not-an-id", {}, "16 hex digits"),
