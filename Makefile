@@ -136,6 +136,9 @@ status:
 # PYTEST_ARGS="--durations=40", PYTEST_ARGS=tests/packing.
 TEST_WORKERS ?= 2
 TEST_XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
+# test-fast's tests are small and their module fixtures cheap: test by test (--dist load) balances the two workers
+# better than module by module (90.8 s against 97.8 s from a clean clone at 700dabd)
+TEST_XDIST_FAST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist load)
 PYTEST_ARGS ?=
 # make test: the whole suite, the Slurm tests included where Slurm is installed (under CI=true, they and the
 # browser test fail where what they need is missing; tests/conftest.py NEEDS).
@@ -148,7 +151,7 @@ test: bytecode
 # trainers) and every test over ~4 s, such as the memory-scale and byte-identity-at-any-task-count
 # checks (listed in tests/conftest.py SLOW) — and the `slurm` tests (a loopback cluster per module).
 test-fast: bytecode
-	$(BIN)/python -m pytest -q $(TEST_XDIST) -m "not slow and not slurm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(TEST_XDIST_FAST) -m "not slow and not slurm" $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/pip install -q -e '.[bench]'
