@@ -12,7 +12,7 @@ Precision: bf16 autocast on GPU (fp16 where bf16 is unsupported), fp32 on CPU.
 ``encode_text_trimmed(net, tokens)`` is ``net.encode_text(tokens)`` run on the tokens up to the last one the
 tower pools: a CLIP text tower is causal and pools at the end-of-text token, so the padding after it cannot
 change the pooled vector. A short query ("handwritten receipt": 6 of 77 tokens) costs a twelfth of the work;
-the vector agrees with the padded one to float rounding (cosine 1 − 1e-6, ``tests/curation/test_clip.py``).
+the vector agrees with the padded one to float rounding (cosine 1 − 1e-6, ``tests/curation/test_clip_assign.py``).
 """
 from __future__ import annotations
 
