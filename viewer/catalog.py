@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from manifests.catalog import check_read_only, connect, lock_down, step_table, views
@@ -56,6 +57,26 @@ class RunCatalog:
         ``ovpipe sql`` too (a registered Arrow table lives on its connection, so the cursor gets its own).
         ``QueryStopped`` past ``query_timeout`` seconds, past ``max_bytes`` of result (where given), or once
         ``interrupt_all`` was called."""
+        with self._cursor(sql) as cur:
+            if steps:
+                cur.register("steps", step_table(self.run_dir))
+            if max_bytes is not None:       # streamed, so the cap bounds what is held, not only what is shown
+                rel = cur.sql(sql, params=list(params) or None)
+                return _capped_rows(rel.to_arrow_reader(64), max_bytes) if rel is not None else []
+            cur.execute(sql, list(params))
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    def table(self, sql: str):
+        """One read-only statement's result as an Arrow table (columns whole, for the map's bodies), under the
+        same time limit and interrupt as ``rows``."""
+        with self._cursor(sql) as cur:
+            return cur.sql(sql).to_arrow_table()
+
+    @contextmanager
+    def _cursor(self, sql: str):
+        """A fresh cursor for ``sql`` (checked read-only), interrupted past ``query_timeout`` seconds or by
+        ``interrupt_all``, either of which becomes ``QueryStopped``."""
         import duckdb
 
         check_read_only(sql)
@@ -75,14 +96,7 @@ class RunCatalog:
             self._running.add(cur)
         timer.start()
         try:
-            if steps:
-                cur.register("steps", step_table(self.run_dir))
-            if max_bytes is not None:       # streamed, so the cap bounds what is held, not only what is shown
-                rel = cur.sql(sql, params=list(params) or None)
-                return _capped_rows(rel.to_arrow_reader(64), max_bytes) if rel is not None else []
-            cur.execute(sql, list(params))
-            cols = [d[0] for d in cur.description]
-            return [dict(zip(cols, r)) for r in cur.fetchall()]
+            yield cur
         except (duckdb.InterruptException, OSError) as e:
             # an interrupt while Arrow batches stream surfaces as Arrow's OSError
             if not isinstance(e, duckdb.InterruptException) and not (fired.is_set() or self._closing):

@@ -241,22 +241,11 @@ def _body(head: dict, *arrays: np.ndarray) -> bytes:
     return len(js).to_bytes(4, "little") + js + b"".join(a.tobytes() for a in arrays)
 
 
-def _map_query(cat: RunCatalog, sql: str):
-    from manifests.catalog import check_read_only
-
-    check_read_only(sql)
-    cur = cat.con.cursor()
-    try:
-        return cur.sql(sql).to_arrow_table()
-    finally:
-        cur.close()
-
-
 def map_layout(cat: RunCatalog) -> tuple[bytes, np.ndarray]:
     """The map's points (``in_map`` rows, by index position) as one binary body the page hands to WebGL as is —
     head ``{n, x: [min, max], y: [min, max]}``, then x, y interleaved (float32 × 2n, one vertex buffer; 8 MB at
     1M points) — and each point's index position (uint32 × n), which the server keeps to resolve a clicked point."""
-    t = _map_query(cat, "SELECT x, y, position FROM embedding_map WHERE in_map ORDER BY position")
+    t = cat.table("SELECT x, y, position FROM embedding_map WHERE in_map ORDER BY position")
     n = t.num_rows
     xy = np.empty((n, 2), np.float32)
     head: dict = {"n": n}
@@ -279,7 +268,7 @@ def map_colours(cat: RunCatalog, colour: str) -> bytes:
     if colour not in table:
         raise QueryError(f"colour {colour!r}: one of {sorted(table)}")
     expr, join, kind = table[colour]
-    v = _map_query(cat, f"SELECT {expr} AS v FROM embedding_map m {join} WHERE m.in_map ORDER BY m.position"
+    v = cat.table(f"SELECT {expr} AS v FROM embedding_map m {join} WHERE m.in_map ORDER BY m.position"
                    ).column("v")
     head: dict = {"n": len(v), "kind": kind, "colour": colour}
     if kind == "category":
