@@ -310,6 +310,30 @@ def model_sharded_state_dict(model) -> dict:
     return sd
 
 
+@contextlib.contextmanager
+def _results_in_process():
+    """megatron-core's writer hands its write results back through a ``multiprocessing`` Manager queue, made at a
+    process's first save with the ``spawn`` context: a server process that starts a fresh interpreter and imports
+    the trainer's modules (about 2 CPU-s per rank, and a process left running beside it). That queue is for an
+    asynchronous save, whose writer runs in another process; this save writes in this process, so a plain queue
+    carries the results. The module's own queue is put back after, for a caller that saves asynchronously."""
+    import queue
+
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:                         # another layout of megatron-core: its own queue, at its cost
+        yield
+        return
+    if not hasattr(filesystem_async, "_results_queue"):
+        yield
+        return
+    kept, filesystem_async._results_queue = filesystem_async._results_queue, queue.Queue()
+    try:
+        yield
+    finally:
+        filesystem_async._results_queue = kept
+
+
 def save(root: Path, model, opt, step: int, keep: int = 2, data: dict | None = None) -> Path:
     """``opt``: a megatron optimizer (its sharded state is saved with the model) or None. Writes
     ``root/iter_<step>/`` atomically and keeps the newest ``keep``; returns that folder. ``data``:
@@ -328,7 +352,8 @@ def save(root: Path, model, opt, step: int, keep: int = 2, data: dict | None = N
     if opt is not None:
         fresh_adam_state(opt)        # a save before the first step (a stage of 0 steps)
         sd["optimizer"] = opt.sharded_state_dict(model_sd, metadata=OPT_SAVE_METADATA)
-    dist_checkpointing.save(sd, str(tmp_path(root, step)))
+    with _results_in_process():
+        dist_checkpointing.save(sd, str(tmp_path(root, step)))
     if dist.is_initialized():
         dist.barrier()
     if rank == 0:

@@ -1,5 +1,6 @@
 """The LLM trains on the demo's packed shards; batches are built exactly as packed; resume is exact."""
 import json
+import multiprocessing
 import shutil
 
 import numpy as np
@@ -50,6 +51,7 @@ def test_loss_falls_and_resume_is_exact(megatron_single, packed_demo, tmp_path):
     from pretrain.trainer.config import TrainConfig
 
     torch.set_num_threads(2)
+    children = set(multiprocessing.active_children())
     a = tmp_path / "a"
     shutil.copytree(packed_demo, a)
     cfg = dict(recipe="tiny", stage="1.5", steps=12, micro_batch=2, lr=3e-3)
@@ -66,6 +68,9 @@ def test_loss_falls_and_resume_is_exact(megatron_single, packed_demo, tmp_path):
     # the lr schedule is defined over the full 12 steps: resume with the same total
     rest = train(TrainConfig(run_dir=b, **cfg), log=lambda *_: None)["metrics"]
     assert [m["step"] for m in rest] == list(range(7, 13))
+    # a save writes in the training process: it leaves no process behind (megatron's writer would otherwise
+    # spawn a Manager server for its results queue, a fresh interpreter per rank: pretrain.trainer.checkpoint)
+    assert set(multiprocessing.active_children()) <= children
     assert [m["loss"] for m in rest] == [m["loss"] for m in full[6:]]          # fp32: bit for bit
     assert [m["grad_norm"] for m in rest] == [m["grad_norm"] for m in full[6:]]
     lines = [json.loads(x) for x in (b / "pretrain" / "stage-1.5" / "metrics.jsonl").read_text().splitlines()]
