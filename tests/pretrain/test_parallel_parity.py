@@ -3,12 +3,15 @@ on gloo (CPU), NCCL (a GPU per rank) or gloo staged through host memory (ranks s
 same stage-1 checkpoint, 3 steps of stage 1.5 on the same global batches. DP=2 (1 micro-batch per rank)
 vs DP=1 with 2 accumulated micro-batches; PP=2; CP=2 (load-balanced THD split, all-gather attention);
 TP=2; TP=2 with sequence parallel; TP=2 × CP=2 with SP (4 ranks, where a GPU is). Losses and grad norms
-must agree step by step, so the updates did too."""
+must agree step by step, so the updates did too. The layouts of one rank count run one after another in one
+start of the ranks (``train_seq_child.py``, each from its own copy of the run), which trains bit for bit as a
+start of its own does."""
 import json
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,35 +42,70 @@ CPU_LAYOUTS = sorted(k for k in LAYOUTS if LAYOUTS[k][0] <= 2) + sorted(STAGED)
 LOSS_TOL = 1e-5 if GPUS else 2e-6
 
 
+SEQ = Path(__file__).with_name("train_seq_child.py")      # several trainings in one start of the ranks
+
+
 def _layout(name):
     nproc, extra = LAYOUTS[STAGED.get(name, name)]
     return nproc, extra, ({"OVPIPE_COLLECTIVES": "host"} if name in STAGED and not GPUS else {})
 
 
-def _train(run, nproc, *extra, env, fp32=True):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "pretrain.train", "--run-dir", str(run), "--stage", "1.5", "--steps", "3", "--micro-batch", "1",
-           "--grad-accum", "2", "--lr", "1e-3", "--metrics-out", str(run / "metrics.json"),
-           *(["--fp32"] if fp32 else []), *extra]
-    r = subprocess.run(cmd, env=env, timeout=600, capture_output=True, text=True)
+def _args(run, *extra, fp32=True, out="metrics.json"):
+    """``pretrain.train``'s command line for 3 steps of stage 1.5 at 1 pack a micro-batch, 2 accumulated."""
+    return ["--run-dir", str(run), "--stage", "1.5", "--steps", "3", "--micro-batch", "1", "--grad-accum", "2",
+            "--lr", "1e-3", "--metrics-out", str(run / out), *(["--fp32"] if fp32 else []), *extra]
+
+
+def _launch(nproc, jobs, env, where):
+    """``jobs`` (``train_seq_child``'s) in one start of ``nproc`` ranks: under torchrun, or one plain process
+    (its own loopback store, as ``python -m pretrain.train`` runs)."""
+    spec = where / f"jobs-{nproc}-{len(list(where.glob('jobs-*')))}.json"
+    spec.write_text(json.dumps(jobs))
+    cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+                             if nproc > 1 else []), str(SEQ), str(spec)]
+    r = subprocess.run(cmd, env=env, timeout=900, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads((run / "metrics.json").read_text())["metrics"]
+
+
+def _metrics(run, out="metrics.json"):
+    return json.loads((run / out).read_text())["metrics"]
+
+
+def _train(run, nproc, *extra, env, fp32=True):
+    _launch(nproc, [{"train": _args(run, *extra, fp32=fp32)}], env, run.parent)
+    return _metrics(run)
 
 
 @pytest.fixture(scope="module")
-def reference(packed_demo, tmp_path_factory):
-    """A stage-1 checkpoint (the shared starting weights) and the one-process stage-1.5 run."""
+def runs(packed_demo, tmp_path_factory):
+    """From one stage-1 checkpoint (the shared starting weights): the one-process stage-1.5 run, each layout's
+    run, and the resume drill (step 1 at one process, steps 2-3 at TP=2). The trainings of one rank count and
+    one environment share a start of the ranks (``train_seq_child.py``), each in its own copy of the run."""
     base = tmp_path_factory.mktemp("par") / "base"
     shutil.copytree(packed_demo, base, ignore=shutil.ignore_patterns("pretrain"))
     env = {k: v for k, v in os.environ.items()            # no rendezvous inherited from the caller
            if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    r = subprocess.run([sys.executable, "-m", "pretrain.train", "--run-dir", str(base), "--stage", "1", "--steps",
-                        "0", "--fp32"], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    ref = base.parent / "ref"
-    shutil.copytree(base, ref)
-    return base, _train(ref, 1, env=env), env
+    top = base.parent
+    _launch(1, [{"train": ["--run-dir", str(base), "--stage", "1", "--steps", "0", "--fp32"]},
+                {"copy": [str(base), str(top / "ref")]}, {"train": _args(top / "ref")},
+                {"copy": [str(base), str(top / "resume")]},
+                {"train": _args(top / "resume", "--stop-after", "1", out="first.json")}], env, top)
+    launches = {}
+    for layout in sorted(LAYOUTS) if GPUS else CPU_LAYOUTS:
+        nproc, extra, more_env = _layout(layout)
+        launches.setdefault((nproc, tuple(sorted(more_env.items()))), []).extend(
+            [{"copy": [str(base), str(top / layout)]}, {"train": _args(top / layout, *extra)}])
+    launches[(2, ())].append({"train": _args(top / "resume", "--tp", "2", out="rest.json")})
+    for (nproc, more_env), jobs in launches.items():
+        _launch(nproc, jobs, {**env, **dict(more_env)}, top)
+    return base, env
+
+
+@pytest.fixture(scope="module")
+def reference(runs):
+    base, env = runs
+    return base, _metrics(base.parent / "ref"), env
 
 
 @pytest.mark.slow
@@ -76,14 +114,16 @@ def test_layout_matches_one_process(reference, layout):
     base, ref, env = reference
     nproc, extra, more_env = _layout(layout)
     run = base.parent / layout
-    shutil.copytree(base, run)
-    got = _train(run, nproc, *extra, env={**env, **more_env})
+    got = _metrics(run)
     assert [m["tokens"] for m in got] == [m["tokens"] for m in ref]          # the same global batches
     for a, b in zip(ref, got):
         assert abs(a["loss"] - b["loss"]) <= LOSS_TOL * abs(a["loss"]), (layout, a["loss"], b["loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (layout, a, b)
     stage = json.loads((run / "pretrain" / "stage-1.5" / "stage.json").read_text())
+    asked = {k[2:]: int(v) for k, v in zip(extra, extra[1:]) if k in ("--tp", "--pp", "--cp")}
+    assert {k: stage[k] for k in ("tp", "pp", "cp")} == {"tp": 1, "pp": 1, "cp": 1, **asked}   # its own layout
     assert stage["dp"] * stage["tp"] * stage["pp"] * stage["cp"] == nproc
+    assert stage["sequence_parallel"] == ("--sequence-parallel" in extra)
     staged = layout in STAGED or (GPUS and nproc > GPUS)
     assert ("staged through host memory" in stage["collectives"]) == bool(staged), stage["collectives"]
 
@@ -94,11 +134,11 @@ def test_resume_at_another_layout(reference):
     megatron's dist checkpoint, so steps 2-3 equal the uninterrupted run's."""
     base, ref, env = reference
     run = base.parent / "resume"
-    shutil.copytree(base, run)
-    first = _train(run, 1, "--stop-after", "1", env=env)
-    assert [m["step"] for m in first] == [1]
-    rest = _train(run, 2, "--tp", "2", env=env)
+    assert [m["step"] for m in _metrics(run, "first.json")] == [1]
+    rest = _metrics(run, "rest.json")
     assert [m["step"] for m in rest] == [2, 3]
+    stage = json.loads((run / "pretrain" / "stage-1.5" / "stage.json").read_text())
+    assert (stage["tp"], stage["dp"]) == (2, 1)
     for a, b in zip(ref[1:], rest):
         assert abs(a["loss"] - b["loss"]) <= LOSS_TOL * abs(a["loss"]), (a, b)
 
