@@ -13,14 +13,15 @@ from ovpipe.step import Step, TaskContext
 
 @dataclass
 class SlowConfig:
-    seconds: float = 0.0   # how long each rank sleeps...
-    flag: str = ""         # ...unless this file exists
+    seconds: float = 0.0   # how long each rank sleeps at most...
+    flag: str = ""         # ...stopping as soon as this file exists
     tag: str = "a"         # changes the config (and its hash) without changing the work
 
 
 def slow(cfg: SlowConfig, task: TaskContext) -> None:
-    if cfg.seconds and not (cfg.flag and Path(cfg.flag).exists()):
-        time.sleep(cfg.seconds)
+    end = time.monotonic() + cfg.seconds
+    while time.monotonic() < end and not (cfg.flag and Path(cfg.flag).exists()):
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
     out = task.part_path("things")
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"rank": [task.rank], "tag": [cfg.tag]}), out)
