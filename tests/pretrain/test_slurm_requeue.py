@@ -5,6 +5,7 @@ losses, bit for bit (CPU, fp32)."""
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -44,17 +45,32 @@ def _wait(cond, timeout, what, info=lambda: ""):
 def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeypatch, capsys, nodes):
     """Two loopback nodes with one CPU rank each (DP=2 at the same global batch, against two local
     processes)."""
-    from ovpipe.cli import main
-    from pretrain.trainer import checkpoint
-
     ref, run = tmp_path / "ref", tmp_path / "run"
     shutil.copytree(packed_demo, ref)
     shutil.copytree(packed_demo, run)
     args = [*ARGS, "--global-batch", "2"] if nodes == 2 else ARGS
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "ovpipe.cli", "pretrain", *args, "--run-dir", str(ref), "--nproc",
-                          str(nodes)], capture_output=True, text=True, timeout=600, env=env)
-    assert res.returncode == 0, res.stderr[-3000:]                       # the uninterrupted run, locally
+    # the uninterrupted run, locally, beside the Slurm one (whose time is mostly the requeue's waits)
+    local = subprocess.Popen([sys.executable, "-m", "ovpipe.cli", "pretrain", *args, "--run-dir", str(ref), "--nproc",
+                              str(nodes)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    try:
+        _on_slurm(args, run, nodes, monkeypatch, capsys)
+    except BaseException:
+        os.killpg(local.pid, signal.SIGKILL)                # a failed test leaves no rank behind
+        local.wait()
+        raise
+    _, err = local.communicate(timeout=600)
+    assert local.returncode == 0, err[-3000:]
+    assert _losses(run) == _losses(ref)                              # the same stage, bit for bit
+    assert len(_losses(run)) == STEPS
+
+
+def _on_slurm(args, run, nodes, monkeypatch, capsys):
+    """The stage submitted, requeued after its step-2 checkpoint, and resumed from it."""
+    from ovpipe.cli import main
+    from pretrain.trainer import checkpoint
+
     with SlurmCluster(nodes=nodes, cpus=2 if nodes == 2 else 4) as slurm:
         env = {**os.environ, **slurm.env}
         monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
@@ -88,5 +104,3 @@ def test_requeue_resumes_from_the_last_checkpoint(packed_demo, tmp_path, monkeyp
     text = "\n".join(p.read_text(errors="replace") for p in sorted((sdir / "logs").glob("*")))   # whole logs
     resumed = [int(x) for x in re.findall(r"resuming at step (\d+)", text)]
     assert resumed and resumed[0] >= at >= 2, text                   # from its last checkpoint, not from scratch
-    assert _losses(run) == _losses(ref)                              # and the same stage, bit for bit
-    assert len(_losses(run)) == STEPS
