@@ -42,11 +42,11 @@ def test_kill_drill_ends_bit_identical(packed_demo, tmp_path):
 
     live = []
 
-    def start(folder):
+    def start(folder, save_delay_s=SAVE_DELAY_S):
         args = ["--run-dir", str(folder), "--recipe", "tiny", "--stage", "1.5", "--init", "scratch", "--steps", str(STEPS),
                 "--micro-batch", "1", "--lr", "3e-3", "--save-every", str(SAVE_EVERY), "--keep", "2"]
         p = ctx.Process(target=drill_child.run, args=(args, str(folder / "drill.log"), str(folder / "saves.log"),
-                                                      SAVE_DELAY_S))
+                                                      save_delay_s))
         p.start()
         live.append(p)
         return p
@@ -61,11 +61,8 @@ def test_kill_drill_ends_bit_identical(packed_demo, tmp_path):
 
 
 def _drill(start, ref, run, checkpoint, print_status):
-    p = start(ref)
-    p.join(600)
-    assert p.exitcode == 0, (ref / "drill.log").read_text()[-3000:]
-    want = _records(ref)
-    assert [r[0] for r in want] == list(range(1, STEPS + 1))
+    # the uninterrupted run (never killed, so its saves need no slowing down), beside the drill's runs
+    uninterrupted = start(ref, save_delay_s=0.0)
 
     rng = random.Random(24)
     metrics, saves, ckpts = run / "pretrain" / "stage-1.5" / "metrics.jsonl", run / "saves.log", \
@@ -100,6 +97,10 @@ def _drill(start, ref, run, checkpoint, print_status):
     p = start(run)                                 # the same command, once more: it finishes
     p.join(600)
     assert p.exitcode == 0, (run / "drill.log").read_text()[-3000:]
+    uninterrupted.join(600)
+    assert uninterrupted.exitcode == 0, (ref / "drill.log").read_text()[-3000:]
+    want = _records(ref)
+    assert [r[0] for r in want] == list(range(1, STEPS + 1))
 
     assert _records(run) == want                   # every step: loss, grad norm, lr — bit for bit
     buf = io.StringIO()
