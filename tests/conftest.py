@@ -42,7 +42,7 @@ def _cuda_available() -> bool:
 LONG_FIRST = ("tests/pretrain/test_parallel_parity.py", "tests/pretrain/test_comm_bytes.py",
               "tests/pretrain/test_kill_drill.py", "tests/pretrain/test_export.py",
               "tests/curation/test_ingest_memory.py", "tests/curation/test_dedup_memory.py",
-              "tests/pretrain/test_tensor_parallel.py", "tests/pretrain/test_conversation_training.py",
+              "tests/pretrain/test_conversation_training.py",
               "tests/pretrain/test_launch.py", "tests/curation/test_curation_demo.py", "tests/pretrain/test_train.py")
 
 
