@@ -71,30 +71,29 @@ def test_export_without_a_recipe_or_tokenizer_says_which(megatron_single, tmp_pa
 
 
 @pytest.mark.slow
-def test_export_from_a_pipeline_parallel_checkpoint(conversation_run, tmp_path):
+def test_export_from_a_pipeline_parallel_checkpoint(megatron_single, conversation_run, tmp_path):
     """Stage 2 trained at PP=2 (two gloo processes under torchrun): the export holds the same tensors
-    as the checkpoint read back at TP=1/PP=1, and the official class loads it with nothing missing."""
+    as the checkpoint read back at TP=1/PP=1, and the official class loads it with nothing missing. The export
+    and the read-back run in this process, as one process (``megatron_single``)."""
+    from llava_ov.convert import published_state_dict
     from llava_ov.official import files
+    from ovpipe.cli import main
+    from pretrain.recipes import RECIPES
+    from pretrain.trainer.checkpoint import load_state_dict
 
     src, _ = conversation_run
     run = tmp_path / "run"
     shutil.copytree(src, run)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ovpipe = [sys.executable, "-m", "ovpipe.cli"]
-    subprocess.run([*ovpipe, "pretrain", "--recipe", "tiny", "--stage", "2", "--init", "scratch", "--run-dir", str(run), "--pp", "2",
-                    "--steps", "1", "--micro-batch", "1", "--data", "pack-conv", "--distributed-optimizer", "off"],
-                   check=True, env=env, timeout=300, capture_output=True)
+    subprocess.run([sys.executable, "-m", "ovpipe.cli", "pretrain", "--recipe", "tiny", "--stage", "2", "--init",
+                    "scratch", "--run-dir", str(run), "--pp", "2", "--steps", "1", "--micro-batch", "1", "--data",
+                    "pack-conv", "--distributed-optimizer", "off"], check=True, env=env, timeout=300,
+                   capture_output=True)
     assert json.loads((run / "pretrain" / "stage-2" / "stage.json").read_text())["pp"] == 2
-    subprocess.run([*ovpipe, "export-model", "--run-dir", str(run), "--stage", "2", "--out", str(tmp_path / "hf")],
-                   check=True, env=env, timeout=300, capture_output=True)
-    check = ("import sys, torch; from pretrain.trainer.build import setup_distributed; setup_distributed(1)\n"
-             "from pretrain.trainer.checkpoint import load_state_dict; from llava_ov.convert import published_state_dict\n"
-             "from pretrain.import_model import read_safetensors; from pretrain.recipes import RECIPES\n"
-             "want = published_state_dict(load_state_dict(sys.argv[1], 'tiny'), RECIPES['tiny'])\n"
-             "got = read_safetensors(sys.argv[2])\n"
-             "assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)\n")
-    subprocess.run([sys.executable, "-c", check, str(run / "pretrain" / "stage-2" / "dist_ckpt"), str(tmp_path / "hf")],
-                   check=True, env=env, timeout=300)
+    assert main(["export-model", "--run-dir", str(run), "--stage", "2", "--out", str(tmp_path / "hf")]) == 0
+    want = published_state_dict(load_state_dict(run / "pretrain" / "stage-2" / "dist_ckpt", "tiny"), RECIPES["tiny"])
+    got = _tensors(tmp_path / "hf")
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
     if files() is not None:
         from llava_ov.official import from_pretrained
 
