@@ -203,26 +203,32 @@ def test_plan_and_the_pack_stream(conversation_run):
 
 
 @pytest.mark.slow
-def test_data_parallel_rank_without_images(conversation_run, tmp_path):
+def test_data_parallel_rank_without_images(megatron_single, conversation_run, tmp_path):
     """DP=2 with one pack per micro-batch: rank 0 gets packs 0, 2, 4 — never an image — and rank 1
     the image packs. With overlap_grad_reduce both ranks reduce every bucket every step, and the
-    run equals one process accumulating the same two micro-batches."""
+    run equals one process accumulating the same two micro-batches (``pretrain.train``'s command line, in this
+    process)."""
     import os
     import subprocess
     import sys
+
+    import pretrain.train
 
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
                                                             "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
     got = {}
-    for name, launch, accum in (("dp1", [], "2"), ("dp2", ["-m", "torch.distributed.run", "--standalone",
-                                                            "--nproc-per-node=2"], "1")):
+    for name, nproc, accum in (("dp1", 1, "2"), ("dp2", 2, "1")):
         run, _ = _copy(conversation_run, tmp_path, name)
-        cmd = [sys.executable, *launch, "-m", "pretrain.train", "--run-dir", str(run), "--stage", "2", "--data",
-               "pack-conv", "--epochs", "2", "--micro-batch", "1", "--grad-accum", accum, "--lr", "1e-3", "--fp32",
-               "--metrics-out", str(run / "m.json")]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-4000:]
+        args = ["--run-dir", str(run), "--stage", "2", "--data", "pack-conv", "--epochs", "2", "--micro-batch", "1",
+                "--grad-accum", accum, "--lr", "1e-3", "--fp32", "--metrics-out", str(run / "m.json")]
+        if nproc == 1:
+            assert pretrain.train.main(args) == 0
+        else:
+            r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                f"--nproc-per-node={nproc}", "-m", "pretrain.train", *args], env=env,
+                               capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, r.stderr[-4000:]
         got[name] = json.loads((run / "m.json").read_text())["metrics"]
     assert [m["images"] for m in got["dp2"]] == [2, 2, 1, 2, 2, 1] and [m["packs"] for m in got["dp2"]] == [2] * 6
     for a, b in zip(got["dp1"], got["dp2"]):

@@ -85,10 +85,11 @@ def test_a_stage_without_its_start_refuses_naming_it(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_two_processes_through_the_step_match_one(packed_demo, tmp_path):
+def test_two_processes_through_the_step_match_one(megatron_single, packed_demo, tmp_path):
     """`ovpipe pretrain --nproc 2` goes through the core's local executor: torchrun starts two processes of
     `ovpipe _task pretrain` (gloo, DP=2 at the same global batch); process 0 keeps the markers and stats,
-    process 1 its own log; the losses are the one-process run's."""
+    process 1 its own log; the losses are the one-process run's (`--nproc 1`: the stage in the command's own
+    process, here this one)."""
     import shutil
     import sys
 
@@ -98,11 +99,14 @@ def test_two_processes_through_the_step_match_one(packed_demo, tmp_path):
     for n in (1, 2):
         run = tmp_path / f"n{n}"
         shutil.copytree(packed_demo, run)
-        args = [sys.executable, "-m", "ovpipe.cli", "pretrain", "--stage", "1.5", "--init", "scratch", "--steps", "2",
-                "--micro-batch", "1", "--global-batch", "2", "--lr", "0.003", "--run-dir", str(run), "--nproc", str(n)]
-        res = subprocess.run(args, capture_output=True, text=True, timeout=600,
-                             env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        args = ["pretrain", "--stage", "1.5", "--init", "scratch", "--steps", "2", "--micro-batch", "1",
+                "--global-batch", "2", "--lr", "0.003", "--run-dir", str(run), "--nproc", str(n)]
+        if n == 1:
+            assert main(args) == 0
+        else:
+            res = subprocess.run([sys.executable, "-m", "ovpipe.cli", *args], capture_output=True, text=True,
+                                 timeout=600, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
         sdir = run / "pretrain" / "stage-1.5"
         assert (sdir / "completions" / "finalized").exists() and (sdir / "stats.json").exists()
         meta = json.loads((sdir / "executor.json").read_text())
