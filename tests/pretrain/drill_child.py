@@ -10,12 +10,10 @@ import os
 import sys
 import time
 
-import megatron.core.dist_checkpointing as dcp  # noqa: F401  (imported here, once, by the forkserver)
-import torch  # noqa: F401
-
-import ovpipe.cli  # noqa: F401
-import pretrain.stage  # noqa: F401
-import pretrain.train  # noqa: F401
+# what the forkserver imports once (test_kill_drill.py): the installed modules a run needs
+PRELOAD = ["torch", "megatron.core.dist_checkpointing", "megatron.core.optimizer", "ovpipe.cli", "pretrain.stage",
+           "pretrain.train", "pretrain.trainer.loop", "pretrain.trainer.build", "pretrain.trainer.optimizer",
+           "pretrain.model.vlm"]
 
 
 def run(argv: list[str], log: str, saves_log: str, save_delay_s: float) -> None:

@@ -35,7 +35,10 @@ def test_kill_drill_ends_bit_identical(packed_demo, tmp_path):
     from pretrain.trainer import checkpoint
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["drill_child"])
+    # the server imports these once and each run is forked from it. By their installed names: Python 3.12's
+    # forkserver imports its preload before it applies this process's sys.path, so a test-folder module such
+    # as drill_child fails there without a word (each run then imports everything anew, ~4 CPU-s each)
+    ctx.set_forkserver_preload(drill_child.PRELOAD)
     ref, run = tmp_path / "ref", tmp_path / "run"
     shutil.copytree(packed_demo, ref)
     shutil.copytree(packed_demo, run)
