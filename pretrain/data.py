@@ -215,16 +215,33 @@ def _as_is(x):
     return x
 
 
+# what the loader's forkserver imports once, before it forks a worker: the modules a worker needs to unpickle
+# PackStream and decode (by installed name: Python 3.12's server imports these before it applies the parent's
+# sys.path)
+WORKER_PRELOAD = ["torch", "pretrain.data"]
+
+
+def _worker_context():
+    """The workers' start method: forkserver, not fork — a forked worker inherits whatever lock a thread of the
+    trainer (torch's, pyarrow's, a gloo store's) held at that instant, and waits on it forever. The server is
+    single-threaded and imports ``WORKER_PRELOAD`` once, so each worker, a fork of it, starts without importing
+    torch again (about 2 CPU-s a worker; the preload applies when this process starts its server, the first
+    time)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(WORKER_PRELOAD)
+    return ctx
+
+
 def loader(run_dir, pack_step: str, micro_batch: int, rank: int = 0, world: int = 1, start_pack: int = 0,
            prep=None, workers: int = 0, pin_memory: bool = False, prefetch: int = 2):
     """This rank's micro-batches through a ``torch.utils.data.DataLoader``: decoding, resizing and
     ``prep`` run in ``workers`` processes (0: in this one), each keeping ``prefetch`` micro-batches
     ready, copied to page-locked memory when ``pin_memory``."""
     ds = PackStream(run_dir, pack_step, micro_batch, rank, world, start_pack, prep)
-    # forkserver, not fork: a forked worker inherits whatever lock a thread of the trainer (torch's, pyarrow's, a
-    # gloo store's) held at that instant, and waits on it forever
     kw = {"prefetch_factor": prefetch, "persistent_workers": False,
-          "multiprocessing_context": "forkserver"} if workers else {}
+          "multiprocessing_context": _worker_context()} if workers else {}
     return torch.utils.data.DataLoader(ds, batch_size=None, collate_fn=_as_is, num_workers=workers,
                                        pin_memory=pin_memory, **kw)
 

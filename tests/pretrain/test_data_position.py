@@ -1,6 +1,7 @@
 """An exact data position on resume: the loader's state (packs consumed) is saved with the
 checkpoint, and a resumed run consumes exactly the packs the uninterrupted run consumed next."""
 import shutil
+from pathlib import Path
 
 
 def _ids(run, **kw):
@@ -41,5 +42,11 @@ def test_loader_workers_keep_the_stream_order(packed_demo):
 
     base = ids(0)
     assert ids(2) == base
+    # the workers are forks of a server that imported torch once (pretrain.data.WORKER_PRELOAD), not fresh
+    # interpreters that each import it again: the server maps torch's library
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver._forkserver_pid
+    assert server and "libtorch_cpu" in Path(f"/proc/{server}/maps").read_text()
     flat = [i for x in base for i in x]
     assert [i for x in ids(0, start_pack=3, n=3) for i in x] == flat[3:9]
