@@ -26,6 +26,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # `--executor slurm --wait` (in-process and in the Makefile's subprocesses) polls every 0.5 s, never the 5 s a long
 # step on a real cluster backs off to: the suite's Slurm steps are seconds long (ovpipe/executors/slurm.py)
 os.environ.setdefault("OVPIPE_SLURM_POLL_MAX_S", "0.5")
+# pytest keeps each test module, its asserts rewritten, in tests/**/__pycache__ (ignored by git) — unless writing
+# bytecode is off, as PYTHONDONTWRITEBYTECODE turns it off on this project's machines and CI: then each worker of
+# each run rewrites all ~240 test modules again, about 6 CPU-s a worker. Turned back on for this process (what
+# else it imports is compiled already: `make install`, `make bytecode`); its subprocesses keep the variable.
+sys.dont_write_bytecode = False
 
 
 def _cuda_available() -> bool:
@@ -48,9 +53,9 @@ LONG_FIRST = ("tests/pretrain/test_parallel_parity.py", "tests/pretrain/test_com
 
 SLURM_DEMO = "tests/ovpipe/test_slurm_demo.py"
 
-# `make test-fast` (-m "not slow and not slurm") runs between edits and takes under 3 minutes on the 2-core
+# `make test-fast` (-m "not slow and not slurm") runs between edits and takes under 90 s on the 2-core
 # machine; `make test` runs everything. Besides the tests marked `slow` in their own files, these are slow:
-# the end-to-end drills and every test that took more than ~4 s there (seconds measured with
+# the end-to-end drills and every test that took more than ~2-4 s there (seconds measured with
 # --durations, two xdist workers on a shared machine). A path alone marks the whole file; a node id
 # without [params] marks every parametrisation. Listed here rather than as decorators so that marking a
 # test slow does not touch a file someone else is editing.
@@ -63,7 +68,6 @@ SLOW: dict[str, float] = {
     "tests/curation/test_recaption_select_memory.py": 7.0,
     "tests/curation/test_recaption.py::test_part_is_the_slice_sorted_whatever_the_chunking": 5.9,
     "tests/curation/test_embed_decode.py::test_threads_and_worker_processes_give_the_same_step_output_at_any_task_count": 4.1,
-    "tests/ovpipe/test_run_safety.py::test_second_identical_command_refuses_naming_the_holder": 20.4,
     "tests/ovpipe/test_slurm_executor.py::test_balanced_pack_order_on_slurm_is_the_local_one": 31.9,
     "tests/packing/test_energon.py::test_two_ranks_two_workers_read_every_pack_once": 17.5,
     "tests/packing/test_pack_solve.py::test_bin_layout_is_the_histogram_part_of_pack": 10.1,
@@ -97,6 +101,12 @@ SLOW: dict[str, float] = {
     "tests/pretrain/test_host_collectives.py::test_every_staged_collective_means_what_it_says": 12.3,
     "tests/ovpipe/test_demo_and_imports.py::test_demo_data_cli_writes_conversation_sets_deterministically": 6.0,
     "tests/pretrain/test_hf_import.py::test_stage1_starts_from_imported_weights": 5.0,
+    # make test-fast --durations on the idle machine, over ~2.2 s there (it was 88.5 s with them)
+    "tests/pretrain/test_float8.py::test_float8_gradients_reach_megatrons_buffers_and_train": 3.1,
+    "tests/rl_select/test_rewards.py::test_runner_timeouts_and_adversarial_inputs": 2.9,    # a 3-s timeout
+    "tests/packing/test_conversation_pack.py::test_mixed_copies_and_two_samples_steps": 2.5,
+    "tests/curation/test_recaption.py::test_transformers_backend_bilingual_and_deterministic": 2.5,
+    "tests/packing/test_caption_source.py::test_pack_uses_source_copies_and_encodes_the_recaption": 2.3,
 }
 
 
