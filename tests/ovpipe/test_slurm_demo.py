@@ -2,10 +2,11 @@
 the loopback cluster gives the manifests of the same targets run locally, their tasks one after another in the
 step's own process (TASKS=2 WORKERS=1), byte for byte (``ovpipe sql`` dumps).
 
-Kept as small as the targets allow: a 300-sample demo corpus and a demo CLIP trained 2 steps at batch 16 (both runs
-alike; the suite's curation tests train it for real). The local run goes on beside the Slurm one, whose time is
-mostly Slurm's per-job scheduling and start-up: each writes under its own folder of the same length (``local/``,
-``slurm/``), and the local run's absolute paths are read as the Slurm run's before the bytes are compared.
+Kept as small as the targets allow: the demo corpus at ``--samples 100`` (182 caption samples, the broken ones
+among them; every manifest compared still has rows) and a demo CLIP trained 2 steps at batch 16 (both runs alike;
+the suite's curation tests train it for real). The local run goes on beside the Slurm one: each writes under its
+own folder of the same length (``local/``, ``slurm/``), and the local run's absolute paths are read as the Slurm
+run's before the bytes are compared.
 The whole demo, pretrain included, is `make slurm-up && make slurm-demo && make slurm-down` (docs/slurm.md)."""
 import contextlib
 import io
@@ -28,7 +29,7 @@ VENV = REPO / ".venv"
 pytestmark = [pytest.mark.slurm, pytest.mark.checkout_venv]
 
 TARGETS = ["ingest", "curation", "packing", "rl"]
-SMALL = ["DEMO_DATA_ARGS=--samples 300", "DEMO_CLIP_ARGS=--set steps=2 --set batch_size=16"]
+SMALL = ["DEMO_DATA_ARGS=--samples 100", "DEMO_CLIP_ARGS=--set steps=2 --set batch_size=16"]
 # the local run's tasks in the step's process: no pool of spawned workers to start (a manifest such as
 # image_embeddings names each vector's task shard, so the task count is the same on both sides)
 SPLIT = {"local": ["TASKS=2", "WORKERS=1"], "slurm": ["TASKS=2", "WORKERS=2"]}

@@ -85,10 +85,11 @@ def test_export_from_a_pipeline_parallel_checkpoint(megatron_single, conversatio
     run = tmp_path / "run"
     shutil.copytree(src, run)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "ovpipe.cli", "pretrain", "--recipe", "tiny", "--stage", "2", "--init",
-                    "scratch", "--run-dir", str(run), "--pp", "2", "--steps", "1", "--micro-batch", "1", "--data",
-                    "pack-conv", "--distributed-optimizer", "off"], check=True, env=env, timeout=300,
-                   capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "ovpipe.cli", "pretrain", "--recipe", "tiny", "--stage", "2", "--init",
+                        "scratch", "--run-dir", str(run), "--pp", "2", "--steps", "1", "--micro-batch", "1", "--data",
+                        "pack-conv", "--distributed-optimizer", "off"], env=env, timeout=300, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert json.loads((run / "pretrain" / "stage-2" / "stage.json").read_text())["pp"] == 2
     assert main(["export-model", "--run-dir", str(run), "--stage", "2", "--out", str(tmp_path / "hf")]) == 0
     want = published_state_dict(load_state_dict(run / "pretrain" / "stage-2" / "dist_ckpt", "tiny"), RECIPES["tiny"])
