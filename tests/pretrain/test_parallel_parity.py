@@ -5,7 +5,7 @@ vs DP=1 with 2 accumulated micro-batches; PP=2; CP=2 (load-balanced THD split, a
 TP=2; TP=2 with sequence parallel; TP=2 × CP=2 with SP (4 ranks, where a GPU is). Losses and grad norms
 must agree step by step, so the updates did too. The layouts of one rank count run one after another in one
 start of the ranks (``train_seq_child.py``, each from its own copy of the run), which trains bit for bit as a
-start of its own does. A run stopped and resumed at TP=1 → 2 → 1 reshards model and Adam state both ways."""
+start of its own does. A run stopped and resumed at one process → TP=2 → DP=2 reshards model and Adam state."""
 import json
 import os
 import shutil
@@ -79,7 +79,7 @@ def _train(run, nproc, *extra, env, fp32=True):
 @pytest.fixture(scope="module")
 def runs(packed_demo, tmp_path_factory):
     """From one stage-1 checkpoint (the shared starting weights): the one-process stage-1.5 run, each layout's
-    run, and the resume drill (step 1 at one process, step 2 at TP=2, step 3 at one process). The trainings of one rank count and
+    run, and the resume drill (step 1 at one process, step 2 at TP=2, step 3 at DP=2). The trainings of one rank count and
     one environment share a start of the ranks (``train_seq_child.py``), each in its own copy of the run."""
     base = tmp_path_factory.mktemp("par") / "base"
     shutil.copytree(packed_demo, base, ignore=shutil.ignore_patterns("pretrain"))
@@ -96,10 +96,10 @@ def runs(packed_demo, tmp_path_factory):
         nproc, extra, more_env = _layout(layout)
         launches.setdefault((nproc, tuple(sorted(more_env.items()))), []).extend(
             [{"copy": [str(base), str(top / layout)]}, {"train": _args(top / layout, *extra)}])
-    launches[(2, ())].append({"train": _args(top / "resume", "--tp", "2", "--stop-after", "1", out="second.json")})
+    launches[(2, ())] += [{"train": _args(top / "resume", "--tp", "2", "--stop-after", "1", out="second.json")},
+                          {"train": _args(top / "resume", "--grad-accum", "1", out="third.json")}]
     for (nproc, more_env), jobs in launches.items():
         _launch(nproc, jobs, {**env, **dict(more_env)}, top)
-    _launch(1, [{"train": _args(top / "resume", out="third.json")}], env, top)
     return base, env
 
 
@@ -131,14 +131,15 @@ def test_layout_matches_one_process(reference, layout):
 
 @pytest.mark.slow
 def test_resume_at_another_layout(reference):
-    """Stopped after step 1 at one process, resumed at TP=2 for step 2, stopped, resumed at one process for step
-    3: model *and* Adam state reshard through megatron's dist checkpoint both ways (TP=1 → 2 → 1), so steps 2
-    and 3 equal the uninterrupted run's."""
+    """Stopped after step 1 at one process, resumed at TP=2 for step 2, stopped, resumed at DP=2 (TP=1, the same
+    global batch) for step 3: model *and* Adam state reshard through megatron's dist checkpoint both ways
+    (TP=1 → 2 → 1, the distributed optimizer's shards over DP=1 → 1 → 2), so steps 2 and 3 equal the
+    uninterrupted run's."""
     base, ref, env = reference
     run = base.parent / "resume"
     legs = [json.loads((run / f"{leg}.json").read_text()) for leg in ("first", "second", "third")]
     assert [[m["step"] for m in leg["metrics"]] for leg in legs] == [[1], [2], [3]]
-    assert [leg["tp"] for leg in legs] == [1, 2, 1]
+    assert [(leg["tp"], leg["dp"]) for leg in legs] == [(1, 1), (2, 1), (1, 2)]
     for a, b in zip(ref[1:], legs[1]["metrics"] + legs[2]["metrics"]):
         assert abs(a["loss"] - b["loss"]) <= LOSS_TOL * abs(a["loss"]), (a, b)
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (a, b)
