@@ -101,7 +101,7 @@ SLOW: dict[str, float] = {
     "tests/pretrain/test_host_collectives.py::test_every_staged_collective_means_what_it_says": 12.3,
     "tests/ovpipe/test_demo_and_imports.py::test_demo_data_cli_writes_conversation_sets_deterministically": 6.0,
     "tests/pretrain/test_hf_import.py::test_stage1_starts_from_imported_weights": 5.0,
-    # make test-fast --durations on the idle machine, over ~2.2 s there (it was 88.5 s with them)
+    # make test-fast --durations on the idle machine, over ~2.2 s there
     "tests/pretrain/test_float8.py::test_float8_gradients_reach_megatrons_buffers_and_train": 3.1,
     "tests/rl_select/test_rewards.py::test_runner_timeouts_and_adversarial_inputs": 2.9,    # a 3-s timeout
     "tests/packing/test_conversation_pack.py::test_mixed_copies_and_two_samples_steps": 2.5,

@@ -79,8 +79,9 @@ def _train(run, nproc, *extra, env, fp32=True):
 @pytest.fixture(scope="module")
 def runs(packed_demo, tmp_path_factory):
     """From one stage-1 checkpoint (the shared starting weights): the one-process stage-1.5 run, each layout's
-    run, and the resume drill (step 1 at one process, step 2 at TP=2, step 3 at DP=2). The trainings of one rank count and
-    one environment share a start of the ranks (``train_seq_child.py``), each in its own copy of the run."""
+    run, and the resume drill (step 1 at one process, step 2 at TP=2, step 3 at DP=2). The trainings of one rank
+    count and one environment share a start of the ranks (``train_seq_child.py``), each in its own copy of the
+    run."""
     base = tmp_path_factory.mktemp("par") / "base"
     shutil.copytree(packed_demo, base, ignore=shutil.ignore_patterns("pretrain"))
     env = {k: v for k, v in os.environ.items()            # no rendezvous inherited from the caller

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 
 
 def main(jobs_file: str) -> None:
@@ -20,7 +21,7 @@ def main(jobs_file: str) -> None:
 
     import pretrain.train
 
-    for job in json.loads(open(jobs_file).read()):
+    for job in json.loads(Path(jobs_file).read_text()):
         if "copy" in job:
             if int(os.environ.get("RANK", "0")) == 0:
                 shutil.copytree(*job["copy"])
