@@ -35,6 +35,7 @@ import torch
 try:                                     # the trainer only exists where TRL is installed (the `grpo` extra)
     from transformers import TrainerCallback
     from trl import GRPOTrainer
+    from trl.trainer.utils import RepeatSampler
 except ImportError as e:                 # pragma: no cover - the lock installs TRL
     raise ImportError(f"`ovpipe grpo` needs TRL: install the `grpo` extra (make install) — {e}") from None
 
@@ -215,6 +216,9 @@ class OvpipeGRPOTrainer(GRPOTrainer):
         self.rollout_stats: dict[str, float] = {}
         self._last_rewards: torch.Tensor | None = None
 
+    def _get_train_sampler(self, dataset=None):
+        return EpochSeededRepeatSampler.of(super()._get_train_sampler(dataset))
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         w = self.reward_weights.to(per_func.device)
@@ -266,6 +270,23 @@ class OvpipeGRPOTrainer(GRPOTrainer):
             return super()._prepare_inputs(generation_batch)
         finally:
             self._generate_and_score_completions = original
+
+
+class EpochSeededRepeatSampler(RepeatSampler):
+    """TRL's ``RepeatSampler`` whose ``set_epoch(e)`` reseeds its generator with ``seed + e``: each epoch's prompt
+    order is a function of (seed, epoch) alone. TRL's own draws every epoch's permutation from one generator seeded
+    once, so a run resumed after an epoch boundary (its sampler starts fresh) would see another order than the run
+    it resumes; the HF Trainer calls ``set_epoch`` before each epoch, resumed or not."""
+
+    @classmethod
+    def of(cls, sampler: RepeatSampler) -> "EpochSeededRepeatSampler":
+        new = cls.__new__(cls)
+        new.__dict__.update(sampler.__dict__)
+        return new
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle:
+            self.generator.manual_seed((self.seed or 0) + int(epoch))
 
 
 def _prefixed(prefix: str, d: dict) -> dict:

@@ -110,3 +110,65 @@ def test_a_few_steps_move_the_policy_toward_the_rewarded_answer(tmp_path, lm):
     assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3"
     stats = json.loads((run / "grpo" / "stats.json").read_text())
     assert stats["counters"]["steps"] == 4 and stats["counters"]["rollouts"] == 4 * 16
+
+
+# ------------------------------------------------------------------------------------------- killed, rerun
+
+METRICS = ["stage", "step", "reward_mean", "reward_std", "loss", "grad_norm", "token_utilization",
+           "zero_std_group_share", "completion_len_mean"]
+
+
+def _metrics(run):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(next((run / "grpo" / "grpo_metrics").glob("part-*.parquet")), columns=METRICS).to_pylist()
+
+
+def test_sigkill_then_rerun_ends_with_the_uninterrupted_runs_metrics(tmp_path, lm):
+    """SIGKILL once the first checkpoint is whole; the rerun resumes there (the checkpoint's optimizer, RNG and
+    epoch-seeded prompt order) and every step's metrics equal the uninterrupted run's, bit for bit; the steps the
+    killed run logged after its checkpoint are not kept twice."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    ovpipe = str(Path(sys.executable).with_name("ovpipe"))
+    args = ["--set", f"model={lm}", *TINY, "--set", "steps=6"]
+    ref, drill = tmp_path / "ref", tmp_path / "drill"
+    for run in (ref, drill):
+        write_split(run, "stage1-answer-only", ROWS * 2)
+    beside = subprocess.Popen([ovpipe, "grpo", "--run-dir", str(ref), *args])       # the uninterrupted run
+    p = subprocess.Popen([ovpipe, "grpo", "--run-dir", str(drill), *args], start_new_session=True)
+    ckpt = drill / "grpo" / "stage-answer_only" / "checkpoints" / "checkpoint-2" / "trainer_state.json"
+    deadline = time.time() + 300
+    while not ckpt.exists() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert ckpt.exists() and p.poll() is None, "the drill run ended before its first checkpoint"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not (drill / "grpo" / "grpo_metrics").exists()
+    assert subprocess.run([ovpipe, "grpo", "--run-dir", str(drill), *args]).returncode == 0
+    assert beside.wait() == 0
+    assert _metrics(drill) == _metrics(ref)
+    assert [m["step"] for m in _metrics(drill)] == [1, 2, 3, 4, 5, 6]
+
+
+# ------------------------------------------------------------------------------------------- two ranks
+
+def test_two_ranks_under_torchrun_train_the_same_batch(tmp_path, lm):
+    """--nproc 2: torchrun starts two processes, accelerate runs DDP over gloo, each rank takes half of every
+    generation batch (TRL's RepeatSampler hands both ranks the same prompts' groups split across them), and the run
+    writes one metrics manifest and one model from rank 0."""
+    from ovpipe.cli import main
+
+    run = _run(tmp_path)
+    assert main(["grpo", "--run-dir", str(run), "--set", f"model={lm}", *TINY, "--set", "steps=2",
+                 "--set", "save_every=100", "--nproc", "2"]) == 0
+    m = _metrics(run)
+    assert [x["step"] for x in m] == [1, 2]
+    assert all(x["loss"] is not None for x in m)
+    log = (run / "grpo" / "logs" / "task_00000.log").read_text()
+    assert (run / "grpo" / "model" / "config.json").exists(), log
+    stats = json.loads((run / "grpo" / "stats.json").read_text())
+    assert stats["info"]["world"] == 2, stats
