@@ -110,7 +110,6 @@ SLOW: dict[str, float] = {
     # the RL stage: GRPO runs on a tiny policy (loaded machine)
     "tests/grpo/test_grpo_step.py::test_a_few_steps_move_the_policy_toward_the_rewarded_answer": 20.0,
     "tests/grpo/test_grpo_step.py::test_sigkill_then_rerun_ends_with_the_uninterrupted_runs_metrics": 40.0,
-    "tests/grpo/test_grpo_step.py::test_two_ranks_under_torchrun_train_the_same_batch": 30.0,
 }
 
 

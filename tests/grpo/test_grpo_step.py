@@ -152,23 +152,3 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_runs_metrics(tmp_path, l
     assert beside.wait() == 0
     assert _metrics(drill) == _metrics(ref)
     assert [m["step"] for m in _metrics(drill)] == [1, 2, 3, 4, 5, 6]
-
-
-# ------------------------------------------------------------------------------------------- two ranks
-
-def test_two_ranks_under_torchrun_train_the_same_batch(tmp_path, lm):
-    """--nproc 2: torchrun starts two processes, accelerate runs DDP over gloo, each rank takes half of every
-    generation batch (TRL's RepeatSampler hands both ranks the same prompts' groups split across them), and the run
-    writes one metrics manifest and one model from rank 0."""
-    from ovpipe.cli import main
-
-    run = _run(tmp_path)
-    assert main(["grpo", "--run-dir", str(run), "--set", f"model={lm}", *TINY, "--set", "steps=2",
-                 "--set", "save_every=100", "--nproc", "2"]) == 0
-    m = _metrics(run)
-    assert [x["step"] for x in m] == [1, 2]
-    assert all(x["loss"] is not None for x in m)
-    log = (run / "grpo" / "logs" / "task_00000.log").read_text()
-    assert (run / "grpo" / "model" / "config.json").exists(), log
-    stats = json.loads((run / "grpo" / "stats.json").read_text())
-    assert stats["info"]["world"] == 2, stats
