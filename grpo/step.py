@@ -241,9 +241,11 @@ def load_policy(cfg: GRPOStepConfig, folder: str, device: str):
 
     from grpo.trainer import drop_unaccepted_outputs
     from inference.backends import load_model
+    from llava_ov.official import repair_tied_keys
 
     dtype = torch.bfloat16 if bf16(cfg, device) else torch.float32
     model = load_model(folder, dtype)
+    repair_tied_keys(model)          # the published class's transformers-4 list, which save_pretrained refuses
     processor = AutoProcessor.from_pretrained(folder, trust_remote_code=True)
     drop_unaccepted_outputs(processor, model)
     frozen = freeze(model, cfg)

@@ -121,6 +121,34 @@ def repair_buffers(model) -> int:
     return n
 
 
+def repair_tied_keys(model) -> int:
+    """Give modules whose ``_tied_weights_keys`` is transformers 4's list (the official class's ``["lm_head.weight"]``)
+    transformers 5's mapping ``{target: source}``, on the instance, so that ``save_pretrained`` (which calls
+    ``.keys()`` on it) can save the model: a target tied to the input embeddings maps to their parameter's name, an
+    untied one is left out. Returns how many modules were repaired."""
+    n = 0
+    names = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    emb_names = [x for x in names.get(id(emb.weight), []) if not x.endswith("lm_head.weight")] if emb is not None else []
+    for prefix, m in model.named_modules():
+        keys = getattr(type(m), "_tied_weights_keys", None)
+        if not isinstance(keys, (list, tuple)):
+            continue
+        mapping = {}
+        for k in keys:
+            full = f"{prefix}.{k}" if prefix else k
+            target = dict(m.named_parameters()).get(k)
+            if target is not None and emb is not None and target is emb.weight and emb_names:
+                src = emb_names[0]
+                mapping[k] = src[len(prefix) + 1:] if prefix and src.startswith(prefix + ".") else src
+            del full
+        m._tied_weights_keys = mapping
+        n += 1
+    return n
+
+
 def from_pretrained(folder, **kwargs):
     """The official class loaded from a folder in the published layout, under this environment's
     transformers: its own ``_checkpoint_conversion_mapping`` passed as ``key_mapping`` (transformers

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from fixtures import word_lm, write_split  # noqa: E402
+from demo.word_lm import word_lm, write_split  # noqa: E402
 from slurm_cluster import SlurmCluster  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]   # Slurm: tests/conftest.py NEEDS

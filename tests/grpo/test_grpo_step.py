@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fixtures import word_lm, write_split  # noqa: E402
+from demo.word_lm import word_lm, write_split  # noqa: E402
 
 ROWS = [{"question": "say yes", "answer": "yes"}, {"question": "say no", "answer": "no"}]
 TINY = ["--set", "steps=4", "--set", "batch_size=16", "--set", "num_generations=8", "--set", "micro_batch=8",

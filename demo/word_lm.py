@@ -1,6 +1,6 @@
-"""Small things the GRPO tests build for themselves: a word-level causal LM whose vocabulary is a dozen words (so a
-random policy samples the rewarded word often enough for a group to disagree), and an export step's verl split
-written in the export's own schema."""
+"""A word-level causal LM whose vocabulary is a dozen words — a random policy samples the rewarded word often enough
+for a GRPO group to disagree, so a few steps on the CPU show the policy moving — and an export step's verl split
+written in the export's own schema: what the GRPO tests and ``bench.bench_grpo_step`` train."""
 from __future__ import annotations
 
 from pathlib import Path
