@@ -95,6 +95,7 @@ class RawSample:
     caption: str | None = None                        # caption sources: the decoded, stripped caption
     caption_source: bool = False
     source: str | None = None                         # the row's own source name (``data_source``), if any
+    lang: str | None = None                           # the row's own language (``lang_column``), if any
 
 
 # ------------------------------------------------------------------------------------------------

@@ -205,6 +205,9 @@ def main(argv=None) -> int:
     e.add_argument("--slurm-time", default="48:00:00")
     e.add_argument("--cpus-per-task", type=int, default=1)
     e.add_argument("--mem")
+    from ovpipe.cli import add_site_flags
+
+    add_site_flags(e)
     e.add_argument("--dry-run", action="store_true", help="slurm: write the job script, submit nothing")
     e.add_argument("--dependency", help="slurm: extra job id this stage must wait for (afterok); the jobs of "
                                         "its inputs, while queued or running, are added on their own")
