@@ -250,7 +250,7 @@ def detect_format(path: str, fmt: str, caption_column: str = "caption") -> str:
         return "caption-parquet"
     raise ShardError("missing_column",
                      f"ingest: {path}: cannot tell the format from its columns {sorted(names)}; set `format` "
-                     f"(or `caption_column` for caption Parquet)")
+                     f"(or `caption_column` for caption Parquet: no column {caption_column!r})")
 
 
 def parquet_schema(path: str):
