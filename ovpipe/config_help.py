@@ -47,7 +47,7 @@ def _class_field_comments(cls) -> dict[str, str]:
             col = beside[-1][0]
             parts = [c[1] for c in beside]
             ln = item.end_lineno + 1
-            while ln in comments and comments[ln][2] and comments[ln][0] >= col - 1 and comments[ln][0] > item.col_offset:
+            while ln in comments and comments[ln][2] and comments[ln][0] > item.col_offset:
                 parts.append(comments[ln][1])
                 ln += 1
         else:

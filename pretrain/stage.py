@@ -54,34 +54,38 @@ class StageConfig:
     stage: str = "1.5"                       # "1" | "1.5" | "2" (pretrain.recipes.STAGES)
     recipe: str = "tiny"                     # pretrain.recipes.RECIPES
     steps: int | None = None                 # exactly one of steps / epochs (neither: 30 steps)
-    epochs: float | None = None
+    epochs: float | None = None  # passes over the packs (instead of steps)
     data: str = ""                           # the pack step read; "": the stage's
-    micro_batch: int = 2
-    grad_accum: int = 1
+    micro_batch: int = 2  # packs per micro-batch per DP rank
+    grad_accum: int = 1  # micro-batches per optimizer step
     global_batch: int | None = None          # packs per optimizer step over all DP ranks
     lr: float | None = None                  # None: the stage's
-    seed: int = 0
+    seed: int = 0  # initialisation and data order
     tokenizer: str | None = None             # None: RUN/tokenizer
     init: Literal["previous", "scratch"] = "previous"   # scratch: random initialisation, no start checkpoint
     start_from: str = ""                     # the checkpoint's step folder; "": pretrain/stage-<previous>
-    tp: int = field(default=1, **_RUN)
-    pp: int = field(default=1, **_RUN)
-    cp: int = field(default=1, **_RUN)
-    sequence_parallel: bool = field(default=False, **_RUN)
+    tp: int = field(default=1, **_RUN)  # tensor-parallel size
+    pp: int = field(default=1, **_RUN)  # pipeline-parallel size
+    cp: int = field(default=1, **_RUN)  # context-parallel size
+    sequence_parallel: bool = field(default=False, **_RUN)  # megatron's sequence parallelism (with tp > 1)
+    # shard the optimizer state over DP ranks; auto: on with DP > 1
     distributed_optimizer: Literal["auto", "on", "off"] = field(default="auto", **_RUN)
-    fp32: bool = field(default=False, **_RUN)
+    fp32: bool = field(default=False, **_RUN)  # train in fp32 (the CPU demo); default: bf16 on a GPU
     precision: str | None = field(default=None, **_RUN)            # bf16 | fp32 | fp8 | fp8-tensorwise | fp8-rowwise
     grad_reduce_dtype: str | None = field(default=None, **_RUN)    # fp32 | bf16: DP's gradient reduce (fp32)
     optimizer_offload: float | None = field(default=None, **_RUN)  # share of the optimizer on the host
+    # activation recompute: full | selective | mlp | none | auto (ovpipe pretrain --help)
     recompute: str | None = field(default=None, **_RUN)
+    # the tower's recompute: full | selective | none; None: follows recompute
     vision_recompute: str | None = field(default=None, **_RUN)
-    loader_workers: int | None = field(default=None, **_RUN)
+    loader_workers: int | None = field(default=None, **_RUN)  # data loader worker processes; None: the stage's default
+    # eager | fused (compiled rotary/RMSNorm + megatron's fused kernels)
     kernels: str | None = field(default=None, **_RUN)
-    loss_kernel: str | None = field(default=None, **_RUN)
-    save_every: int = field(default=0, **_RUN)
-    save_every_minutes: float = field(default=0.0, **_RUN)
-    keep: int = field(default=2, **_RUN)
-    stop_after: int | None = field(default=None, **_RUN)
+    loss_kernel: str | None = field(default=None, **_RUN)  # the cross-entropy kernel; None: the stage's default
+    save_every: int = field(default=0, **_RUN)  # a checkpoint every N steps; 0: at the end only
+    save_every_minutes: float = field(default=0.0, **_RUN)  # a checkpoint every N minutes of training; 0: off
+    keep: int = field(default=2, **_RUN)  # checkpoints kept (the latest K)
+    stop_after: int | None = field(default=None, **_RUN)  # stop (saved, resumable) after this many steps of this run
 
     def __post_init__(self):
         from pretrain.recipes import STAGES, start_folder

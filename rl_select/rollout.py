@@ -47,15 +47,17 @@ TEMPLATES = {
 
 @dataclass
 class RolloutConfig:
+    # the engine: vllm (GPU), transformers, or responses from a file
     backend: Literal["vllm", "transformers", "file"] = "transformers"
-    model: str = ""
-    file: str = ""
-    n: int = 8
+    model: str = ""  # HF model folder or id (the demo: the exported stage-2 VLM)
+    file: str = ""  # backend=file: the responses JSONL
+    n: int = 8  # responses per prompt
+    # answer_only and/or thinking (chain-of-thought) prompt templates
     prompt_types: list[str] = field(default_factory=lambda: ["answer_only"])
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 512
-    seed: int = 0
+    temperature: float = 1.0  # sampling temperature
+    top_p: float = 1.0  # nucleus sampling
+    max_new_tokens: int = 512  # the longest response, in tokens
+    seed: int = 0  # the sampling seed (per prompt and rollout index)
     device: str = "auto"          # transformers backend: "auto" (cuda when available), "cpu", "cuda", "cuda:1", ...
     dtype: str = "auto"           # transformers backend: "auto" (bf16 on cuda, fp32 on cpu), "float32", "bfloat16"
     cpu_threads: int = 0          # transformers on CPU: torch threads per task (0 = torch's default); 1 when
