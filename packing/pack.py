@@ -120,9 +120,10 @@ def check(cfg: PackConfig, run_dir) -> None:
     and the turns kept are decided at that length, so packing at another one is wrong in a way no later
     check sees). A lengths step not prepared yet is ``check_inputs``' to report."""
     from ovpipe.inputs import upstream_config
+    from packing.lengths import STEP as LENGTHS
 
     try:
-        _, lcfg = upstream_config(run_dir, cfg.lengths_step)
+        _, lcfg = upstream_config(run_dir, cfg.lengths_step, LENGTHS)
     except (OSError, ValueError, KeyError):
         return
     if getattr(lcfg, "seq_len", cfg.seq_len) != cfg.seq_len:

@@ -277,13 +277,16 @@ def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
     from pretrain.trainer.checkpoint import CheckpointError
 
     name = stage_folder(cfg.stage)
+    from ovpipe.cli import SITE_FLAGS
+
     run_dir = Path(a.run_dir).expanduser().resolve()
     args = argparse.Namespace(
         run_dir=str(run_dir), name=name, executor=a.executor, tasks=1, workers=1, overwrite=a.overwrite,
         quiet=False, wait_lock=a.wait_lock, partition=a.partition, slurm_time=a.slurm_time,
         cpus_per_task=a.cpus_per_task, mem=a.mem, dependency=a.dependency, wait=a.wait,
         wait_timeout=a.wait_timeout, nproc=world, nodes=a.nodes, tasks_per_node=per_node,
-        gpus_per_node=a.gpus_per_node)
+        gpus_per_node=a.gpus_per_node, sbatch_args=a.sbatch_args,
+        **{dest: getattr(a, dest) for _, dest, _ in SITE_FLAGS})
     if a.executor == "slurm" and a.dry_run:      # only the script: no run-folder state is touched
         from ovpipe.config import config_json
 
