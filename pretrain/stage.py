@@ -187,10 +187,26 @@ STEP = Step("pretrain", StageConfig, run, max_tasks=1, distributed=True,
 
 # ------------------------------------------------------------------------------ ovpipe pretrain
 
+# `ovpipe pretrain --help`'s text: what a user runs (the module docstring above is the developer's contract)
+USAGE = """Train one stage of the recipe (1: projector alignment, 1.5: mid-training, 2: instruct) on a pack step,
+as an ordinary ovpipe step: RUN/pretrain/stage-<S>/ with its checkpoints, train_metrics and status.
+
+    ovpipe pretrain --recipe tiny --stage 1.5 --run-dir RUN --steps 30                 (this machine)
+    ovpipe pretrain --recipe tiny --stage 1.5 --run-dir RUN --nproc 2 --tp 2           (torchrun)
+    ovpipe pretrain --recipe llava-ov-1.5-4b --stage 1.5 --run-dir RUN --epochs 1 \\
+        --executor slurm --nodes 4 --gpus-per-node 8 --account lab                    (one Slurm job)
+
+Each stage reads its own pack step (1: pack-align, 1.5: pack, 2: pack-instruct; --data STEP for another) and
+starts from the previous stage's checkpoint (--init scratch: random initialisation). docs/pretrain.md."""
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="ovpipe pretrain", description=__doc__,
+    from pretrain.recipes import RECIPES
+
+    ap = argparse.ArgumentParser(prog="ovpipe pretrain", description=USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipe", default="tiny")
+    ap.add_argument("--recipe", default="tiny", choices=sorted(RECIPES),
+                    help="the model and its stage settings (pretrain/recipes.py; default tiny, the demo's)")
     ap.add_argument("--stage", choices=["1", "1.5", "2"], required=True)
     ap.add_argument("--run-dir", required=True)
     from pretrain.train import add_stage_args
