@@ -90,3 +90,16 @@ def test_map_colours_are_one_entry_per_point(curated_run):
         k = int.from_bytes(body[:4], "little")
         head = json.loads(body[4:4 + k])
         assert head["n"] == n and len(body) - 4 - k == n, colour            # one uint8 code a point
+
+
+def test_rollouts_of_two_steps_are_two_rows_of_the_report(tmp_path):
+    run = tmp_path / "run"
+    for folder, n, backend in (("rollout", 4, "transformers"), ("rollout-vlm", 2, "vllm")):
+        keys = [(p, i) for p in ("p0", "p1") for i in range(n)]
+        write_part({"prompt_id": [p for p, _ in keys], "rollout_idx": [i for _, i in keys],
+                    "prompt_type": ["answer_only"] * len(keys), "response": ["x"] * len(keys),
+                    "tokens": [3] * len(keys), "backend": [backend] * len(keys), "model": ["m"] * len(keys),
+                    "sampling": ["{}"] * len(keys)},
+                   _step(run, folder, "rollout") / "rollouts" / "part-00000.parquet", "rollouts")
+    rows = dict((t, r.fetchall()) for t, r in run_report(run))["rollouts per step"]
+    assert [(r[0], r[3], r[4]) for r in rows] == [("rollout", 2, 8), ("rollout-vlm", 2, 4)]
