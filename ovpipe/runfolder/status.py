@@ -218,5 +218,5 @@ def _progress_line(sdir: Path) -> str | None:
         p = json.loads((Path(sdir) / "progress.json").read_text())
     except (OSError, ValueError):
         return None
-    loss = f" (loss {p['loss']:.4f})" if isinstance(p.get("loss"), (int, float)) else ""
+    loss = f" (loss {p['loss']:.3f})" if isinstance(p.get("loss"), (int, float)) else ""
     return f"    at step {p.get('step')}/{p.get('steps')}{loss}"
