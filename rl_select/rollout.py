@@ -215,6 +215,18 @@ def finalize(cfg: RolloutConfig, task: TaskContext) -> None:
     remove_chunks(task)          # every rank's part is written
 
 
+def check(cfg: RolloutConfig, run_dir) -> None:
+    """Before any task (and before a Slurm job is queued): a model or responses file given as a local path
+    exists, and the installed transformers can load the model's remote code."""
+    from ovpipe.config import check_local_path, looks_like_local_path
+
+    if cfg.backend == "file":
+        check_local_path("file", cfg.file)
+    elif looks_like_local_path(cfg.model):
+        check_local_path("model", cfg.model)
+    check_backend_runtime(cfg)
+
+
 STEP = Step("rollout", RolloutConfig, run, inputs={"rl_prompts": None}, outputs=("rollouts",), finalize=finalize,
-            check=lambda cfg, run_dir: check_backend_runtime(cfg),
+            check=check,
             description="N rollouts per prompt (vLLM / transformers / file)")

@@ -369,3 +369,9 @@ def test_status_of_a_folder_that_does_not_exist_fails(tmp_path, capsys):
     assert rc == 2 and "does not exist" in err
     (tmp_path / "empty").mkdir()
     assert _run(capsys, "status", tmp_path / "empty")[0] == 0                # an empty run folder is no error
+
+
+def test_a_rollout_model_path_that_does_not_exist_fails_before_any_task(tmp_path, capsys):
+    rc, err = _run(capsys, "rollout", "--run-dir", tmp_path / "run", "--set", f"model={tmp_path}/no/hf-stage-2")
+    assert rc == 2
+    _one_clear_line(err, "cannot start", "model", "no/hf-stage-2", "does not exist")
