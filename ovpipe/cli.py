@@ -43,7 +43,8 @@ def _parse_set(items: list[str]) -> dict:
         try:
             out[k] = yaml.safe_load(v)
         except yaml.YAMLError as e:
-            raise UsageError(f"--set {k}: {v!r} is not a YAML value ({yaml_error_line(e)})") from None
+            raise UsageError(f"--set {k}: {v!r} is not a YAML value ({yaml_error_line(e)}); a text with "
+                             f"{{ }}, [ ] or : in it is quoted: --set \"{k}='{v}'\"") from None
     return out
 
 
