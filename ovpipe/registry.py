@@ -59,7 +59,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "captions": ("recaption",), "lengths": ("lengths",), "packs": ("pack", "import-packs"),
     "official_packs": ("pack-official",), "imported_packs": ("import-packs",), "dist_ckpt": ("pretrain", "import-model"),
     "eval": ("eval",), "rl_prompts": ("rl-ingest", "rl-gym"), "rollouts": ("rollout",), "rewards": ("score",),
-    "selection": ("select",),
+    "selection": ("select",), "grpo_metrics": ("grpo",),
 }
 
 
