@@ -24,7 +24,9 @@ EXECUTOR  ?= local
 # On Slurm each step blocks until its own job chain has finished (--wait), so the next command of a
 # target — a step, an in-process helper, a query — finds its outputs (docs/slurm.md).
 SLURM_WAIT ?= --wait
-EXEC_ARGS  = --run-dir $(RUN) --executor $(EXECUTOR) $(if $(filter slurm,$(EXECUTOR)),$(SLURM_WAIT))
+# A site's own sbatch flags for every step's jobs, e.g. SLURM_ARGS="--account=lab --qos=normal --partition=cpu"
+SLURM_ARGS ?=
+EXEC_ARGS  = --run-dir $(RUN) --executor $(EXECUTOR) $(if $(filter slurm,$(EXECUTOR)),$(SLURM_WAIT) $(SLURM_ARGS))
 STEP_ARGS  = $(EXEC_ARGS) --tasks $(TASKS) --workers $(WORKERS)
 DEMO_DATA_ARGS ?=
 

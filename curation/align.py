@@ -45,11 +45,11 @@ SAMPLE_COLUMNS = ["sample_id", "source", "category", "caption", "conversation"]
 class AlignConfig:
     threshold: float | None = None          # low_alignment: score below this (a fixed cut) ...
     percentile: float | None = None         # ... or below this percentile of the sample's source (0–100)
-    conversations: Literal["first_turn", "skip"] = "first_turn"
+    conversations: Literal["first_turn", "skip"] = "first_turn"   # the text of a conversation: its first turns, or none
     model: str = ""                         # "": the embed step's model and checkpoint (the same towers)
-    pretrained: str = ""
-    batch_size: int = 256
-    device: str = "auto"
+    pretrained: str = ""                    # with `model`: its open_clip tag or checkpoint path
+    batch_size: int = 256                   # texts encoded per forward pass
+    device: str = "auto"                    # auto: cuda when present, else cpu
     embeddings_step: str = "embed-images"   # the image vectors scored (and, through it, the samples' texts)
     planted: str = ""                       # demo: planted.parquet — the report counts the mismatched captions found
 
@@ -65,6 +65,14 @@ class AlignConfig:
         check_step_folder("embeddings_step", self.embeddings_step)
         if self.planted:
             check_local_path("planted", self.planted)
+
+
+def check(cfg: AlignConfig, run_dir) -> None:
+    """Before any task: a model of its own (``model`` set) is an open_clip one, its checkpoint path exists."""
+    if cfg.model:
+        from curation.clip import check_clip
+
+        check_clip(cfg.model, cfg.pretrained, run_dir)
 
 
 def text_of(row: dict, conversations: str = "first_turn") -> tuple[str | None, str | None, str | None]:
@@ -308,4 +316,4 @@ def write_report(cfg: AlignConfig, task: TaskContext) -> None:
 
 STEP = Step("align", AlignConfig, score_slice, reduce=solve_thresholds, apply=apply_cut, finalize=write_report,
             inputs={"image_embeddings": "embeddings_step", "samples": Input(via="embeddings_step")},
-            outputs=("alignment",), description="image–text CLIP score per sample; low_alignment cut")
+            outputs=("alignment",), check=check, description="image–text CLIP score per sample; low_alignment cut")

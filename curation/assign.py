@@ -36,11 +36,12 @@ from ovpipe.step import Step, TaskContext, slice_bounds
 
 @dataclass
 class AssignConfig:
-    k: int = 10
+    k: int = 10  # concepts kept per image (top-K by inner product)
+    # exact inner product on faiss or torch; auto: faiss where installed
     backend: Literal["auto", "faiss", "torch"] = "auto"
     image_tile: Optional[int] = None     # None: 16384 on CPU, 32768 on a GPU
     concept_tile: Optional[int] = None   # None: 65536 on CPU, 262144 on a GPU (docs/curation.md)
-    device: str = "auto"
+    device: str = "auto"  # auto: cuda when present, else cpu
 
     def __post_init__(self):
         if self.k < 1:

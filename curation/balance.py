@@ -60,16 +60,18 @@ from ovpipe.step import Step, TaskContext
 
 @dataclass
 class BalanceConfig:
+    # inverse_frequency weights, or MetaCLIP's balancing (cap each concept at t matches)
     method: Literal["inverse_frequency", "metaclip"] = "inverse_frequency"
     target_size: int | None = None        # default: the input size
-    replacement: bool = True
+    replacement: bool = True  # draw with replacement (a rare concept's samples may repeat)
     alpha: float = 1.0                    # inverse_frequency exponent
     t: float | None = None                # metaclip threshold; solved from target_size if None
     count_top: int | None = None          # concepts per image that count (default: all K)
-    seed: int = 0
+    seed: int = 0  # the seeded draw
     # a dedup step folder: its near_duplicate rows get no copy and no count; an align step folder: its
     # low_alignment rows likewise. Out of the config hash while empty: earlier balance runs keep their hash.
     dedup_step: str = field(default="", metadata=HASHED_UNLESS_DEFAULT)
+    # the align step folder whose low_alignment samples are skipped; "": none
     alignment_step: str = field(default="", metadata=HASHED_UNLESS_DEFAULT)
 
     @property

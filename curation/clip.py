@@ -32,6 +32,51 @@ def register_configs() -> None:
         register_configs._done = True
 
 
+def model_names() -> list[str]:
+    """Every open_clip architecture name (its ``model_configs/*.json``) and ours, read without importing
+    open_clip (which imports torch): what ``open_clip.list_models()`` lists after ``register_configs``."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("open_clip")
+    dirs = [Path(p) / "model_configs" for p in (spec.submodule_search_locations or [])] if spec else []
+    return sorted({f.stem for d in [*dirs, CONFIG_DIR] if d.is_dir() for f in d.glob("*.json")})
+
+
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+
+
+def check_clip(model: str, pretrained: str | None, run_dir: Path | None = None, prefix: str = "") -> None:
+    """Before any task (and before a Slurm job is queued): ``model`` is an open_clip architecture (a short
+    "did you mean", not open_clip's list of every name) and a ``pretrained`` given as a path exists —
+    unless it lies in a step folder of this run that is prepared but not done yet (the checkpoint a
+    queued ``demo-clip`` writes). A tag (``metaclip_fullcc``) is open_clip's to check as it loads."""
+    import os
+
+    from ovpipe.config import did_you_mean
+
+    if not model.startswith(("hf-hub:", "local-dir:")):
+        names = model_names()
+        if names and model not in names:
+            raise ValueError(f"{prefix}model: {model!r} is not an open_clip model{did_you_mean(model, names)} "
+                             f"({len(names)} known: python -c 'import open_clip; print(open_clip.list_models())')")
+    if not pretrained or pretrained.startswith("hf-hub:"):
+        return
+    looks_like_path = ("/" in pretrained or os.sep in pretrained or pretrained.startswith(("~", "."))
+                       or pretrained.endswith(WEIGHT_SUFFIXES))
+    path = Path(pretrained).expanduser()
+    if not looks_like_path or path.exists():
+        return
+    if run_dir is not None:
+        try:
+            step_dir = Path(run_dir).resolve() / path.resolve().relative_to(Path(run_dir).resolve()).parts[0]
+        except (ValueError, IndexError):
+            step_dir = None
+        if step_dir is not None and (step_dir / "executor.json").exists():
+            return     # written by a step of this run that is prepared (queued on Slurm, or to be rerun)
+    raise ValueError(f"{prefix}pretrained: {pretrained!r} does not exist (give an open_clip tag such as "
+                     f"{DEFAULT_PRETRAINED!r} or a checkpoint file)")
+
+
 def pick_device(device: str = "auto") -> str:
     import torch
 

@@ -24,11 +24,11 @@ DEFAULT_TEMPLATES = ["a photo of a {}.", "a picture of a {}.", "an image showing
 @dataclass
 class EmbedConceptsConfig:
     vocabulary: str = ""                      # concepts.txt or .parquet
-    model: str = "ViT-H-14-quickgelu"
-    pretrained: str = "metaclip_fullcc"
-    templates: list[str] = field(default_factory=lambda: list(DEFAULT_TEMPLATES))
-    batch_size: int = 1024
-    device: str = "auto"
+    model: str = "ViT-H-14-quickgelu"        # the open_clip architecture (the embed step's)
+    pretrained: str = "metaclip_fullcc"      # an open_clip tag or a checkpoint path
+    templates: list[str] = field(default_factory=lambda: list(DEFAULT_TEMPLATES))  # prompts, one '{}' each; averaged
+    batch_size: int = 1024                   # concept texts encoded per forward pass
+    device: str = "auto"                     # auto: cuda when present, else cpu
 
     def __post_init__(self):
         if not self.vocabulary:
@@ -39,7 +39,10 @@ class EmbedConceptsConfig:
         check_range(self, "batch_size", 1)
 
     def check(self, run_dir) -> None:
+        from curation.clip import check_clip
+
         check_local_path("vocabulary", self.vocabulary)
+        check_clip(self.model, self.pretrained, run_dir)
 
 
 def read_vocabulary(path: str) -> tuple[np.ndarray, list[str]]:

@@ -76,7 +76,7 @@ class DedupConfig:
     max_train_rows: int = 1_000_000        # at most this many training rows (× d fp32 in the reduce: 4 GB at d=1024)
     niter: int = 20                        # k-means iterations
     block_rows: int = 1024                 # rows of a cluster's cosine matrix at once (block × cluster fp32)
-    seed: int = 0
+    seed: int = 0  # the k-means initialisation and the training-row draw
     device: str = "auto"                   # auto: k-means and the cosines on the GPU where faiss / torch see one
     embeddings_step: str = "embed-images"  # the image_embeddings (and, through it, the samples) deduplicated
     concepts_from: str = ""                # an assign step folder: the report counts removals per concept

@@ -28,14 +28,14 @@ from ovpipe.step import Step, TaskContext
 class DemoClipConfig:
     ground_truth: str = ""            # demo-data/ground_truth.parquet
     vocabulary: str = ""              # demo-data/concepts.txt
-    model: str = "ovpipe-tiny-clip"
-    steps: int = 300
-    batch_size: int = 128
-    lr: float = 2e-3
-    k: int = 5
-    seed: int = 0
-    threads: int = 2
-    samples_step: str = "ingest"
+    model: str = "ovpipe-tiny-clip"  # the open_clip architecture trained (curation/model_configs)
+    steps: int = 300  # optimizer steps
+    batch_size: int = 128  # image-caption pairs per step
+    lr: float = 2e-3  # AdamW learning rate
+    k: int = 5  # concepts per image in the ground-truth check
+    seed: int = 0  # the initialisation and batch order
+    threads: int = 2  # torch threads
+    samples_step: str = "ingest"  # the ingest step folder trained on
 
     def __post_init__(self):
         if not self.ground_truth or not self.vocabulary:

@@ -27,9 +27,9 @@ from ovpipe.step import Step, TaskContext
 
 @dataclass
 class EmbedImagesConfig:
-    model: str = "ViT-H-14-quickgelu"
+    model: str = "ViT-H-14-quickgelu"         # the open_clip architecture (MetaCLIP's ViT-H/14 by default)
     pretrained: str = "metaclip_fullcc"       # an open_clip tag or a checkpoint path
-    batch_size: int = 256
+    batch_size: int = 256                     # images embedded per forward pass
     decode_workers: int | None = None          # threads or processes that decode (``decode``); None: processes
                                                # on every CPU the task may use but one (at most 32), threads: 8
     decode: str = "auto"                       # auto: processes on a GPU, threads on a CPU
@@ -46,8 +46,10 @@ class EmbedImagesConfig:
     fast_resize: bool | None = None            # the resize + crop as torch's uint8 antialiased interpolation
                                                # (within two uint8 levels of PIL's; 0.64x the decode time);
                                                # None: on with a GPU, off on a CPU (bit-identical to open_clip)
-    device: str = "auto"
-    samples_step: str = "ingest"               # the ingest step folder whose images are embedded
+    device: str = "auto"                       # auto: cuda when present, else cpu
+    # the ingest step folder(s) whose images are embedded: one name, or a list (each source / language
+    # ingested on its own, read together in canonical order); dedup and align read the same samples
+    samples_step: str | list[str] = "ingest"
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -55,7 +57,19 @@ class EmbedImagesConfig:
         self.decode_config()      # the decoder's fields, checked by DecodeConfig (it names the field)
         if self.jpeg_decode == "nvjpeg" and self.device == "cpu":
             raise ValueError("jpeg_decode='nvjpeg' needs a CUDA device, got device='cpu'")
-        check_step_folder("samples_step", self.samples_step)
+        steps = [self.samples_step] if isinstance(self.samples_step, str) else self.samples_step
+        if not steps:
+            raise ValueError("samples_step must name at least one ingest step folder")
+        for s in steps:
+            check_step_folder("samples_step", s)
+        if len(set(steps)) != len(steps):
+            raise ValueError(f"samples_step names a step twice: {steps!r}")
+
+    def check(self, run_dir) -> None:
+        """Before any task: the model name and a checkpoint path (``curation.clip.check_clip``)."""
+        from curation.clip import check_clip
+
+        check_clip(self.model, self.pretrained, run_dir)
 
     def decode_config(self) -> DecodeConfig:
         """The decoder's knobs (this config's fields of the same names), as one value."""
@@ -198,4 +212,5 @@ def run(cfg: EmbedImagesConfig, task: TaskContext) -> None:
 
 
 STEP = Step("embed-images", EmbedImagesConfig, run, inputs={"samples": "samples_step"}, outputs=("image_embeddings",),
+            check=EmbedImagesConfig.check,
             description="MetaCLIP image embeddings (open_clip)")

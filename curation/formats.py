@@ -95,6 +95,7 @@ class RawSample:
     caption: str | None = None                        # caption sources: the decoded, stripped caption
     caption_source: bool = False
     source: str | None = None                         # the row's own source name (``data_source``), if any
+    lang: str | None = None                           # the row's own language (``lang_column``), if any
 
 
 # ------------------------------------------------------------------------------------------------
@@ -249,7 +250,7 @@ def detect_format(path: str, fmt: str, caption_column: str = "caption") -> str:
         return "caption-parquet"
     raise ShardError("missing_column",
                      f"ingest: {path}: cannot tell the format from its columns {sorted(names)}; set `format` "
-                     f"(or `caption_column` for caption Parquet)")
+                     f"(or `caption_column` for caption Parquet: no column {caption_column!r})")
 
 
 def parquet_schema(path: str):

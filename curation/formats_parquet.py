@@ -86,7 +86,11 @@ def read_caption_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
     have = parquet_schema(path).names
     _require(path, [cfg.image_column, cfg.caption_column], have, "set image_column/caption_column in the ingest config")
     ids = ["id"] if "id" in have and "id" not in (cfg.image_column, cfg.caption_column) else []
-    for idx, row in iter_rows(path, [cfg.image_column, cfg.caption_column, *ids], take):
+    # the row's source / language from columns the config names (``source_column``, ``lang_column``)
+    named = {"source": getattr(cfg, "source_column", None), "lang": getattr(cfg, "lang_column", None)}
+    _require(path, [c for c in named.values() if c], have, "set source_column/lang_column in the ingest config")
+    meta = [c for c in dict.fromkeys(named.values()) if c and c not in (cfg.image_column, cfg.caption_column, *ids)]
+    for idx, row in iter_rows(path, [cfg.image_column, cfg.caption_column, *ids, *meta], take):
         key = row_key(row, idx)
         cap = row[cfg.caption_column]
         raw_cap = cap.encode() if isinstance(cap, str) else cap
@@ -103,7 +107,11 @@ def read_caption_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:
         raw_cap = bytes(raw_cap) if raw_cap is not None else None
         img = bytes(img)
         image = ImageRef(image_address(path, "parquet", idx, cfg.image_column, -1), img)
-        yield caption_sample(key, image, raw_cap)
+        sample = caption_sample(key, image, raw_cap)
+        for what, column in named.items():
+            if column and isinstance(row[column], str) and row[column]:
+                setattr(sample, what, row[column])
+        yield sample
 
 
 def read_llava_parquet(path: str, cfg, take: Take) -> Iterator[RawSample]:

@@ -64,9 +64,9 @@ class IndexConfig:
     map_rows: int = 1_000_000          # rows the map draws (``in_map``): WebGL stays interactive up to ≈ 1M
     spread: float = 0.35               # a point's own offset from its centroid's place, shrunk by this
     niter: int = 20                    # k-means iterations
-    seed: int = 0
+    seed: int = 0  # the training-row draw and the map layout's initialisation
     batch_rows: int = 65_536           # rows gathered and added at a time in the reduce
-    embeddings_step: str = "embed-images"
+    embeddings_step: str = "embed-images"  # the step folder of the image vectors indexed
 
     def __post_init__(self):
         if self.kind not in KINDS:

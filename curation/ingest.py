@@ -14,6 +14,10 @@ One row per source sample:
   ``images``: every image's address (tar data offset/size, Parquet row + column + list index, or
   image file) with its format and width/height from the header (no full decode unless
   ``verify: full``). Images are read once, for the hash and the header.
+- ``source`` / ``lang``: config ``source`` / ``lang``; else the file's path by ``source_from``
+  (``"{source}/{lang}/*/*.parquet"``: the Mid-Training-85M layout ``coyo/EN/part00/x.parquet`` gives source
+  ``coyo``, lang ``EN``, verbatim); else the row's (``data_source``; caption Parquet's ``source_column`` /
+  ``lang_column``); else the file's folder name for ``source`` and null for ``lang``.
 - ``category``: config ``category``, else the row's (``category`` / ``data_source`` / FineVision
   ``source``), else ``caption`` for a caption pair, else the source name.
 - ``turn_ratings``: FineVision's per-turn ``*_ratings`` (null elsewhere).
@@ -51,8 +55,10 @@ first unit, ``samples`` counted in ``finalize``; ``stats`` count ``shard_status/
                      auto``, whose layout cannot be told from its columns)
 
 Such a file never fails the task: the step completes, and ``SELECT * FROM shards WHERE status
-<> 'ok'`` lists them (the report too). A link or special file in a tar is a member whose data is
-not read: a ``missing_image`` (or ``missing_caption``) row naming it. Errors that are not about
+<> 'ok'`` lists them (the report too) — unless no ok sample is left (every file bad, a wrong
+``caption_column``): then the step fails in ``finalize`` with the reason (``empty_run_check``), after
+writing its manifests, so the run stops instead of handing ``lengths`` an empty corpus. A link or
+special file in a tar is a member whose data is not read: a ``missing_image`` (or ``missing_caption``) row naming it. Errors that are not about
 the data (an I/O error, a config error such as ``format`` not fitting the file type) still fail.
 
 Three phases (map → reduce → apply, ``docs/scale.md``) around the framework's external sort
@@ -93,8 +99,16 @@ from ovpipe.step import Step, TaskContext
 @dataclass
 class IngestConfig:
     inputs: list[str] = field(default_factory=list)   # paths or globs: .tar / .parquet / .json / .jsonl
-    source: str | None = None                          # source name; default: the row's data_source, else the
-                                                       # file's folder (the dataset's, above a hub `data/`)
+    source: str | None = None                          # source name; default: `source_from`'s {source}, else the
+                                                       # row's (data_source, source_column), else the file's
+                                                       # folder (the dataset's, above a hub `data/`)
+    # a path pattern naming parts of each input's path: "{source}/{lang}/*/*.parquet" (the Mid-Training-85M
+    # layout) gives source and lang from the folders; glob syntax otherwise (*, ?, **), matched at the path's end
+    source_from: str | None = None
+    lang: str | None = None                            # the whole step's language; default: `source_from`'s {lang},
+                                                       # else the row's `lang_column`, else null
+    source_column: str | None = None                   # caption Parquet: a column holding each row's source name
+    lang_column: str | None = None                     # caption Parquet: a column holding each row's language
     format: str = "auto"                               # one of curation.formats.FORMATS
     category: str | None = None                        # the whole step's category; default: per row (see above)
     image_root: str | None = None                      # image paths are relative to it; default: the file's folder
@@ -103,7 +117,7 @@ class IngestConfig:
     image_columns: list[str] = field(default_factory=list)  # LLaVA-OV Parquet; default: every image-typed column
     extra_turn_keys: list[str] = field(default_factory=list)  # turn keys tolerated besides from/value, role/content
     verify: Literal["none", "header", "full"] = "header"  # header: size + end-of-image marker; full: decode
-    min_side: int = 1
+    min_side: int = 1                                  # an image whose shorter side is below it: a `too_small` row
     max_pixels: int = DEFAULT_MAX_PIXELS               # width*height above it: a `too_large` row (from the header)
 
     def __post_init__(self):
@@ -119,12 +133,52 @@ class IngestConfig:
             raise ValueError("category: give a name or leave it out (null: per row)")
         if self.image_root is not None and not os.path.isdir(os.path.expanduser(self.image_root)):
             raise ValueError(f"image_root: {self.image_root!r} is not a folder")
+        if self.source_from is not None:
+            path_fields(self.source_from)      # its placeholders are checked here (ValueError naming the field)
+
+
+PATH_FIELDS = ("source", "lang")
+
+
+def path_fields(pattern: str):
+    """``source_from`` as a compiled regex matching the end of a file's path: ``{source}`` / ``{lang}`` one
+    folder or file-name part each, ``**`` any number of folders, ``*`` / ``?`` as in a glob."""
+    import re
+
+    names = re.findall(r"\{([^{}]*)\}", pattern)
+    unknown = [n for n in names if n not in PATH_FIELDS]
+    if unknown or not names:
+        raise ValueError(f"source_from: {pattern!r} must name {{source}} and/or {{lang}}"
+                         + (f", not {{{unknown[0]}}}" if unknown else ""))
+    if len(set(names)) != len(names):
+        raise ValueError(f"source_from: {pattern!r} names a field twice")
+    out, i = "", 0
+    for m in re.finditer(r"\{(source|lang)\}|\*\*/?|\*|\?", pattern):
+        out += re.escape(pattern[i:m.start()])
+        tok = m.group(0)
+        out += (f"(?P<{m.group(1)}>[^/]+)" if m.group(1) else "(?:.*/)?" if tok.startswith("**") and tok.endswith("/")
+                else ".*" if tok == "**" else "[^/]*" if tok == "*" else "[^/]")
+        i = m.end()
+    out += re.escape(pattern[i:])
+    return re.compile(f"(?:^|/){out.lstrip('/')}$" if not pattern.startswith("/") else f"^{out}$")
+
+
+def path_values(cfg: "IngestConfig", path: str) -> dict[str, str]:
+    """{source, lang} of one input file from ``source_from`` (empty without one); ``ValueError`` when the
+    pattern does not match the file (checked for every file before any work)."""
+    if cfg.source_from is None:
+        return {}
+    m = path_fields(cfg.source_from).search(Path(path).as_posix())
+    if m is None:
+        raise ValueError(f"source_from: {cfg.source_from!r} does not match the input file {path}")
+    return m.groupdict()
 
 
 def expand_inputs(patterns: list[str]) -> list[str]:
+    """Every file the input patterns match (``**`` matches any number of folders), each once, sorted."""
     files: list[str] = []
     for pat in patterns:
-        hits = sorted(glob.glob(os.path.expanduser(pat)))
+        hits = sorted(p for p in glob.glob(os.path.expanduser(pat), recursive=True) if os.path.isfile(p))
         if not hits:
             raise FileNotFoundError(f"ingest.inputs: {pat!r} matches no file")
         files.extend(hits)
@@ -132,11 +186,14 @@ def expand_inputs(patterns: list[str]) -> list[str]:
 
 
 def check_inputs(cfg: IngestConfig, run_dir: Path) -> None:
-    """Before any work (``ovpipe ingest``): every input pattern matches a file."""
+    """Before any work (``ovpipe ingest``): every input pattern matches a file, and ``source_from`` matches
+    every file."""
     try:
-        expand_inputs(cfg.inputs)
+        files = expand_inputs(cfg.inputs)
     except FileNotFoundError as e:
         raise ValueError(str(e)) from None
+    for f in files:
+        path_values(cfg, f)
 
 
 def read_image_bytes(row: dict) -> bytes:
@@ -149,7 +206,8 @@ def read_image_bytes(row: dict) -> bytes:
     return read_image(row["images"][0])
 
 
-def sample_row(raw: RawSample, source: str, shard: str, shard_format: str, cfg: IngestConfig) -> dict:
+def sample_row(raw: RawSample, source: str, shard: str, shard_format: str, cfg: IngestConfig,
+               from_path: dict | None = None) -> dict:
     """One ``samples`` row from an adapter's ``RawSample`` (status order: module docstring)."""
     from manifests.conversation import CAPTION_CATEGORY, check_conversation, is_caption_pair, sample_id
 
@@ -176,10 +234,12 @@ def sample_row(raw: RawSample, source: str, shard: str, shard_format: str, cfg: 
         caption = raw.caption
     else:
         caption = next((t for r, t in raw.turns if r == "assistant"), None)
-    source = source if cfg.source else (raw.source or source)
+    from_path = from_path or {}
+    source = source if cfg.source or from_path.get("source") else (raw.source or source)
+    lang = cfg.lang or from_path.get("lang") or raw.lang
     category = cfg.category or raw.category or (
         CAPTION_CATEGORY if raw.caption_source or is_caption_pair(raw.turns, len(images)) else source)
-    return {"sample_id": sid, "source": source, "shard": shard, "key": raw.key, "shard_format": shard_format,
+    return {"sample_id": sid, "source": source, "lang": lang, "shard": shard, "key": raw.key, "shard_format": shard_format,
             "offset": first["offset"] if first else -1, "size": first["size"] if first else 0,
             "image_format": first["format"] if first else "", "width": first["width"] if first else 0,
             "height": first["height"] if first else 0, "caption": caption, "category": category,
@@ -217,7 +277,8 @@ def run(cfg: IngestConfig, task: TaskContext) -> None:
     with task.progress(None, unit="sample") as bar:
         for i, path in enumerate(files):
             owner = i % task.world_size == task.rank  # owns the file's first unit: counts it, writes its `shards` row
-            source = cfg.source or default_source(path)
+            from_path = path_values(cfg, path)
+            source = cfg.source or from_path.get("source") or default_source(path)
             fmt, problem = None, None
             n0 = n
 
@@ -229,7 +290,7 @@ def run(cfg: IngestConfig, task: TaskContext) -> None:
                 shard_format = shard_format_of(path, fmt)
                 with task.stats.timer("read"):
                     for raw in adapter(fmt, path)(path, cfg, take):
-                        row = sample_row(raw, source, path, shard_format, cfg)
+                        row = sample_row(raw, source, path, shard_format, cfg, from_path)
                         task.stats.inc(f"status/{row['status']}")
                         task.stats.inc("images", row["n_images"])
                         spill.add(row)
@@ -389,6 +450,26 @@ def finalize(cfg: IngestConfig, task: TaskContext) -> None:
         + "\n\n".join(tables) + "\n")
     # every apply rank is done (finalize runs last): the spill runs are a second copy of the corpus
     shutil.rmtree(shuffle_dir(task), ignore_errors=True)
+    empty_run_check(task.step, dict(by_status), n_files=sum(len(read_part(f, "shards", ["shard"])) for f in shard_parts),
+                    bad=bad)
+
+
+def empty_run_check(name: str, by_status: dict, n_files: int, bad: list[dict]) -> None:
+    """An ingest with no ok sample fails (``StepFailed``: exit 1, the Slurm chain stops) — so does one whose
+    every file is unusable, which has no sample at all: a wrong ``caption_column`` must not become an empty
+    run that ``lengths`` and ``pack`` then process "successfully". The reason is the first bad file's error
+    (a cut tar that kept its ok samples is not a reason to stop), or the samples' statuses."""
+    from ovpipe.step import StepFailed
+
+    if by_status.get("ok", 0):
+        return
+    total = sum(by_status.values())
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(by_status.items(), key=lambda d: -d[1])) or "none"
+    why = (f"{len(bad)} of {n_files} file(s) bad, first: {Path(bad[0]['shard']).name}: {bad[0]['status']}: "
+           f"{bad[0]['error']}" if bad else f"statuses: {statuses}")
+    raise StepFailed(f"{name}: no ok sample ({total} samples read from {n_files} file(s); {why}) — fix the config "
+                     f"(caption_column, image_column, format, inputs) and rerun; `SELECT * FROM shards` and "
+                     f"{name}/report.md have the detail")
 
 
 def _count_table(counts: list[tuple], name: str) -> str:

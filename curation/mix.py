@@ -85,10 +85,10 @@ class MixConfig:
     size: int                                               # copies to draw in all (Σ_g n_g)
     proportions: dict[str, float] = field(default_factory=dict)  # group → weight (normalised)
     inputs: list[str] = field(default_factory=lambda: ["ingest"])  # ingest step folders (their `samples`)
-    by: Literal["category", "source"] = "category"
+    by: Literal["category", "source"] = "category"  # the column the target proportions name
     rest: float = 0.0                                       # weight shared by groups not in proportions
-    replacement: bool = True
-    seed: int = 0
+    replacement: bool = True  # draw with replacement (a small group may repeat to reach its share)
+    seed: int = 0  # the seeded draw
 
     def __post_init__(self):
         if self.size < 1:

@@ -76,31 +76,34 @@ SELECT_BUCKET_ROWS = 1 << 16  # input rows per bucket the selection counts: a ra
 
 @dataclass
 class RecaptionConfig:
+    # the VLM engine: vllm (GPU), transformers, or a captions file
     backend: Literal["vllm", "transformers", "file"] = "transformers"
     model: str = ""                       # HF VLM folder or id (the demo: RUN/pretrain/hf-stage-2)
     file: str = ""                        # backend=file: the captions JSONL
+    # the ingest step folder(s) whose caption pairs are recaptioned
     samples_steps: list[str] = field(default_factory=lambda: ["ingest"])
     only_balanced: bool = False           # only samples with copies > 0 in `balanced`
-    balance_step: str = "balance"
+    balance_step: str = "balance"  # with only_balanced: the balance step folder
     limit: int = 0                        # > 0: the first `limit` input samples (canonical order) — demo slices
     prompts: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PROMPTS))   # lang → prompt
     scripts: dict[str, str] = field(default_factory=lambda: {"en": "latin", "zh": "han"})  # lang → script
-    max_new_tokens: int = 256
+    max_new_tokens: int = 256  # the longest caption generated, in tokens
     temperature: float = 0.0              # 0 = greedy
-    top_p: float = 1.0
-    seed: int = 0
+    top_p: float = 1.0  # nucleus sampling (with temperature > 0)
+    seed: int = 0  # the sampling seed
     chunk_size: int = 256                 # samples per written chunk (what a pre-empted task can lose)
     # quality checks
-    refusal_patterns: list[str] = field(default_factory=lambda: list(REFUSALS))
-    repeat_ngram: int = 4
-    max_repeat_ratio: float = 0.5
-    min_script_ratio: float = 0.5
+    refusal_patterns: list[str] = field(default_factory=lambda: list(REFUSALS))  # regexes: a match is a refusal
+    repeat_ngram: int = 4  # the n-gram size of the repetition check
+    max_repeat_ratio: float = 0.5  # above this share of repeated n-grams: a `repetitive` caption
+    min_script_ratio: float = 0.5  # below this share of the language's script (latin, han): a `wrong_language` caption
+    # lang → the fewest words (characters for zh) of a kept caption
     min_length: dict[str, int] = field(default_factory=lambda: {"en": 5, "zh": 10})
-    report_examples: int = 3
+    report_examples: int = 3  # example captions per status in the report
     # transformers backend
-    device: str = "auto"
-    dtype: str = "auto"
-    cpu_threads: int = 0
+    device: str = "auto"                  # transformers backend: auto is cuda when present, else cpu
+    dtype: str = "auto"  # the transformers backend's weights dtype; auto: bf16 on a GPU, fp32 on a CPU
+    cpu_threads: int = 0  # torch threads on a CPU; 0: torch's default
     vllm_engine_args: dict[str, Any] = field(default_factory=dict)  # vllm backend: more LLM(...) arguments, e.g.
                                   # {tensor_parallel_size: 2, model_impl: transformers, max_model_len: 8192}
 

@@ -21,7 +21,7 @@ from ovpipe.step import Step, TaskContext
 
 @dataclass
 class BalanceReportConfig:
-    head_fraction: float = 0.01
+    head_fraction: float = 0.01  # the share of most frequent concepts counted as the head
 
     def __post_init__(self):
         if not 0 < self.head_fraction < 1:

@@ -57,36 +57,37 @@ METRICS_FILE = "metrics.jsonl"
 class GRPOStepConfig:
     model: str = ""                              # the HF folder trained by the first stage
     export_step: str = "export"                  # its verl/<split>.parquet are the prompts
+    # the stages trained in order: answer_only, then cot (chain of thought)
     stages: list[str] = field(default_factory=lambda: ["answer_only", "cot"])
     splits: dict[str, str] = field(default_factory=dict)     # {stage: split}; unset: STAGES' split
     rewards: dict[str, list[str]] = field(default_factory=dict)   # {stage: [accuracy, format]}; unset: STAGES'
     reward_weights: dict[str, float] = field(default_factory=dict)   # {kind: weight}; unset: 1
     steps: int = 100                             # optimizer steps per stage
     # the published settings
-    learning_rate: float = 2e-6
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.001
-    lr_scheduler: str = "constant_with_warmup"
+    learning_rate: float = 2e-6  # the recipe's learning rate
+    weight_decay: float = 0.01  # AdamW weight decay
+    warmup_ratio: float = 0.001  # share of the steps warming up the learning rate
+    lr_scheduler: str = "constant_with_warmup"  # transformers' scheduler name
     batch_size: int = 512                        # rollouts per optimizer step (TRL's generation batch): 32 × 16
     num_generations: int = 16                    # rollouts per prompt (the group)
-    max_completion_length: int = 4096
-    temperature: float = 1.0
-    top_p: float = 1.0
-    epsilon: float = 0.2
-    epsilon_high: float = 0.28
+    max_completion_length: int = 4096  # the longest rollout, in tokens
+    temperature: float = 1.0  # sampling temperature of the rollouts
+    top_p: float = 1.0  # nucleus sampling of the rollouts
+    epsilon: float = 0.2  # the clip range below (1 - epsilon)
+    epsilon_high: float = 0.28  # the clip range above (1 + epsilon_high, DAPO's clip-higher)
     beta: float = 0.0                            # KL coefficient: none in the recipe
     loss_type: str = "dapo"                      # TRL's token-level normalisation (AReaL's token mean)
-    reward_scale: float = 10.0
-    reward_bias: float = -0.5
-    seed: int = 0
+    reward_scale: float = 10.0  # a reward r enters as reward_scale * r + reward_bias
+    reward_bias: float = -0.5  # added after reward_scale
+    seed: int = 0  # initialisation, prompt order and sampling
     # options (the official GRPO path's lora_enable / freeze_vision_tower / freeze_merger)
     lora: dict[str, Any] = field(default_factory=dict)   # {r, alpha, dropout, target_modules}; empty: full weights
-    freeze_vision: bool = False
-    freeze_projector: bool = False
+    freeze_vision: bool = False  # the vision tower is not trained
+    freeze_projector: bool = False  # the projector is not trained
     shuffle_r1: dict[str, Any] = field(default_factory=dict)   # {alpha, S, …}: grpo.shuffle_r1; empty: off
     sortedrl: dict[str, Any] = field(default_factory=dict)     # {mode, …}: grpo.sortedrl; empty: off
-    reward_timeout_s: float = 5.0
-    reward_workers: int = 2
+    reward_timeout_s: float = 5.0  # a reward slower than this scores 0 (sandboxed)
+    reward_workers: int = 2  # sandboxed reward processes
     # how it runs
     micro_batch: int = field(default=8, **_RUN)            # rollouts per forward/backward on a rank
     precision: str = field(default="auto", **_RUN)         # auto (bf16 where the card has it) | bf16 | fp32
@@ -94,10 +95,10 @@ class GRPOStepConfig:
     generation: str = field(default="transformers", **_RUN)    # transformers | vllm-colocate | vllm-server
     vllm_server: str = field(default="", **_RUN)           # host:port of `trl vllm-serve` (vllm-server)
     distributed: str = field(default="ddp", **_RUN)        # ddp | deepspeed (a ZeRO json) | fsdp
-    deepspeed_config: str = field(default="", **_RUN)
+    deepspeed_config: str = field(default="", **_RUN)  # distributed=deepspeed: the ZeRO JSON
     save_every: int = field(default=10, **_RUN)            # optimizer steps between checkpoints
-    keep: int = field(default=2, **_RUN)
-    cpu_threads: int = field(default=2, **_RUN)
+    keep: int = field(default=2, **_RUN)  # checkpoints kept (the latest K)
+    cpu_threads: int = field(default=2, **_RUN)  # torch threads per rank on a CPU
 
     def __post_init__(self):
         if not self.model:

@@ -41,14 +41,42 @@ def connect(run_dir: str | Path, database: str = ":memory:", lock: bool = False)
     run_dir = Path(run_dir).resolve()
     con = duckdb.connect(database)
     for kind, dirs in find_manifest_dirs(run_dir).items():
-        globs = ", ".join(_sql_str((d / "part-*.parquet").as_posix()) for d in dirs)
-        con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet([{globs}], union_by_name=true)")
+        for name, sql in view_sql(kind, dirs):
+            con.execute(f"CREATE VIEW {name} AS {sql}")
     steps = step_table(run_dir)
     if steps.num_rows:
         con.register("steps", steps)
     if lock:
         lock_down(con, run_dir)
     return con
+
+
+def _per_sample(kind: str) -> bool:
+    from manifests.schemas import schema_for
+
+    names = schema_for(kind).names
+    return "sample_id" in names and "status" in names
+
+
+def view_sql(kind: str, dirs: list[Path]) -> list[tuple[str, str]]:
+    """``[(view, SELECT)]`` of manifest ``kind`` held in the step folders ``dirs``.
+
+    Every view carries ``folder``, the step folder each row came from (``ingest``, ``ingest-llava``, ``pack-align``,
+    ``rollout-vlm``): a run holds a kind in several folders, and a figure over all of them adds up different
+    steps. The key of a per-sample view (one with ``sample_id`` and ``status``) is ``(folder, sample_id)``: ingest
+    keeps a repeated sample's id (the id is its content's xxh3, which the canonical order and every uint64 id
+    path rely on) and marks the later copies ``duplicate``; those copies are the view ``sample_duplicates``, and
+    the rows later steps carry for them are left out of their views, so a join by ``sample_id`` counts each
+    sample once (``docs/foundation.md``)."""
+    parts = [f"SELECT *, {_sql_str(d.parent.name)} AS folder FROM read_parquet("
+             f"[{_sql_str((d / 'part-*.parquet').as_posix())}], union_by_name=true)" for d in dirs]
+    union = " UNION ALL BY NAME ".join(parts)
+    if not _per_sample(kind):
+        return [(kind, union)]
+    out = [(kind, f"SELECT * FROM ({union}) WHERE status IS DISTINCT FROM 'duplicate'")]
+    if kind == "samples":
+        out.append(("sample_duplicates", f"SELECT * FROM ({union}) WHERE status = 'duplicate'"))
+    return out
 
 
 def step_table(run_dir: str | Path):

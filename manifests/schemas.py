@@ -29,6 +29,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "samples": pa.schema([
         ("sample_id", pa.string()),
         ("source", pa.string()),
+        ("lang", pa.string()),              # the language (config `lang`, `{lang}` of `source_from`, `lang_column`)
         ("shard", pa.string()),
         ("key", pa.string()),
         ("shard_format", pa.string()),      # "tar" | "parquet" | "json": the kind of file the sample came from

@@ -15,7 +15,7 @@ HF_EXPORT ?= $(RUN)/pretrain/hf-stage-2
 # the make waits on stage 2 only, then exports.
 PRETRAIN_NODES ?= 1
 PRETRAIN_GPUS ?= 0
-PRETRAIN_SLURM = $(if $(filter slurm,$(EXECUTOR)),--executor slurm --nodes $(PRETRAIN_NODES) --gpus-per-node $(PRETRAIN_GPUS))
+PRETRAIN_SLURM = $(if $(filter slurm,$(EXECUTOR)),--executor slurm --nodes $(PRETRAIN_NODES) --gpus-per-node $(PRETRAIN_GPUS) $(SLURM_ARGS))
 PRETRAIN_WAIT = $(if $(filter slurm,$(EXECUTOR)),--wait)
 
 .PHONY: pretrain export-model

@@ -43,7 +43,8 @@ def _parse_set(items: list[str]) -> dict:
         try:
             out[k] = yaml.safe_load(v)
         except yaml.YAMLError as e:
-            raise UsageError(f"--set {k}: {v!r} is not a YAML value ({yaml_error_line(e)})") from None
+            raise UsageError(f"--set {k}: {v!r} is not a YAML value ({yaml_error_line(e)}); a text with "
+                             f"{{ }}, [ ] or : in it is quoted: --set \"{k}='{v}'\"") from None
     return out
 
 
@@ -96,14 +97,45 @@ def cmd_step(args) -> int:
     return execute(step, cfg, args)
 
 
+# A site's own #SBATCH flags, given on every step (and `ovpipe pretrain`): (flag, attribute, help). Each becomes
+# one line of ``SlurmOptions.extra``, which every job of a step's chain carries — map, reduce, apply and merge
+# alike — so a site that refuses a job without an account refuses none of them.
+SITE_FLAGS = (
+    ("--account", "account", "charge the jobs to this account (sbatch --account)"),
+    ("--qos", "qos", "quality of service of the jobs (sbatch --qos)"),
+    ("--gres", "gres", "generic resources per node, e.g. gpu:1 for a GPU step (embed-images, recaption, rollout)"),
+    ("--gpus-per-task", "gpus_per_task", "GPUs per array task (sbatch --gpus-per-task)"),
+    ("--constraint", "constraint", "node features the jobs need, e.g. a100 (sbatch --constraint)"),
+)
+
+
+def add_site_flags(group) -> None:
+    """The site flags (``SITE_FLAGS``) and ``--sbatch-arg`` on an argument group."""
+    for flag, dest, text in SITE_FLAGS:
+        group.add_argument(flag, dest=dest, help=text)
+    group.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="FLAG",
+                       help="one more #SBATCH line for every job, e.g. --sbatch-arg=--exclusive (repeatable)")
+
+
+def site_lines(args) -> list[str]:
+    """``["--account=lab", "--gres=gpu:1", ...]``: the site flags given, then ``--sbatch-arg``'s, as given."""
+    out = [f"{flag}={getattr(args, dest)}" for flag, dest, _ in SITE_FLAGS if getattr(args, dest, None)]
+    for arg in getattr(args, "sbatch_args", None) or []:
+        arg = arg.strip()
+        if not arg.startswith("-") or "\n" in arg:
+            raise UsageError(f"--sbatch-arg {arg!r}: give one sbatch flag, e.g. --sbatch-arg=--exclusive")
+        out.append(arg)
+    return out
+
+
 def slurm_options(args):
     """The ``SlurmOptions`` of a command's arguments (a distributed step's also ``nodes``, ``tasks_per_node``,
-    ``gpus_per_node``)."""
+    ``gpus_per_node``); the site flags go to ``extra``."""
     from ovpipe.executors import SlurmOptions
 
     return SlurmOptions(partition=args.partition, time=args.slurm_time, cpus_per_task=args.cpus_per_task,
                         mem=args.mem, nodes=getattr(args, "nodes", 1), tasks_per_node=getattr(args, "tasks_per_node", 1),
-                        gpus_per_node=getattr(args, "gpus_per_node", 0))
+                        gpus_per_node=getattr(args, "gpus_per_node", 0), extra=site_lines(args))
 
 
 def execute(step, cfg, args, summary=None) -> int:
@@ -116,7 +148,7 @@ def execute(step, cfg, args, summary=None) -> int:
     from ovpipe.runfolder import RunFolderError
     from ovpipe.runfolder.prepare import prepare, up_to_date
     from ovpipe.executors import LocalExecutor, SlurmExecutor
-    from ovpipe.step import Stopped, preflight
+    from ovpipe.step import StepFailed, Stopped, preflight
 
     tasks = args.tasks
     if step.max_tasks is not None and tasks > step.max_tasks:
@@ -174,7 +206,7 @@ def execute(step, cfg, args, summary=None) -> int:
     try:
         merged = LocalExecutor(workers=args.workers, progress=not args.quiet, wait_lock=args.wait_lock,
                                nproc=getattr(args, "nproc", 1)).run(step, run_dir, tasks, name=args.name)
-    except TaskFailed as e:
+    except (TaskFailed, StepFailed) as e:
         print(f"ovpipe {step.name}: {e}", file=sys.stderr)
         return 1
     except Stopped as e:
@@ -287,7 +319,10 @@ def cmd_status(args) -> int:
     from ovpipe.executors.slurm import status_lines
     from ovpipe.runfolder.status import print_status
 
-    return print_status(Path(args.run_dir), slurm_lines=status_lines)
+    run_dir = _sql_run_dir("status", args.run_dir)     # a typo in the path is an error, not "no steps run yet"
+    if run_dir is None:
+        return 2
+    return print_status(run_dir, slurm_lines=status_lines)
 
 
 def cmd_demo_data(args) -> int:
@@ -314,14 +349,29 @@ def _forward(command: str):
     return run
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _fields_epilog(name: str) -> str | None:
+    """The config fields of step ``name`` (``ovpipe.config_help``), for its ``--help``: the step's module is
+    imported for this, so only the step asked about pays for it."""
+    from ovpipe.config_help import fields_text
+    from ovpipe.registry import get_step
+
+    try:
+        return fields_text(get_step(name).config)
+    except Exception as e:  # an extra step whose module does not import: --help still answers
+        return f"(config fields unavailable: {type(e).__name__}: {e})"
+
+
+def build_parser(fields_of: str | None = None) -> argparse.ArgumentParser:
+    """``fields_of``: the step whose ``--help`` is asked for, which lists its config fields."""
     p = argparse.ArgumentParser(prog="ovpipe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in all_steps():
         if name in COMMANDS:      # a step with its own command line (`ovpipe pretrain --stage S`), added below
             continue
-        sp = sub.add_parser(name, help=step_help(name), description=step_help(name))
+        sp = sub.add_parser(name, help=step_help(name), description=step_help(name),
+                            epilog=_fields_epilog(name) if name == fields_of else None,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.add_argument("--config", help="YAML file of the step's config (defaults if omitted)")
         sp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override one config field (YAML value), repeatable")
@@ -343,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--slurm-time", default="04:00:00")
         g.add_argument("--cpus-per-task", type=_positive_int, default=1)
         g.add_argument("--mem")
+        add_site_flags(g)
         g.add_argument("--dependency", help="extra job id this step must wait for (afterok)")
         g.add_argument("--wait", action="store_true",
                        help="block until the step's Slurm chain ends, showing ranks done / running / pending; "
@@ -435,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         from ovpipe.registry import get_command
 
         return int(get_command(argv[0])(argv[1:]) or 0)
-    parser = build_parser()
+    asks_help = argv[:1] and argv[0] in all_steps() and any(a in ("-h", "--help") for a in argv[1:])
+    parser = build_parser(fields_of=argv[0] if asks_help else None)
     _add_debug_flag(parser)
     args = parser.parse_args(argv)
     prog = f"ovpipe {args.command}"

@@ -1,8 +1,10 @@
 """YAML configs mapped onto one dataclass per step, validated before any work starts.
 
 ``load_config(cls, source)`` accepts a YAML path, a mapping, or None (all defaults).
-An unknown field fails with the allowed fields listed; a value of the wrong type fails
-naming the field, its value and the expected type. Nested dataclasses, ``list[...]``,
+An unknown field fails with the closest field names ("did you mean") and the allowed fields
+listed; a value of the wrong type fails naming the field, its value and the expected type. A
+scalar given for a list field is the one-item list (``--set inputs=/x.parquet``). A value given
+with ``overrides`` (the CLI's ``--set``) is reported as ``--set FIELD``, not as the YAML file's. Nested dataclasses, ``list[...]``,
 ``tuple[...]``, ``dict[str, ...]``, ``Optional[...]`` and ``Literal[...]`` are checked.
 A dataclass may add its own checks in ``__post_init__`` (raise ``ValueError`` naming
 the field).
@@ -57,9 +59,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping for {tp.__name__}, got {value!r}")
         return _build(tp, value, where)
     if origin in (list, tuple, set, frozenset) or tp in (list, tuple):
+        args = get_args(tp)
+        fixed = origin is tuple and args and args[-1] is not Ellipsis
+        if not isinstance(value, (list, tuple)) and not fixed and value is not None \
+                and not isinstance(value, Mapping):
+            value = [value]     # `--set inputs=/x.parquet`: a scalar for a list field is its one-item list
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
-        args = get_args(tp)
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
                 raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}")
@@ -94,14 +100,27 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def _build(cls, data: Mapping, where: str):
+def did_you_mean(name: str, choices) -> str:
+    """`` (did you mean 'verify'?)`` for the closest of ``choices`` (difflib), or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def _build(cls, data: Mapping, where: str, origins: Mapping[str, str] | None = None):
+    """``cls(**data)`` checked; ``origins``: {field: where its value came from} (``--set FIELD``), for
+    the fields not read from ``where``."""
+    origins = origins or {}
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]
     if unknown:
+        k = unknown[0]
         raise ConfigError(
-            f"{where}: unknown field(s) {unknown}; allowed fields of {cls.__name__}: {sorted(fields)}")
-    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+            f"{origins.get(k, where)}: unknown field(s) {unknown}{did_you_mean(k, fields)}; "
+            f"allowed fields of {cls.__name__}: {sorted(fields)} (`ovpipe <step> --help` lists them)")
+    kwargs = {k: _coerce(v, hints[k], origins.get(k, f"{where}.{k}")) for k, v in data.items()}
     missing = [n for n, f in fields.items() if n not in kwargs
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
@@ -111,7 +130,12 @@ def _build(cls, data: Mapping, where: str):
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{where}: {e}") from e
+        # a check in __post_init__ names its field first ("seq_len must be >= 64"): a field given with --set
+        # is reported as --set's, not the file's
+        import re
+
+        named = [k for k in origins if re.search(rf"(?<![\w.]){re.escape(k)}(?!\w)", str(e))]
+        raise ConfigError(f"{origins[named[0]] if named else where}: {e}") from e
 
 
 def load_config(cls, source: str | Path | Mapping | None = None, overrides: Mapping | None = None):
@@ -139,9 +163,11 @@ def load_config(cls, source: str | Path | Mapping | None = None, overrides: Mapp
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path}: top level must be a mapping of {cls.__name__} fields")
         where = str(path)
+    origins = {}
     if overrides:
         data.update(overrides)
-    return _build(cls, data, where)
+        origins = {k: f"--set {k}" for k in overrides}
+    return _build(cls, data, where, origins)
 
 
 def yaml_error_line(e: Exception) -> str:

@@ -162,6 +162,8 @@ def resolve(step, cfg, run_dir: Path, name: str | None = None) -> dict[str, list
 def check_inputs(step, cfg, run_dir: Path, name: str | None = None) -> None:
     """Before any work: every input the step will read is there. ``ValueError`` naming the kind, the
     folder and the config field that names it."""
+    from ovpipe.registry import writers_text
+
     run_dir = Path(run_dir)
     resolved = resolve(step, cfg, run_dir, name)
     for kind, spec in normalise(step.inputs).items():
@@ -169,11 +171,19 @@ def check_inputs(step, cfg, run_dir: Path, name: str | None = None) -> None:
             continue
         folders = resolved[kind]
         if not folders:
-            raise ValueError(f"no {kind!r} manifest under {run_dir / '*' / kind}/ — run the step that writes it first")
+            raise ValueError(f"no {kind!r} manifest under {run_dir / '*' / kind}/ — run {writers_text(kind)} "
+                             f"on this run folder first")
         for f in folders:
             if not holds(run_dir / f, kind):
+                hint = f" (`--name {f}`)" if f not in _writer_names(kind) else ""
                 raise ValueError(f"no {kind!r} manifest under {run_dir / f / kind}/ ({spec.field} names {f!r}) — "
-                                 f"run the step that writes it first")
+                                 f"run {writers_text(kind)}{hint} first")
+
+
+def _writer_names(kind: str) -> tuple[str, ...]:
+    from ovpipe.registry import WRITERS
+
+    return WRITERS.get(kind, ())
 
 
 def input_folders(step, cfg, run_dir: Path, name: str | None = None) -> list[str]:

@@ -50,6 +50,24 @@ STEPS: dict[str, tuple[str, str]] = {
 DISTRIBUTED_STEPS = frozenset({"grpo"})
 STEP_MODULES: dict[str, str] = {name: module for name, (module, _) in STEPS.items()}
 
+# manifest kind: the steps that write it (their ``Step.outputs``; a test holds this to them), so a missing
+# input names the command that makes it without importing every step module to ask
+WRITERS: dict[str, tuple[str, ...]] = {
+    "samples": ("ingest",), "shards": ("ingest",), "image_embeddings": ("embed-images",),
+    "concepts": ("embed-concepts",), "assignments": ("assign",), "dedup": ("dedup",), "embedding_map": ("index",),
+    "alignment": ("align",), "balanced": ("balance",), "concept_counts": ("balance",), "mixed": ("mix",),
+    "captions": ("recaption",), "lengths": ("lengths",), "packs": ("pack", "import-packs"),
+    "official_packs": ("pack-official",), "imported_packs": ("import-packs",), "dist_ckpt": ("pretrain", "import-model"),
+    "eval": ("eval",), "rl_prompts": ("rl-ingest", "rl-gym"), "rollouts": ("rollout",), "rewards": ("score",),
+    "selection": ("select",), "grpo_metrics": ("grpo",),
+}
+
+
+def writers_text(kind: str) -> str:
+    """``ovpipe ingest`` / ``ovpipe pack or ovpipe import-packs``: the command(s) that write manifest ``kind``."""
+    steps = WRITERS.get(kind)
+    return " or ".join(f"`ovpipe {s}`" for s in steps) if steps else "the step that writes it"
+
 
 # Commands that are not steps, by the function that runs them: the core CLI names the stage (or the demo)
 # that implements them, and imports it only when the command runs, as it does for steps.

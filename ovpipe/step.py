@@ -104,6 +104,13 @@ class Stopped(Exception):
         self.signum = int(signum)
 
 
+class StepFailed(Exception):
+    """A step whose tasks ran but whose result cannot be used (an ingest with no ok sample): raised by its
+    ``finalize`` with the reason, after its manifests and report are written, so ``ovpipe sql`` shows the
+    detail. The step is left unfinalized: the command exits 1 (a Slurm chain fails, and ``afterok``
+    dependents never start), and a later step refuses to read it."""
+
+
 def preflight(step: Step, cfg, run_dir: Path, name: str | None = None) -> None:
     """Everything a step needs before its first task: its own ``check`` (paths, tokenizers), then every
     input it declares (``inputs.check_inputs``)."""

@@ -33,12 +33,19 @@ def _num(v: float) -> str:
     return f"{int(v):,}" if float(v).is_integer() else f"{v:.4g}"
 
 
+# The rows a step's status/* counters count, where they are not the rows its key counters name: score writes a
+# reward row per rollout and reward type (the answer's and the format's), so "rollouts 352; ok 528" read as a
+# contradiction; "rewards ok 528" does not.
+STATUS_ROWS: dict[str, str] = {"score": "rewards"}
+
+
 def key_figures(step: str, counters: dict) -> str:
     parts = [f"{label} {_num(counters[k])}" for k, label in KEY_COUNTERS.get(step, ()) if k in counters]
     status = {k.split("/")[-1]: v for k, v in counters.items() if k.startswith("status/")}
     if status:
         bad = {s: v for s, v in status.items() if s != "ok" and v}
-        part = f"ok {_num(status.get('ok', 0))}, other {_num(sum(bad.values()))}"
+        rows = f"{STATUS_ROWS[step]} " if step in STATUS_ROWS else ""
+        part = f"{rows}ok {_num(status.get('ok', 0))}, other {_num(sum(bad.values()))}"
         if bad:
             top = sorted(bad.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
             part += " (" + ", ".join(f"{s} {_num(v)}" for s, v in top) + (", …" if len(bad) > 3 else "") + ")"
@@ -48,7 +55,7 @@ def key_figures(step: str, counters: dict) -> str:
         parts.append(", ".join(f"{r} {_num(v)}" for r, v in sorted(reasons.items())))
     if not parts:        # a step with no entry: its first few counters
         parts = [f"{k} {_num(v)}" for k, v in sorted(counters.items())[:4]]
-    return "; ".join(parts)
+    return "; ".join(parts) or "done"      # a step that counts nothing (a report, an export) still says so
 
 
 def step_line(name: str, step: str, counters: dict, tasks: int, seconds: float | None, where) -> str:
@@ -104,6 +111,8 @@ def run_summary(run_dir) -> str:
     by_stage: dict[str, list[str]] = {s: [] for s, _ in STAGES}
     by_stage["other"] = []
     for folder, meta in step_folders(run_dir):
+        if meta.get("step") == "pretrain":     # the stages are the pretrain lines below (losses), once
+            continue
         counters = json.loads((folder / "stats.json").read_text()).get("counters", {})
         module = modules.get(meta.get("step", ""), "")
         stage = next((s for s, prefix in STAGES if module.startswith(prefix)), "other")

@@ -40,12 +40,12 @@ from ovpipe.step import Step, TaskContext, slice_bounds
 class ImportPacksConfig:
     source: str = ""                        # the official-layout folder (its .nv-meta/ prepared by energon)
     tokenizer: str = ""                     # HF tokenizer path or name, as `lengths` takes it
-    seq_len: int = 8192
+    seq_len: int = 8192  # the official packs' sequence length (each entry must fit)
     caption_prompt: str = "Describe the image."  # the user turn of an entry without prompts
-    patch_size: int = 14
-    merge_size: int = 2
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
+    patch_size: int = 14  # the vision tower's patch side in pixels, as lengths counts it
+    merge_size: int = 2  # patches merged per side into one LLM token
+    min_pixels: int = 56 * 56  # an image is resized up to at least this many pixels
+    max_pixels: int = 28 * 28 * 1280  # an image is resized down to at most this many pixels
 
     def __post_init__(self):
         if not self.source:

@@ -49,18 +49,20 @@ class LengthsConfig:
     tokenizer: str = ""                     # HF tokenizer path or name (Qwen's in production)
     samples_steps: list[str] = field(default_factory=lambda: ["ingest"])  # ingest step folders to read
     caption_prompt: str = "Describe the image."  # appended to a caption pair's "<image>" user turn
-    seq_len: int = 8192
+    seq_len: int = 8192  # tokens per packed sequence; a longer sample is handled as on_too_long says
+    # drop: a too_long row; truncate: keep the leading whole turn pairs that fit
     on_too_long: Literal["drop", "truncate"] = "drop"
-    patch_size: int = 14
-    merge_size: int = 2
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
+    patch_size: int = 14  # the vision tower's patch side in pixels (RICE-ViT: 14)
+    merge_size: int = 2  # patches merged per side into one LLM token (2: a 2x2 merge)
+    min_pixels: int = 56 * 56  # an image is resized up to at least this many pixels
+    max_pixels: int = 28 * 28 * 1280  # an image is resized down to at most this many pixels
     # conversations per batched count: a batch's distinct words are looked up once, so larger batches
     # amortise that (32K vs 8K: +21 % samples/s on unique captions, +0.1 GiB per task)
     batch_size: int = 32768
     # Which caption a caption pair trains on (packing.caption_source): raw | recaption:<lang> | both[:<lang>]
     caption_source: str = "raw"
     recaption_step: str = "recaption"       # step folder of the `captions` manifest
+    # caption_source both: the raw and the recaption as two samples, or as two turns of one
     both_as: Literal["two_samples", "two_turns"] = "two_samples"
     missing_recaption: Literal["raw", "status"] = "raw"   # a pair with no ok recaption: keep raw / no_recaption row
     recaption_prompts: dict[str, str] = field(default_factory=lambda: {

@@ -60,14 +60,14 @@ COUNT_FOR = ("ovpipe", "llava-ov")
 
 @dataclass
 class PackConfig:
-    seq_len: int = 8192
-    seed: int = 0
+    seq_len: int = 8192                         # tokens per pack: the lengths step's seq_len (checked)
+    seed: int = 0                               # the seeded pack order (and the shuffle when balance_dp is 0)
     lengths_step: str = "lengths"               # step folder of the lengths manifest to pack
-    copies_from: Literal["none", "balanced", "mixed"] = "none"
+    copies_from: Literal["none", "balanced", "mixed"] = "none"  # copies per sample: one, balance's or mix's
     mix_step: str = "mix"                       # step folder of the `mixed` manifest (copies_from: mixed)
-    write_shards: bool = True
-    packs_per_shard: int = 256
-    report_buffers: list[int] = field(default_factory=lambda: [64, 512, 4096])
+    write_shards: bool = True                   # false: the packs manifest only, no packed .tar shards
+    packs_per_shard: int = 256                  # packs per packed .tar shard
+    report_buffers: list[int] = field(default_factory=lambda: [64, 512, 4096])  # online-buffer sizes the report compares
     report_max_samples: int = 1_000_000          # the online-buffer baselines run on at most this many
     refine_passes: int = 0                       # post-BFD gap consolidation + ejection (packing.refine)
     # the trainer whose token count fills the bins: ovpipe's (`lengths`), or the official LLaVA-OV-1.5 task
@@ -80,7 +80,7 @@ class PackConfig:
     balance_micro_batch: int = field(default=1, metadata=HASHED_UNLESS_DEFAULT)    # packs per micro-batch
     balance_grad_accum: int = field(default=1, metadata=HASHED_UNLESS_DEFAULT)     # micro-batches per step
     balance_window: int = field(default=32, metadata=HASHED_UNLESS_DEFAULT)        # steps balanced together
-    balance_method: Literal["kk", "lpt"] = field(default="kk", metadata=HASHED_UNLESS_DEFAULT)
+    balance_method: Literal["kk", "lpt"] = field(default="kk", metadata=HASHED_UNLESS_DEFAULT)  # Karmarkar-Karp or LPT
 
     def __post_init__(self):
         if self.seq_len < 64:
@@ -113,6 +113,23 @@ class PackConfig:
         check_step_folder("lengths_step", self.lengths_step)
         if self.copies_from == "mixed":
             check_step_folder("mix_step", self.mix_step)
+
+
+def check(cfg: PackConfig, run_dir) -> None:
+    """Before any work: ``seq_len`` is the one its lengths step measured against (``too_long``, truncation
+    and the turns kept are decided at that length, so packing at another one is wrong in a way no later
+    check sees). A lengths step not prepared yet is ``check_inputs``' to report."""
+    from ovpipe.inputs import upstream_config
+    from packing.lengths import STEP as LENGTHS
+
+    try:
+        _, lcfg = upstream_config(run_dir, cfg.lengths_step, LENGTHS)
+    except (OSError, ValueError, KeyError):
+        return
+    if getattr(lcfg, "seq_len", cfg.seq_len) != cfg.seq_len:
+        raise ValueError(f"seq_len: {cfg.seq_len} differs from the seq_len {lcfg.seq_len} its lengths step "
+                         f"{cfg.lengths_step!r} measured at; set seq_len: {lcfg.seq_len}, or rerun lengths at "
+                         f"{cfg.seq_len}")
 
 
 def solve_once(cfg: PackConfig, task: TaskContext) -> None:
@@ -407,6 +424,6 @@ INPUTS = {
     "captions": Input(via="lengths_step", when=lambda c: c.write_shards),
 }
 
-STEP = Step("pack", PackConfig, inputs=INPUTS, outputs=("packs",), reduce=solve_once,
+STEP = Step("pack", PackConfig, inputs=INPUTS, outputs=("packs",), reduce=solve_once, check=check,
             apply=write_packs, finalize=finalize,
             description="offline hash-bucket BFD packing into fixed-length sequences")

@@ -79,12 +79,12 @@ def lmms_eval_version(site: Path) -> str:
 class EvalConfig:
     model: str = ""                      # an exported folder (ovpipe export-model), e.g. RUN/pretrain/hf-stage-2
     tasks_dir: str = ""                  # lmms-eval task YAMLs (--include_path), e.g. DEMO_DATA/eval-tasks
-    tasks: list[str] = field(default_factory=lambda: ["demo_vqa"])
-    device: str = "cpu"
-    batch_size: int = 1
+    tasks: list[str] = field(default_factory=lambda: ["demo_vqa"])  # lmms-eval task names
+    device: str = "cpu"  # cpu or cuda
+    batch_size: int = 1  # lmms-eval's batch size
     limit: int | None = None             # lmms-eval --limit: the first N docs of each task
-    seed: int = 0
-    timeout_s: float = 3600
+    seed: int = 0  # lmms-eval's seed
+    timeout_s: float = 3600  # the evaluation's time limit
 
     def __post_init__(self):
         if not self.model:

@@ -101,11 +101,11 @@ def export(run_dir: Path, stage: str, out: Path, recipe: str | None = None, toke
 @dataclass(frozen=True)
 class ExportConfig:
     out: str                                  # the folder written (absolute)
-    stage: str = "2"
+    stage: str = "2"  # the trained stage exported: 1 | 1.5 | 2
     recipe: str | None = None                 # None: the one the stage's stage.json names
     tokenizer: str | None = None              # None: the lengths step's, found through the run folder
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    max_shard_size: str = "5GB"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the safetensors' dtype
+    max_shard_size: str = "5GB"  # the largest safetensors shard (transformers' save_pretrained)
     stage_folder: str = ""                    # the checkpoint's step folder; "": pretrain/stage-<stage>
 
     def __post_init__(self):

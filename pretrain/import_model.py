@@ -158,7 +158,7 @@ def import_llava_ov(run_dir: Path, recipe: str, folder: str, stage: str = "0", s
 @dataclass(frozen=True)
 class ImportConfig:
     stage: str = "0"                         # the stage folder written: pretrain/stage-<stage>
-    recipe: str = "tiny"
+    recipe: str = "tiny"  # the model recipe the checkpoint is laid out for (pretrain.recipes)
     llava_ov: str | None = None              # a published LLaVA-OneVision-1.5 folder (the whole model), absolute
     llm: str | None = None                   # stage 0 from parts: a saved Qwen3ForCausalLM folder
     vit: str | None = None                   # ... and a saved MLCDVisionModel folder

@@ -54,34 +54,38 @@ class StageConfig:
     stage: str = "1.5"                       # "1" | "1.5" | "2" (pretrain.recipes.STAGES)
     recipe: str = "tiny"                     # pretrain.recipes.RECIPES
     steps: int | None = None                 # exactly one of steps / epochs (neither: 30 steps)
-    epochs: float | None = None
+    epochs: float | None = None  # passes over the packs (instead of steps)
     data: str = ""                           # the pack step read; "": the stage's
-    micro_batch: int = 2
-    grad_accum: int = 1
+    micro_batch: int = 2  # packs per micro-batch per DP rank
+    grad_accum: int = 1  # micro-batches per optimizer step
     global_batch: int | None = None          # packs per optimizer step over all DP ranks
     lr: float | None = None                  # None: the stage's
-    seed: int = 0
+    seed: int = 0  # initialisation and data order
     tokenizer: str | None = None             # None: RUN/tokenizer
     init: Literal["previous", "scratch"] = "previous"   # scratch: random initialisation, no start checkpoint
     start_from: str = ""                     # the checkpoint's step folder; "": pretrain/stage-<previous>
-    tp: int = field(default=1, **_RUN)
-    pp: int = field(default=1, **_RUN)
-    cp: int = field(default=1, **_RUN)
-    sequence_parallel: bool = field(default=False, **_RUN)
+    tp: int = field(default=1, **_RUN)  # tensor-parallel size
+    pp: int = field(default=1, **_RUN)  # pipeline-parallel size
+    cp: int = field(default=1, **_RUN)  # context-parallel size
+    sequence_parallel: bool = field(default=False, **_RUN)  # megatron's sequence parallelism (with tp > 1)
+    # shard the optimizer state over DP ranks; auto: on with DP > 1
     distributed_optimizer: Literal["auto", "on", "off"] = field(default="auto", **_RUN)
-    fp32: bool = field(default=False, **_RUN)
+    fp32: bool = field(default=False, **_RUN)  # train in fp32 (the CPU demo); default: bf16 on a GPU
     precision: str | None = field(default=None, **_RUN)            # bf16 | fp32 | fp8 | fp8-tensorwise | fp8-rowwise
     grad_reduce_dtype: str | None = field(default=None, **_RUN)    # fp32 | bf16: DP's gradient reduce (fp32)
     optimizer_offload: float | None = field(default=None, **_RUN)  # share of the optimizer on the host
+    # activation recompute: full | selective | mlp | none | auto (ovpipe pretrain --help)
     recompute: str | None = field(default=None, **_RUN)
+    # the tower's recompute: full | selective | none; None: follows recompute
     vision_recompute: str | None = field(default=None, **_RUN)
-    loader_workers: int | None = field(default=None, **_RUN)
+    loader_workers: int | None = field(default=None, **_RUN)  # data loader worker processes; None: the stage's default
+    # eager | fused (compiled rotary/RMSNorm + megatron's fused kernels)
     kernels: str | None = field(default=None, **_RUN)
-    loss_kernel: str | None = field(default=None, **_RUN)
-    save_every: int = field(default=0, **_RUN)
-    save_every_minutes: float = field(default=0.0, **_RUN)
-    keep: int = field(default=2, **_RUN)
-    stop_after: int | None = field(default=None, **_RUN)
+    loss_kernel: str | None = field(default=None, **_RUN)  # the cross-entropy kernel; None: the stage's default
+    save_every: int = field(default=0, **_RUN)  # a checkpoint every N steps; 0: at the end only
+    save_every_minutes: float = field(default=0.0, **_RUN)  # a checkpoint every N minutes of training; 0: off
+    keep: int = field(default=2, **_RUN)  # checkpoints kept (the latest K)
+    stop_after: int | None = field(default=None, **_RUN)  # stop (saved, resumable) after this many steps of this run
 
     def __post_init__(self):
         from pretrain.recipes import STAGES, start_folder
@@ -183,10 +187,26 @@ STEP = Step("pretrain", StageConfig, run, max_tasks=1, distributed=True,
 
 # ------------------------------------------------------------------------------ ovpipe pretrain
 
+# `ovpipe pretrain --help`'s text: what a user runs (the module docstring above is the developer's contract)
+USAGE = """Train one stage of the recipe (1: projector alignment, 1.5: mid-training, 2: instruct) on a pack step,
+as an ordinary ovpipe step: RUN/pretrain/stage-<S>/ with its checkpoints, train_metrics and status.
+
+    ovpipe pretrain --recipe tiny --stage 1.5 --run-dir RUN --steps 30                 (this machine)
+    ovpipe pretrain --recipe tiny --stage 1.5 --run-dir RUN --nproc 2 --tp 2           (torchrun)
+    ovpipe pretrain --recipe llava-ov-1.5-4b --stage 1.5 --run-dir RUN --epochs 1 \\
+        --executor slurm --nodes 4 --gpus-per-node 8 --account lab                    (one Slurm job)
+
+Each stage reads its own pack step (1: pack-align, 1.5: pack, 2: pack-instruct; --data STEP for another) and
+starts from the previous stage's checkpoint (--init scratch: random initialisation). docs/pretrain.md."""
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="ovpipe pretrain", description=__doc__,
+    from pretrain.recipes import RECIPES
+
+    ap = argparse.ArgumentParser(prog="ovpipe pretrain", description=USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipe", default="tiny")
+    ap.add_argument("--recipe", default="tiny", choices=sorted(RECIPES),
+                    help="the model and its stage settings (pretrain/recipes.py; default tiny, the demo's)")
     ap.add_argument("--stage", choices=["1", "1.5", "2"], required=True)
     ap.add_argument("--run-dir", required=True)
     from pretrain.train import add_stage_args
@@ -205,6 +225,9 @@ def main(argv=None) -> int:
     e.add_argument("--slurm-time", default="48:00:00")
     e.add_argument("--cpus-per-task", type=int, default=1)
     e.add_argument("--mem")
+    from ovpipe.cli import add_site_flags
+
+    add_site_flags(e)
     e.add_argument("--dry-run", action="store_true", help="slurm: write the job script, submit nothing")
     e.add_argument("--dependency", help="slurm: extra job id this stage must wait for (afterok); the jobs of "
                                         "its inputs, while queued or running, are added on their own")
@@ -270,13 +293,16 @@ def _execute(a, cfg: StageConfig, world: int, per_node: int) -> int:
     from pretrain.trainer.checkpoint import CheckpointError
 
     name = stage_folder(cfg.stage)
+    from ovpipe.cli import SITE_FLAGS
+
     run_dir = Path(a.run_dir).expanduser().resolve()
     args = argparse.Namespace(
         run_dir=str(run_dir), name=name, executor=a.executor, tasks=1, workers=1, overwrite=a.overwrite,
         quiet=False, wait_lock=a.wait_lock, partition=a.partition, slurm_time=a.slurm_time,
         cpus_per_task=a.cpus_per_task, mem=a.mem, dependency=a.dependency, wait=a.wait,
         wait_timeout=a.wait_timeout, nproc=world, nodes=a.nodes, tasks_per_node=per_node,
-        gpus_per_node=a.gpus_per_node)
+        gpus_per_node=a.gpus_per_node, sbatch_args=a.sbatch_args,
+        **{dest: getattr(a, dest) for _, dest, _ in SITE_FLAGS})
     if a.executor == "slurm" and a.dry_run:      # only the script: no run-folder state is touched
         from ovpipe.config import config_json
 

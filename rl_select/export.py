@@ -30,10 +30,11 @@ FORMATS = ("verl", "areal", "roll", "openrlhf")
 
 @dataclass
 class ExportConfig:
+    # the trainers' layouts written: verl, areal, roll, openrlhf
     formats: list[str] = field(default_factory=lambda: list(FORMATS))
-    areal_shard_rows: int = 2000
-    accuracy_ratio: float = 1.0
-    format_ratio: float = 0.0
+    areal_shard_rows: int = 2000  # prompts per AReaL JSONL part
+    accuracy_ratio: float = 1.0  # ROLL: the accuracy reward's weight
+    format_ratio: float = 0.0  # ROLL: the format reward's weight
 
     def __post_init__(self):
         bad = [f for f in self.formats if f not in FORMATS]

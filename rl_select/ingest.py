@@ -39,12 +39,13 @@ PLACEHOLDER = IMAGE_TOKEN
 
 @dataclass
 class RLIngestConfig:
-    inputs: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)  # paths or globs of the prompt files (.parquet, .jsonl)
+    # the files' layout: generic columns, Geometry3K, verl or ROLL parquet
     layout: Literal["generic", "geometry3k", "verl", "roll"] = "generic"
-    source: str | None = None
-    default_answer_type: str = "math"
-    auto_placeholder: bool = True
-    max_images: int = 16
+    source: str | None = None  # source name; default: the row's, else the file's stem
+    default_answer_type: str = "math"  # the reward kind of a row that names none (rl_select.rewards.REWARDS)
+    auto_placeholder: bool = True  # prepend one <image> per image to a question that has none
+    max_images: int = 16  # a prompt with more images: a status row
 
     def __post_init__(self):
         if not self.inputs:

@@ -47,15 +47,17 @@ TEMPLATES = {
 
 @dataclass
 class RolloutConfig:
+    # the engine: vllm (GPU), transformers, or responses from a file
     backend: Literal["vllm", "transformers", "file"] = "transformers"
-    model: str = ""
-    file: str = ""
-    n: int = 8
+    model: str = ""  # HF model folder or id (the demo: the exported stage-2 VLM)
+    file: str = ""  # backend=file: the responses JSONL
+    n: int = 8  # responses per prompt
+    # answer_only and/or thinking (chain-of-thought) prompt templates
     prompt_types: list[str] = field(default_factory=lambda: ["answer_only"])
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 512
-    seed: int = 0
+    temperature: float = 1.0  # sampling temperature
+    top_p: float = 1.0  # nucleus sampling
+    max_new_tokens: int = 512  # the longest response, in tokens
+    seed: int = 0  # the sampling seed (per prompt and rollout index)
     device: str = "auto"          # transformers backend: "auto" (cuda when available), "cpu", "cuda", "cuda:1", ...
     dtype: str = "auto"           # transformers backend: "auto" (bf16 on cuda, fp32 on cpu), "float32", "bfloat16"
     cpu_threads: int = 0          # transformers on CPU: torch threads per task (0 = torch's default); 1 when
@@ -213,6 +215,18 @@ def finalize(cfg: RolloutConfig, task: TaskContext) -> None:
     remove_chunks(task)          # every rank's part is written
 
 
+def check(cfg: RolloutConfig, run_dir) -> None:
+    """Before any task (and before a Slurm job is queued): a model or responses file given as a local path
+    exists, and the installed transformers can load the model's remote code."""
+    from ovpipe.config import check_local_path, looks_like_local_path
+
+    if cfg.backend == "file":
+        check_local_path("file", cfg.file)
+    elif looks_like_local_path(cfg.model):
+        check_local_path("model", cfg.model)
+    check_backend_runtime(cfg)
+
+
 STEP = Step("rollout", RolloutConfig, run, inputs={"rl_prompts": None}, outputs=("rollouts",), finalize=finalize,
-            check=lambda cfg, run_dir: check_backend_runtime(cfg),
+            check=check,
             description="N rollouts per prompt (vLLM / transformers / file)")

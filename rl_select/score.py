@@ -15,10 +15,10 @@ from ovpipe.step import Step, TaskContext
 
 @dataclass
 class ScoreConfig:
-    rollouts_step: str = "rollout"
-    timeout_s: float = 5.0
-    workers: int = 2
-    format_reward: bool = True
+    rollouts_step: str = "rollout"  # the rollout step folder scored
+    timeout_s: float = 5.0  # a reward slower than this: a timeout row
+    workers: int = 2  # sandboxed reward processes
+    format_reward: bool = True  # also score the response's format (a reward_type format row)
 
     def __post_init__(self):
         if self.timeout_s <= 0 or self.workers < 1:

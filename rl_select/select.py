@@ -53,16 +53,19 @@ from ovpipe.step import Stats, Step, TaskContext, slice_bounds
 
 @dataclass
 class SelectConfig:
-    rollouts_step: str = "rollout"
+    rollouts_step: str = "rollout"  # the rollout step folder (its rewards are the score step's)
+    # gap: keep Pass@N - Pass@1 >= min_gap; mean_band: keep a mean reward inside the band
     rule: Literal["gap", "mean_band"] = "gap"
-    min_pass_at_n: float = 0.5
-    max_pass_at_1: float = 0.7
-    min_gap: float = 0.2
-    band_low: float = 0.0
-    band_high: float = 0.6
-    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    min_pass_at_n: float = 0.5  # gap rule: the fewest Pass@N kept
+    max_pass_at_1: float = 0.7  # gap rule: the most Pass@1 kept
+    min_gap: float = 0.2  # gap rule: the smallest Pass@N - Pass@1 kept
+    band_low: float = 0.0  # mean_band rule: a mean reward at or below it is too_hard
+    band_high: float = 0.6  # mean_band rule: a mean reward at or above it is too_easy
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # the k of the pass@k columns
+    # how kept prompts split into the answer-only and chain-of-thought stages
     split_rule: Literal["pass_at_1", "prompt_type", "category"] = "pass_at_1"
-    cot_below_pass_at_1: float = 0.25
+    cot_below_pass_at_1: float = 0.25  # split pass_at_1: below this pass@1, a chain-of-thought prompt
+    # split category: these categories go to the chain-of-thought stage
     cot_categories: list[str] = field(default_factory=list)
     timeouts_as_incorrect: bool = False   # True: a reward timeout is a wrong rollout, not an `error` prompt
 

@@ -68,6 +68,10 @@ SLOW: dict[str, float] = {
     "tests/curation/test_recaption_select_memory.py": 7.0,
     "tests/curation/test_recaption.py::test_part_is_the_slice_sorted_whatever_the_chunking": 5.9,
     "tests/curation/test_embed_decode.py::test_threads_and_worker_processes_give_the_same_step_output_at_any_task_count": 4.1,
+    "tests/curation/test_mid85m_layout.py::test_embed_images_reads_two_ingest_steps": 15.6,
+    "tests/ovpipe/test_step_help.py::test_every_field_of_every_step_has_help": 10.0,   # imports every step (megatron)
+    "tests/ovpipe/test_slurm_site_flags.py::test_pretrain_takes_the_same_flags": 4.1,
+    "tests/ovpipe/test_step_help.py::test_the_writers_table_is_the_steps_outputs": 10.0,   # imports every step
     "tests/ovpipe/test_slurm_executor.py::test_balanced_pack_order_on_slurm_is_the_local_one": 31.9,
     "tests/packing/test_energon.py::test_two_ranks_two_workers_read_every_pack_once": 17.5,
     "tests/packing/test_pack_solve.py::test_bin_layout_is_the_histogram_part_of_pack": 10.1,

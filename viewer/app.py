@@ -198,6 +198,15 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB", allowed_hosts=LOO
             raise HTTPException(403, str(e)) from None
         except OSError:
             raise HTTPException(404, "no such file") from None
+        if path.suffix == ".md" and "raw" not in request.query_params:     # a step's report.md, rendered
+            from markupsafe import Markup
+
+            from viewer.markdown import render
+
+            rel = request.path_params["path"]
+            folder = rel.rsplit("/", 1)[0] if "/" in rel else ""
+            return page(request, "report.html", report=rel, raw=f"/files/{rel}?raw=1",
+                        body=Markup(render(path.read_text(errors="replace"), folder)))
         return FileResponse(path, media_type=SERVED_SUFFIXES[path.suffix])
 
     def plotly_js(request: Request):

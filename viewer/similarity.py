@@ -206,24 +206,37 @@ def concept_vector(cat: RunCatalog, concept_id: int, roots: list[Path]) -> tuple
 
 # ------------------------------------------------------------------------------------------------ the map
 
+def _one_per_sample(kind: str, columns: str, prefer: str = "status = 'duplicate'") -> str:
+    """``(SELECT DISTINCT ON (sample_id) sample_id, columns FROM kind ...)``: one row per sample id, so a join
+    from the map keeps one row per point — a manifest may hold an id twice (an ingest duplicate's rows carried
+    downstream, two step folders of one kind); the row ordered first by ``prefer`` (false first) wins."""
+    return (f"(SELECT DISTINCT ON (sample_id) sample_id, {columns} FROM {kind} "
+            f"ORDER BY sample_id, {prefer})")
+
+
 def colours(cat: RunCatalog) -> dict[str, tuple[str, str, str]]:
-    """Colour name → (SQL value over ``embedding_map m`` and its joins, the join, kind): what this run has."""
+    """Colour name → (SQL value over ``embedding_map m`` and its joins, the join, kind): what this run has. Every
+    join is one row per sample id (``_one_per_sample``), so each colour array has one entry per point."""
     out = {"cluster": ("m.cluster", "", "number")}
     if cat.has("samples"):
-        out["source"] = ("s.source", "LEFT JOIN (SELECT DISTINCT ON (sample_id) sample_id, source, status FROM "
-                                     "samples) s USING (sample_id)", "category")
+        out["source"] = ("s.source", "LEFT JOIN " + _one_per_sample("samples", "source, status") + " s USING (sample_id)",
+                         "category")
     if cat.has("dedup"):
-        out["near duplicate"] = ("d.status", "LEFT JOIN dedup d USING (sample_id)", "category")
+        out["near duplicate"] = ("d.status", "LEFT JOIN " + _one_per_sample("dedup", "status") + " d USING (sample_id)",
+                                 "category")
     if cat.has("alignment"):
-        out["alignment score"] = ("al.score", "LEFT JOIN alignment al USING (sample_id)", "number")
+        out["alignment score"] = ("al.score", "LEFT JOIN " + _one_per_sample("alignment", "score, status")
+                                  + " al USING (sample_id)", "number")
     if cat.has("balanced"):
         out["kept by balance"] = ("CASE WHEN b.copies IS NULL THEN 'not balanced' WHEN b.copies > 0 THEN 'kept' "
-                                  "ELSE 'dropped' END", "LEFT JOIN balanced b USING (sample_id)", "category")
+                                  "ELSE 'dropped' END", "LEFT JOIN " + _one_per_sample("balanced", "copies", "copies DESC")
+                                  + " b USING (sample_id)", "category")
     if cat.has("assignments"):
         text = "coalesce(c.text, CAST(a.concept_ids[1] AS VARCHAR))" if cat.has("concepts") else \
             "CAST(a.concept_ids[1] AS VARCHAR)"
-        join = "LEFT JOIN assignments a USING (sample_id)" + (
-            " LEFT JOIN concepts c ON c.concept_id = a.concept_ids[1]" if cat.has("concepts") else "")
+        join = "LEFT JOIN " + _one_per_sample("assignments", "concept_ids", "concept_ids[1]") + " a USING (sample_id)" + (
+            " LEFT JOIN (SELECT DISTINCT ON (concept_id) concept_id, text FROM concepts ORDER BY concept_id) c "
+            "ON c.concept_id = a.concept_ids[1]" if cat.has("concepts") else "")
         out["concept"] = (text, join, "category")
     fate = [("d.status", "dedup"), ("al.status", "alignment")]
     have = [(e, v) for e, v in fate if cat.has(v)]

@@ -1,6 +1,6 @@
 -- requires: samples
--- Conversation statistics of the ok samples per source and category: turns, images per sample, text-only and multi-image shares.
-SELECT source, category, count(*) AS samples,
+-- Conversation statistics of the ok samples per ingest step, source and category: turns, images per sample, text-only and multi-image shares.
+SELECT folder, source, category, count(*) AS samples,
        round(avg(turns), 2) AS mean_turns, max(turns) AS max_turns,
        round(avg(n_images), 2) AS mean_images, max(n_images) AS max_images,
        count(*) FILTER (WHERE n_images = 0) AS text_only,
@@ -8,4 +8,4 @@ SELECT source, category, count(*) AS samples,
 FROM samples
 WHERE status = 'ok'
 GROUP BY ALL
-ORDER BY source, samples DESC
+ORDER BY folder, source, samples DESC

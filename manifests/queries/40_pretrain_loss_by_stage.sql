@@ -1,11 +1,12 @@
 -- requires: train_metrics
--- Per stage: steps, loss over the first and last 3 steps, tokens/s, MFU and HFU (mean), the mean step
+-- Per stage: steps, the loss at its first and last step (as `ovpipe summary` and `ovpipe status` give it),
+-- tokens/s, MFU and HFU (mean), the mean step
 -- time and the share of it spent waiting for data (NULL for steps recorded without the time split),
 -- last grad norm.
 SELECT stage,
        count(*)                                                        AS steps,
-       round(avg(loss) FILTER (WHERE step <= 3), 4)                    AS loss_first3,
-       round(avg(loss) FILTER (WHERE step > max_step - 3), 4)          AS loss_last3,
+       round(arg_min(loss, step), 3)                                   AS loss_first,
+       round(arg_max(loss, step), 3)                                   AS loss_last,
        round(avg(tokens_per_s), 1)                                     AS tokens_per_s,
        round(avg(mfu), 6)                                              AS mfu,
        round(avg(hfu), 6)                                              AS hfu,

@@ -85,14 +85,14 @@ def slurm_chain(sdir: Path) -> tuple[list[str], bool]:
 
 def _rank_counts_line(label: str, st: dict, width: int = 16) -> str:
     return (f"{label:<{width}} {st['done']:>3}/{st['tasks']:<2} {len(st['running']):>7} {len(st['failed']):>6} "
-            f"{len(st['stale']):>5} {len(st['pending']):>7}")
+            f"{len(st['stale']):>6} {len(st['pending']):>7}")
 
 
 def _rank_detail_lines(st: dict, what: str) -> tuple[list[str], bool]:
     """The running / failed / stale ranks of one phase, and whether any failed or is stale."""
     lines = [f"    {what} {rank} running: {info}" for rank, info in st["running"]]
     lines += [f"    {what} {rank} failed: {log}" for rank, log in st["failed"]]
-    lines += [f"    {what} {rank} stale (killed? neither done nor running): {log}" for rank, log in st["stale"]]
+    lines += [f"    {what} {rank} killed (stale: neither done, failed nor running): {log}" for rank, log in st["stale"]]
     return lines, bool(st["failed"] or st["stale"])
 
 
@@ -169,7 +169,9 @@ def print_status(run_dir: Path, out=None, slurm_lines=None) -> int:
         return 0
     rc = 0
     width = max(16, *(len(str(sdir.relative_to(run_dir))) for sdir in steps))
-    print(f"{'step':<{width}} {'done':>6} {'running':>7} {'failed':>6} {'stale':>5} {'pending':>7}  final", file=out)
+    # "killed": ranks started and neither done, failed nor alive; "stale" is the final column's word for a step
+    # whose inputs changed since it ran (two different things, so two words)
+    print(f"{'step':<{width}} {'done':>6} {'running':>7} {'failed':>6} {'killed':>6} {'pending':>7}  final", file=out)
     seen: dict = {}
     for sdir in steps:
         st = step_status(sdir)
@@ -216,5 +218,5 @@ def _progress_line(sdir: Path) -> str | None:
         p = json.loads((Path(sdir) / "progress.json").read_text())
     except (OSError, ValueError):
         return None
-    loss = f" (loss {p['loss']:.4f})" if isinstance(p.get("loss"), (int, float)) else ""
+    loss = f" (loss {p['loss']:.3f})" if isinstance(p.get("loss"), (int, float)) else ""
     return f"    at step {p.get('step')}/{p.get('steps')}{loss}"

@@ -25,6 +25,7 @@ checkpoints and restarts; ``docs/plan.md`` sets its predictions against every pu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import sys
@@ -87,6 +88,26 @@ def run_stragglers(run_dir, step: str, plans: list) -> tuple[list, bool]:
     return sorted(out, key=lambda p: (p.hours, p.tp * p.pp * p.cp)), True
 
 
+@contextlib.contextmanager
+def _third_party_quiet():
+    """Python warnings and torch's logging off while the plan models the trainer (``OVPIPE_VERBOSE=1`` shows them)."""
+    import logging
+    import warnings
+
+    from ovpipe.console import verbose
+
+    if verbose():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)       # torch's own loggers (its pytree and cpp_extension notices)
+        try:
+            yield
+        finally:
+            logging.disable(logging.NOTSET)
+
+
 def main(argv=None) -> int:
     from pretrain.plan import calibration as calib
     from pretrain.plan import data as data_mod
@@ -122,6 +143,11 @@ def main(argv=None) -> int:
     ap.add_argument("--nvlink-gbs", type=float, help="GB/s per GPU and direction within a node")
     ap.add_argument("--top", type=int, default=8, help="layouts printed, fastest first")
     a = ap.parse_args(argv)
+    with _third_party_quiet():        # the model imports megatron and torch: their notices are not the plan's
+        return _plan(ap, a, calib, data_mod)
+
+
+def _plan(ap, a, calib, data_mod) -> int:
     try:
         n, gpu = parse_gpus(a.gpus)
         cal = calib.load(a.calibration) if a.calibration else calib.default_calibration()
@@ -170,7 +196,8 @@ def main(argv=None) -> int:
     if not plans:
         print("no layout fits: more GPUs, a shorter --seq-len, or a smaller --micro-batch")
         return 1
-    print(f"{'tp':>3} {'pp':>3} {'cp':>3} {'dp':>5} {'accum':>6} {'recompute':>10} {'tower':>10} {'loss':>8} "
+    # llm/vit recompute: the LLM's and the vision tower's activation recompute; loss: the cross-entropy kernel
+    print(f"{'tp':>3} {'pp':>3} {'cp':>3} {'dp':>5} {'accum':>6} {'llm recomp':>10} {'vit recomp':>10} {'loss krn':>8} "
           f"{'GiB':>6} {'step s':>8} {'tok/s/GPU':>10} {'MFU':>6} {'hours':>8} {'GPU-hours':>10}  beside compute")
     for p in plans[:a.top]:
         extra = ", ".join(f"{k} {v / p.step_s:.0%}" for k, v in p.parts.items()

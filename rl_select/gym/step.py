@@ -20,11 +20,11 @@ from ovpipe.step import Step, TaskContext, slice_bounds
 
 @dataclass
 class GymConfig:
-    game: Literal["2048", "shisen-sho", "shisen-sho-pictures", "swap"] = "2048"
-    states: int = 64
-    size: int = 4
-    kinds: int = 6
-    seed: int = 0
+    game: Literal["2048", "shisen-sho", "shisen-sho-pictures", "swap"] = "2048"  # the VLM-Gym game
+    states: int = 64  # game states (prompts) generated
+    size: int = 4  # the board side
+    kinds: int = 6  # tile kinds (shisen-sho, swap)
+    seed: int = 0  # the seeded states
 
     def __post_init__(self):
         if self.states < 1 or self.size < 2 or self.kinds < 1:

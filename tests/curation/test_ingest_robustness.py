@@ -60,12 +60,12 @@ def pairs(n, start=0):
             for m in ((f"k{k}.jpg", img(40 + k, 30, "red")), (f"k{k}.txt", f"caption {k}".encode()))]
 
 
-def ingest(run, inputs, *sets, tasks=1, name="ingest"):
+def ingest(run, inputs, *sets, tasks=1, name="ingest", rc=0):
     args = ["ingest", "--name", name, "--set", f"inputs={json.dumps([str(p) for p in inputs])}",
             "--run-dir", str(run), "--tasks", str(tasks), "--quiet"]
     for s in sets:
         args += ["--set", s]
-    assert main(args) == 0
+    assert main(args) == rc
     samples = read_manifest(run, "samples", step=name).to_pylist()
     shards = {r["shard"].rsplit("/", 1)[-1]: r for r in read_manifest(run, "shards", step=name).to_pylist()}
     return samples, shards
@@ -100,7 +100,7 @@ def test_decompression_bomb_png_is_too_large_from_the_header(tmp_path):
     assert st == {"k0": ("ok", 40, 30), "bomb": ("too_large", 30000, 30000), "k2": ("ok", 42, 30)}
     assert shards["s.tar"]["status"] == "ok" and shards["s.tar"]["samples"] == 3
     # a lower limit from the config
-    rows, _ = ingest(tmp_path / "run", [shard], "max_pixels=1000", name="small")
+    rows, _ = ingest(tmp_path / "run", [shard], "max_pixels=1000", name="small", rc=1)   # no ok sample: exit 1
     assert {r["status"] for r in rows} == {"too_large"}
     assert main(["ingest", "--set", f"inputs=['{shard}']", "--set", "max_pixels=0",
                  "--run-dir", str(tmp_path / "r2"), "--quiet"]) == 2

@@ -269,7 +269,7 @@ def test_cli_with_the_demo_config_writes_report_png_and_canned_query(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     titles = {t: rel.fetchall() for t, rel in run_report(tmp_path)}
     mix_rows = titles["mix proportions"]
-    assert sum(r[3] for r in mix_rows) == 300
+    assert sum(r[4] for r in mix_rows) == 300 and {r[0] for r in mix_rows} == {"mix"}   # per step folder
 
 
 def test_by_source_with_rest(tmp_path):

@@ -122,7 +122,8 @@ def test_file_backend_statuses_and_report(ingested_run, tmp_path):
     from manifests.catalog import run_report
 
     got = {title: rel.fetchall() for title, rel in run_report(run)}["captions by status"]
-    assert sum(r[2] for r in got) == len(rows) and {(r[0], r[1]) for r in got} >= {("en", "refused"), ("zh", "ok")}
+    assert sum(r[3] for r in got) == len(rows) and {(r[1], r[2]) for r in got} >= {("en", "refused"), ("zh", "ok")}
+    assert {r[0] for r in got} == {"recaption"}                            # the step folder of each row
 
 
 def test_kill_and_rerun_resumes_from_the_last_chunk(ingested_run, tmp_path, monkeypatch):

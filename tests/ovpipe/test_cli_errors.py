@@ -298,3 +298,80 @@ def test_ingest_inputs_matching_no_file_fail_before_work(tmp_path, capsys):
     assert rc == 2
     assert "matches no file" in capsys.readouterr().err
     assert not (tmp_path / "run" / "ingest").exists()
+
+
+# --- issue 66: errors that stop a bad run before it costs anything -----------------------------------
+
+
+def test_a_missing_pretrained_path_fails_before_any_task(ingested_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(ingested_run / "ingest", run / "ingest")
+    rc, err = _run(capsys, "embed-images", "--run-dir", run, "--set", "model=ovpipe-tiny-clip",
+                   "--set", f"pretrained={tmp_path}/nope/tiny-clip.pt")
+    assert rc == 2
+    _one_clear_line(err, "cannot start", "pretrained", "nope/tiny-clip.pt", "does not exist")
+    assert sorted(p.name for p in run.iterdir()) == ["ingest"]        # no task started, no step folder
+
+
+def test_an_unknown_model_name_gets_a_short_did_you_mean(ingested_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(ingested_run / "ingest", run / "ingest")
+    vocab = tmp_path / "concepts.txt"
+    vocab.write_text("cat\n")
+    for argv in (["embed-images"], ["embed-concepts", "--set", f"vocabulary={vocab}"]):
+        rc, err = _run(capsys, *argv, "--run-dir", run, "--set", "model=ViT-H-14-quickgel")
+        assert rc == 2, err
+        _one_clear_line(err, "model: 'ViT-H-14-quickgel'", "did you mean 'ViT-H-14-quickgelu'")
+        assert len(err) < 400 and "RN50" not in err                      # not open_clip's list of every name
+
+
+def test_a_bad_set_value_is_reported_as_set_not_as_the_config_file(tmp_path, capsys):
+    cfg = tmp_path / "lengths.yaml"
+    cfg.write_text("tokenizer: Qwen/Qwen3-4B\n")
+    rc, err = _run(capsys, "lengths", "--config", cfg, "--run-dir", tmp_path / "run", "--set", "seq_len=12")
+    assert rc == 2
+    _one_clear_line(err, "--set seq_len: seq_len must be >= 64")
+    assert str(cfg) not in err
+    rc, err = _run(capsys, "lengths", "--config", cfg, "--run-dir", tmp_path / "run", "--set", "seq_lenn=1024")
+    _one_clear_line(err, "--set seq_lenn", "did you mean 'seq_len'")
+
+
+def test_pack_refuses_a_seq_len_other_than_its_lengths_steps(tmp_path, capsys):
+    import json
+
+    from ovpipe.config import config_json
+    from packing.lengths import LengthsConfig
+
+    run = tmp_path / "run"
+    (run / "lengths" / "lengths").mkdir(parents=True)
+    (run / "lengths" / "config.json").write_text(config_json(LengthsConfig(tokenizer="Qwen/Qwen3-4B", seq_len=1024)))
+    (run / "lengths" / "executor.json").write_text(json.dumps({"step": "lengths", "outputs": ["lengths"]}))
+    rc, err = _run(capsys, "pack", "--run-dir", run, "--set", "seq_len=8192")
+    assert rc == 2
+    _one_clear_line(err, "cannot start", "seq_len: 8192", "seq_len 1024", "'lengths'")
+    assert not (run / "pack").exists()
+
+
+@pytest.mark.parametrize("argv, writer", [
+    (["lengths", "--set", "tokenizer=Qwen/Qwen3-4B"], "`ovpipe ingest`"),
+    (["pack"], "`ovpipe lengths`"),
+    (["score"], "`ovpipe rollout`"),
+    (["embed-images", "--set", "samples_step=[ingest-EN, ingest-CN]"], "`ovpipe ingest` (`--name ingest-EN`)"),
+])
+def test_a_missing_input_names_the_step_that_writes_it(tmp_path, capsys, argv, writer):
+    rc, err = _run(capsys, *argv, "--run-dir", tmp_path / "run")
+    assert rc == 2
+    _one_clear_line(err, "cannot start", f"run {writer}")
+
+
+def test_status_of_a_folder_that_does_not_exist_fails(tmp_path, capsys):
+    rc, err = _run(capsys, "status", tmp_path / "no-such-run")
+    assert rc == 2 and "does not exist" in err
+    (tmp_path / "empty").mkdir()
+    assert _run(capsys, "status", tmp_path / "empty")[0] == 0                # an empty run folder is no error
+
+
+def test_a_rollout_model_path_that_does_not_exist_fails_before_any_task(tmp_path, capsys):
+    rc, err = _run(capsys, "rollout", "--run-dir", tmp_path / "run", "--set", f"model={tmp_path}/no/hf-stage-2")
+    assert rc == 2
+    _one_clear_line(err, "cannot start", "model", "no/hf-stage-2", "does not exist")

@@ -45,7 +45,8 @@ def test_unknown_field_names_it_and_allowed_fields(tmp_path):
     ({"seq_len": "big"}, "seq_len"),
     ({"seq_len": True}, "seq_len"),
     ({"mode": "c"}, "mode"),
-    ({"names": "x"}, "names"),
+    ({"names": {"a": 1}}, "names"),
+    ({"names": 3}, r"names\[0\]: expected a string"),
     ({"inner": {"kk": 1}}, "kk"),
     ({"inner": {"k": 1.5}}, "inner.k"),
     ({"seq_len": -1}, "seq_len must be > 0"),
@@ -53,6 +54,30 @@ def test_unknown_field_names_it_and_allowed_fields(tmp_path):
 def test_bad_values_fail_naming_the_field(data, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
         load_config(Cfg, data)
+
+
+def test_a_scalar_for_a_list_field_is_a_one_item_list():
+    assert load_config(Cfg, {"names": "x"}).names == ["x"]
+    assert load_config(Cfg, None, {"names": "/data/x.parquet"}).names == ["/data/x.parquet"]
+
+
+def test_a_typo_gets_did_you_mean(tmp_path):
+    with pytest.raises(ConfigError, match=r"did you mean 'seq_len'\?"):
+        load_config(Cfg, {"seq_lne": 1})
+
+
+def test_set_values_are_reported_as_set_not_as_the_yaml_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("mode: b\n")
+    for overrides, needle in [({"seq_len": "big"}, "--set seq_len: expected an integer"), ({"seq_len": -1}, "--set seq_len: seq_len must"),
+                              ({"seq_lne": 1}, "--set seq_lne: unknown field")]:
+        with pytest.raises(ConfigError) as e:
+            load_config(Cfg, p, overrides)
+        assert str(e.value).startswith(needle), str(e.value)
+        assert str(p) not in str(e.value)
+    with pytest.raises(ConfigError, match=f"^{p}.mode"):       # a bad value from the file is still the file's
+        p.write_text("mode: c\n")
+        load_config(Cfg, p, {"seq_len": 8})
 
 
 def test_hash_changes_with_config():

@@ -225,7 +225,7 @@ def test_status_running_vs_stale_and_temp_files_removed(tmp_path, capsys):
     st = status.step_status(sdir)
     assert [r for r, _ in st["stale"]] == [0] and st["running"] == [] and st["failed"] == []
     assert status.print_status(run) == 1
-    assert "rank 0 stale" in capsys.readouterr().out
+    assert "rank 0 killed (stale" in capsys.readouterr().out
 
     # what a kill mid-write or a full disk leaves behind
     (sdir / "things").mkdir(exist_ok=True)

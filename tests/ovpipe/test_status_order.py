@@ -67,9 +67,9 @@ def test_status_columns_stay_aligned_with_a_long_nested_name(tmp_path):
     print_status(run, out)
     lines = [ln for ln in out.getvalue().splitlines() if not ln.startswith(" ")]
     header = lines[0]
-    assert header.split() == ["step", "done", "running", "failed", "stale", "pending", "final"]
+    assert header.split() == ["step", "done", "running", "failed", "killed", "pending", "final"]
     # every count ends where its header does, whatever the length of the step's name (done: "  2/2 ")
-    ends = [header.index(col) + len(col) for col in ("running", "failed", "stale", "pending")]
+    ends = [header.index(col) + len(col) for col in ("running", "failed", "killed", "pending")]
     done = header.index("done")
     for ln in lines[1:]:
         for end in ends:
