@@ -73,11 +73,15 @@ class GRPOStepConfig:
     max_completion_length: int = 4096  # the longest rollout, in tokens
     temperature: float = 1.0  # sampling temperature of the rollouts
     top_p: float = 1.0  # nucleus sampling of the rollouts
+    # 0: no top-k cut (TRL's and vLLM's default; the recipe samples at temperature 1.0 from the whole distribution).
+    # `rollout`'s transformers backend samples with generate()'s default top_k 50: 50 here trains on the
+    # distribution that backend measures (the demo does)
+    top_k: int = 0
     epsilon: float = 0.2  # the clip range below (1 - epsilon)
     epsilon_high: float = 0.28  # the clip range above (1 + epsilon_high, DAPO's clip-higher)
     beta: float = 0.0                            # KL coefficient: none in the recipe
     loss_type: str = "dapo"                      # TRL's token-level normalisation (AReaL's token mean)
-    reward_scale: float = 10.0  # a reward r enters as reward_scale * r + reward_bias
+    reward_scale: float = 10.0  # a reward r enters as (r + reward_bias) * reward_scale (AReaL's)
     reward_bias: float = -0.5  # added after reward_scale
     seed: int = 0  # initialisation, prompt order and sampling
     # options (the official GRPO path's lora_enable / freeze_vision_tower / freeze_merger)
@@ -134,6 +138,8 @@ class GRPOStepConfig:
             check_range(self, name, 0)
         check_range(self, "warmup_ratio", 0, 1)   # a share of the steps, < 1 (TrainingArguments.warmup_steps)
         check_range(self, "top_p", 0, 1, lo_open=True)
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: no cut), got {self.top_k}")
         if self.max_completion_length < 1 or self.micro_batch < 1 or self.reward_workers < 1:
             raise ValueError("max_completion_length, micro_batch and reward_workers must be >= 1")
         choices = {"precision": ("auto", "bf16", "fp32"), "device": ("auto", "cpu", "cuda"),
@@ -297,7 +303,7 @@ def trl_config(cfg: GRPOStepConfig, out: Path, stage: str, device: str, world: i
         optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999,
         per_device_train_batch_size=cfg.micro_batch, gradient_accumulation_steps=accum, steps_per_generation=accum,
         num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
-        temperature=cfg.temperature, top_p=cfg.top_p, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+        temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
         beta=cfg.beta, loss_type=cfg.loss_type, seed=cfg.seed, data_seed=cfg.seed,
         bf16=bf16(cfg, device), use_cpu=device == "cpu", logging_steps=1, save_strategy="steps",
         save_steps=cfg.save_every, save_total_limit=cfg.keep, report_to=[], disable_tqdm=True,
