@@ -278,3 +278,40 @@ def _serve(run):
     from viewer.serve import serving_in_thread
 
     return serving_in_thread(create_app(run))
+
+
+def test_lasso_region_route_answers_400(client):
+    r = client.get("/map/region", params={"lasso": "0,0;1e308,1;-1e308,2"})
+    assert r.status_code == 400 and "outside" in r.json()["error"]
+
+
+@pytest.mark.parametrize("page,code", [("-1", 400), ("x", 400), ("1" + "0" * 12, 404), ("5", 404), ("0", 200)])
+def test_duplicates_pages_like_every_page(client, page, code):
+    assert client.get("/duplicates", params={"page": page}).status_code == code
+
+
+def test_the_maps_background_build_handles_its_own_error(meaning_run, monkeypatch):
+    """``/map`` starts building its bodies in a thread; a refused build there is the body route's 400 later,
+    never an exception that kills the thread unhandled."""
+    import threading
+
+    from starlette.testclient import TestClient
+
+    from viewer import similarity as sim
+    from viewer.app import create_app
+
+    def refuse(cat, *a):
+        raise sim.QueryError("no layout here")
+
+    monkeypatch.setattr(sim, "map_layout", refuse)
+    unhandled = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: unhandled.append(args.exc_value))
+    before = set(threading.enumerate())
+    client = TestClient(create_app(meaning_run["run"]), base_url="http://127.0.0.1")
+    assert client.get("/map").status_code == 200
+    for t in set(threading.enumerate()) - before:
+        if t.daemon:
+            t.join(10)
+    assert unhandled == []
+    r = client.get("/map/points")
+    assert r.status_code == 400 and "no layout here" in r.text
