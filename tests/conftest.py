@@ -164,6 +164,23 @@ def ingested_run(demo_corpus, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.fixture(scope="session")
+def view_run(ingested_run, tmp_path_factory) -> dict:
+    """The viewer's run: ingest and every later step's manifests (``tests/viewer/run_builder.write_view_run``)."""
+    from tests.viewer.run_builder import write_view_run
+
+    return write_view_run(ingested_run, tmp_path_factory.mktemp("view") / "run")
+
+
+@pytest.fixture(scope="session")
+def meaning_run(view_run, tmp_path_factory) -> dict:
+    """The viewer's run with image vectors, a dedup and the real ``index`` step: every page has its step (the
+    viewer's tests and the fuzzer's routes read it)."""
+    from tests.viewer.run_builder import write_meaning_run
+
+    return write_meaning_run(view_run, tmp_path_factory.mktemp("meaning") / "run")
+
+
 # ---- what a test needs from the machine, and the skips summary -----------------------------------------------
 IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 REPO = Path(__file__).resolve().parents[1]
