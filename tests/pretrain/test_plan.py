@@ -112,8 +112,8 @@ def test_tp_and_cp_bytes_grow_with_the_micro_batch_and_vanish_without_the_split(
 
 
 def test_padding_dominates_issue_72_and_packing_removes_it():
-    """LLaVA-OneVision-2 issue 72's samples (stage 1, 1,000 tokens each on average) padded to 8,192: most of the compute is
-    padding and the run takes several times the packed one; unpacked at micro-batch 1 nothing is padded."""
+    """LLaVA-OneVision-2 issue 72's samples (stage 1, 1,000 tokens each on average) padded to 8,192: most of the
+    compute is padding and the run takes several times the packed one; unpacked at micro-batch 1 nothing is padded."""
     from pretrain.plan.data import from_samples
 
     recipe = _recipe("llava-ov-1.5-4b")
