@@ -162,7 +162,7 @@ def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[
     lines += [
         "",
         f"# ovpipe step {step_name!r}{what}: {tasks} tasks in all; this array holds {len(ranks)} incomplete one(s),",
-        f"# ranks {compress_ranks(ranks)}: array index + RANK_OFFSET (an index stays below the cluster's MaxArraySize).",
+        f"# ranks {compress_ranks(ranks)}: array index + RANK_OFFSET (an index stays below MaxArraySize).",
         "set -uo pipefail",
         f"RANK_OFFSET={offset}",
         "export PYTHONUNBUFFERED=1",

@@ -112,7 +112,8 @@ class Workspace:
 
             from viewer.app import create_app
 
-            self._apps[timeout] = TestClient(create_app(self.view_run, query_timeout=timeout), base_url="http://127.0.0.1",
+            self._apps[timeout] = TestClient(create_app(self.view_run, query_timeout=timeout),
+                                             base_url="http://127.0.0.1",
                                              raise_server_exceptions=False)
         return self._apps[timeout]
 

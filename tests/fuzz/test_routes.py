@@ -34,7 +34,8 @@ def test_every_route_and_parameter_is_fuzzed(view_run, meaning_run, monkeypatch)
 
     read: set[str] = set()
     real_get, real_item = QueryParams.get, QueryParams.__getitem__
-    monkeypatch.setattr(QueryParams, "get", lambda self, key, default=None: read.add(key) or real_get(self, key, default))
+    monkeypatch.setattr(QueryParams, "get",
+                        lambda self, key, default=None: read.add(key) or real_get(self, key, default))
     monkeypatch.setattr(QueryParams, "__getitem__", lambda self, key: read.add(key) or real_item(self, key))
     client = TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False)
     for p in paths:

@@ -42,8 +42,8 @@ def test_launch_script_passes_the_offset_to_the_task(tmp_path):
     assert '--rank "$((SLURM_ARRAY_TASK_ID + RANK_OFFSET))" --world-size 1500' in text
     # the offset is what bash adds back: index 299 of this chunk is rank 1499
     line = next(ln for ln in text.splitlines() if ln.startswith("RANK_OFFSET="))
-    out = subprocess.run(["bash", "-c", f'{line}; SLURM_ARRAY_TASK_ID=299; echo $((SLURM_ARRAY_TASK_ID + RANK_OFFSET))'],
-                         capture_output=True, text=True, check=True)
+    shell = f"{line}; SLURM_ARRAY_TASK_ID=299; echo $((SLURM_ARRAY_TASK_ID + RANK_OFFSET))"
+    out = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1499"
 
 
