@@ -98,12 +98,13 @@ def max_array_size() -> int:
 
 def array_chunks(ranks: list[int], max_size: int) -> list[tuple[int, list[int]]]:
     """``(offset, ranks)`` per array to submit: each chunk's ranks lie in ``[offset, offset + max_size)``, so its
-    indices ``rank - offset`` stay below ``MaxArraySize``. Each chunk starts at the lowest rank left, which
-    gives the fewest chunks (a rerun of ranks 1200-1499 under 1001 is one array, indices 0-299)."""
+    indices ``rank - offset`` stay below ``MaxArraySize``. The ranks below ``max_size`` keep offset 0 (an array
+    task's index is its rank, as squeue and the ``.out`` names show it); past them each chunk starts at the lowest
+    rank left, which gives the fewest chunks (a rerun of ranks 1200-1499 under 1001 is one array, indices 0-299)."""
     out: list[tuple[int, list[int]]] = []
     for r in sorted(ranks):
         if not out or r >= out[-1][0] + max_size:
-            out.append((r, []))
+            out.append((0 if r < max_size else r, []))
         out[-1][1].append(r)
     return out
 
@@ -112,8 +113,8 @@ def chunk_workers(workers: int, sizes: list[int]) -> list[int]:
     """The ``%throttle`` of each chunk's array: the step's ``workers`` shared in proportion to each chunk's
     ranks (at least one each), so the chunks together run about ``workers`` tasks at once, not one throttle each."""
     total = sum(sizes)
-    if workers >= total:
-        return list(sizes)
+    if len(sizes) == 1 or workers >= total:        # no share binds: each array's throttle is the step's
+        return [workers] * len(sizes)
     return [max(1, workers * n // total) for n in sizes]
 
 

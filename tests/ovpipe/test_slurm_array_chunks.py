@@ -28,9 +28,12 @@ def test_chunks_keep_every_index_below_the_limit():
     assert [r for _, part in chunks for r in part] == ranks
     assert all(0 <= r - off < 4 for off, part in chunks for r in part)
     assert [off for off, _ in chunks] == [0, 5, 9, 30]
+    # below the limit nothing moves: a rerun of rank 2 is index 2, as before there were chunks
+    assert array_chunks([2], 1001) == [(0, [2])]
     # the throttle is shared among the chunks, not one --workers per chunk
     assert chunk_workers(8, [1001, 499]) == [5, 2]
-    assert chunk_workers(8, [3, 2]) == [3, 2]
+    assert chunk_workers(8, [3, 2]) == [8, 8]
+    assert chunk_workers(2, [1]) == [2]
     assert chunk_workers(1, [3, 3, 1]) == [1, 1, 1]
 
 
