@@ -3,7 +3,7 @@ the xdist scheduling, and what a test needs from the machine.
 
 Nothing is skipped quietly: a test marked ``slurm`` or ``chromium`` (``NEEDS``) skips on a developer's machine
 that lacks it, and fails naming what is missing under ``CI=true`` (``.ci/run`` sets it); there any other skip
-that is not a GPU test's fails the run too. Every run ends with a line per reason something was skipped,
+that is not a GPU test's (one marked ``gpu``) fails the run too, a module skipped whole at collection included. Every run ends with a line per reason something was skipped,
 GPU-only tests counted apart (they always skip on a CPU).
 """
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import re
 import shutil
 import sys
 from collections import Counter
@@ -224,7 +223,6 @@ def pytest_runtest_setup(item):
             pytest.skip(f"needs {missing}")
 
 
-_GPU_REASON = re.compile(r"\b(CUDA|GPU|sm\d\d)\b")
 _skipped: list[tuple[str, bool, str]] = []        # (node id, GPU-only, reason), on the controller
 
 
@@ -235,9 +233,16 @@ def _skip_reason(report) -> str:
 
 
 def pytest_runtest_logreport(report):
+    # GPU-only is the test's ``gpu`` marker, never the skip's text (a pip error can mention CUDA)
     if report.skipped and not hasattr(report, "wasxfail"):
-        reason = _skip_reason(report)
-        _skipped.append((report.nodeid, "gpu" in report.keywords or bool(_GPU_REASON.search(reason)), reason))
+        _skipped.append((report.nodeid, "gpu" in report.keywords, _skip_reason(report)))
+
+
+def pytest_collectreport(report):
+    """A module skipped whole (a module-level ``importorskip`` or ``skip(allow_module_level=True)``) is a collect
+    report, never a test's: counted here, and never GPU-only — a GPU module marks its tests ``gpu`` instead."""
+    if report.skipped:
+        _skipped.append((report.nodeid, False, _skip_reason(report)))
 
 
 def _unexpected_in_ci() -> list[tuple[str, bool, str]]:
