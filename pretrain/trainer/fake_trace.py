@@ -309,7 +309,8 @@ def trace(spec: TraceSpec, steps: int = 2) -> dict:
     sizes = _setup(spec)
     dtype = torch.bfloat16 if spec.bf16 else torch.float32
     pad_id = recipe.llm.vocab_size - 1
-    tmp = Path(tempfile.mkdtemp(prefix="fake_trace_"))
+    scratch = tempfile.TemporaryDirectory(prefix="fake_trace_")     # the config's run folder and tokenizer: removed
+    tmp = Path(scratch.name)                                         # when the trace ends (or, on an error, at exit)
     (tmp / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"content": "<|image_pad|>", "id": pad_id}]}))
     cfg = TrainConfig(run_dir=tmp, stage=spec.stage, recipe=spec.recipe, steps=1, tp=spec.tp, pp=spec.pp,
                       cp=spec.cp, sequence_parallel=spec.sequence_parallel, bf16=spec.bf16,
@@ -356,7 +357,9 @@ def trace(spec: TraceSpec, steps: int = 2) -> dict:
                     step()
                 opt.step()
         peak = tracker.get_tracker_snapshot("peak")
-    dev = next(k for k in peak if str(k) != "cpu" or True)
+    scratch.cleanup()
+    # the accelerator the fake step ran on where the tracker saw one (the host's buffers count apart), else the host
+    dev = next((k for k in peak if str(k) != "cpu"), next(iter(peak)))
     by_kind = {str(k).split(".")[-1].lower(): v for k, v in peak[dev].items()}
     return {"spec": dataclasses.asdict(spec), "stage_index": ps.get_pipeline_model_parallel_rank(),
             "first_stage": ps.is_pipeline_first_stage(), "last_stage": ps.is_pipeline_last_stage(),

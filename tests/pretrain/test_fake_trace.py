@@ -24,12 +24,15 @@ def test_traced_states_are_the_memory_models(traced):
     """Weights, the fp32 gradient buffer, master weights and Adam's moments, as the trace holds them at its
     peak, are ``memory.stage_state_bytes``' within 3%: the model counts the matmul weights and the embedding,
     not the norms, biases and class embedding (1.3% of the tiny's parameters, under 0.1% of the 4B's). An
-    optimizer that did not shard over DP would hold 12 B more per parameter on this rank, 50% above."""
+    optimizer that did not shard over DP would hold 12 B more per parameter on this rank, 50% above. The traced
+    activations are the model's raw count times 1-3 (2.5 for the tiny)."""
     from pretrain.trainer.fake_trace import compare
 
     c = compare(traced)
     assert c["traced_states_gib"] == pytest.approx(c["states_gib"], rel=0.03)
-    assert c["traced_activations_gib"] > 0          # the peak falls inside the step, with activations kept
+    # the peak falls inside the step, with activations kept: more than the model's raw tensor count (the CPU's code
+    # paths keep extra buffers; docs/fake_trace.md quotes about twice) but within 3x of it
+    assert c["raw_activations_gib"] < c["traced_activations_gib"] < 3 * c["raw_activations_gib"]
 
 
 def test_traced_flops_are_the_flop_counts(traced):
