@@ -425,16 +425,36 @@ def chain_status(sdir: Path, record: dict | None = None, rows=...) -> list[dict]
 
 def describe_jobs(record: dict) -> str:
     """``map 12 → reduce 13 (afterok:12) → apply 14 (afterok:13) → merge 15 (afterok:14)``: the jobs of
-    one submit, as ``slurm_jobs.json`` records them."""
-    return " → ".join(f"{j['phase']} {j['job']}" + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else "")
-                      for j in record.get("chain") or [])
+    one submit, as ``slurm_jobs.json`` records them; the chunks of one array phase side by side
+    (``map 12 [ranks 0-1000], map 13 [ranks 1001-1499] → merge 14 (afterok:12:13)``)."""
+    return _join_phases([(j["phase"], f"{j['phase']} {j['job']}"
+                          + (f" [ranks {compress_ranks(j['ranks'])}]" if "offset" in j and _chunked(record, j) else "")
+                          + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else ""))
+                         for j in record.get("chain") or []])
+
+
+def _chunked(record: dict, link: dict) -> bool:
+    return sum(1 for x in record.get("chain") or [] if x["phase"] == link["phase"]) > 1
+
+
+def _join_phases(parts: list[tuple[str, str]]) -> str:
+    """``a → b``: one phase after another; the chunks of one phase (consecutive, the same phase) with ``, ``."""
+    out: list[str] = []
+    prev = None
+    for phase, text in parts:
+        if out and phase == prev and phase in ("map", "apply"):
+            out[-1] += f", {text}"
+        else:
+            out.append(text)
+        prev = phase
+    return " → ".join(out)
 
 
 def describe_chain(states: list[dict]) -> str:
     """``map 12 done 4/4 → reduce 13 running (afterok:12) → apply 14 pending 0/4 (afterok:13) → merge 15
     pending (afterok:14)``: one line of the whole chain. A phase submitted in chunks (``array_chunks``) shows
     each chunk with its ranks, side by side: ``map 12 [ranks 0-2] done 3/3, map 16 [ranks 3-4] running 1/2 → …``."""
-    parts: list[str] = []
+    parts: list[tuple[str, str]] = []
     for st in states:
         counts = f" {len(st['done'])}/{st['ranks']}" if st["phase"] in ("map", "apply") else ""
         extra = ""
@@ -442,12 +462,8 @@ def describe_chain(states: list[dict]) -> str:
             extra = f" ({len(st['running'])} running, {len(st['pending'])} pending)"
         after = f" (afterok:{':'.join(st['after'])})" if st["after"] else ""
         chunk = f" [ranks {compress_ranks(st['rank_list'])}]" if st.get("chunks", 1) > 1 else ""
-        text = f"{st['phase']} {st['job']}{chunk} {st['state']}{counts}{extra}{after}"
-        if parts and chunk and parts[-1].startswith(f"{st['phase']} "):
-            parts[-1] += f", {text}"        # the chunks of one phase run side by side, not one after another
-        else:
-            parts.append(text)
-    return " → ".join(parts)
+        parts.append((st["phase"], f"{st['phase']} {st['job']}{chunk} {st['state']}{counts}{extra}{after}"))
+    return _join_phases(parts)        # the chunks of one phase run side by side, not one after another
 
 
 def describe_failure(sdir: Path, states: list[dict]) -> str:

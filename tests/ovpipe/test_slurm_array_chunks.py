@@ -115,3 +115,15 @@ def test_step_past_max_array_size_matches_a_local_run(demo_corpus, tmp_path, mon
     assert "map " + maps[0] + " [ranks 0-1] done 2/2" in status and "[ranks 4] done 1/1" in status
     line = next(ln for ln in status.splitlines() if "slurm:" in ln)
     assert not any(w in line for w in ("failed", "pending", "running")), line
+
+
+def test_the_submit_line_shows_chunks_side_by_side():
+    from ovpipe.executors.slurm import describe_jobs
+
+    record = {"chain": [{"phase": "map", "job": "12", "after": [], "offset": 0, "ranks": list(range(1001))},
+                        {"phase": "map", "job": "13", "after": [], "offset": 1001, "ranks": list(range(1001, 1500))},
+                        {"phase": "merge", "job": "14", "after": ["12", "13"]}]}
+    assert describe_jobs(record) == "map 12 [ranks 0-1000], map 13 [ranks 1001-1499] → merge 14 (afterok:12:13)"
+    one = {"chain": [{"phase": "map", "job": "12", "after": ["9"], "offset": 0, "ranks": [0, 1]},
+                     {"phase": "merge", "job": "13", "after": ["12"]}]}
+    assert describe_jobs(one) == "map 12 (afterok:9) → merge 13 (afterok:12)"
