@@ -80,9 +80,9 @@ def _rank0_peak_mib(run: Path) -> dict:
 
 
 def test_recaption_task_memory_follows_its_chunk_not_its_slice(tmp_path):
-    """One task over 1,024 and over 8,192 samples (8 MB of captions), chunks of 64."""
+    """One task over 512 and over 4,096 samples (4 MB of captions), chunks of 64."""
     deltas = []
-    for name, n in (("small", 1024), ("large", 8192)):
+    for name, n in (("small", 512), ("large", 4096)):
         run = tmp_path / name
         data = _corpus(run, n)
         assert main(["recaption", "--set", "backend=file", "--set", f"file={data}", "--set", "chunk_size=64",
@@ -90,10 +90,11 @@ def test_recaption_task_memory_follows_its_chunk_not_its_slice(tmp_path):
                      "--run-dir", str(run), "--tasks", "1", "--quiet"]) == 0
         (run / "recaption" / "completions" / "finalized").unlink()
         deltas.append(_rank0_peak_mib(run))
-    print(f"peak allocations of recaption rank 0, MiB (Python + Arrow): a 1,024-sample slice {deltas[0]}; "
-          f"a 8,192-sample slice {deltas[1]}")
-    # Holding the slice would add the larger one's 7,168 more captions (≈ 1.1 KB each, as Python strings) and their
-    # rows, ≥ 10 MiB. What does grow with the slice is the file backend's offset per key (``CannedResponses``:
-    # ≈ 0.5 KB a key with the dict's slack, 3.5 MiB here), which a model backend does not have.
-    assert deltas[1]["python"] - deltas[0]["python"] < 6, deltas
+    print(f"peak allocations of recaption rank 0, MiB (Python + Arrow): a 512-sample slice {deltas[0]}; "
+          f"a 4,096-sample slice {deltas[1]}")
+    # Holding the slice would add the larger one's 3,584 more captions (≈ 1.1 KB each, as Python strings) and their
+    # rows: ≈ 1.9 KB a sample, 6.7 MiB (measured with the captions kept on purpose). What does grow with the slice
+    # is the file backend's offset per key (``CannedResponses``: ≈ 0.5 KB a key with the dict's slack, ≈ 1.7 MiB
+    # here), which a model backend does not have.
+    assert deltas[1]["python"] - deltas[0]["python"] < 4.5, deltas
     assert deltas[1]["arrow"] - deltas[0]["arrow"] < 2, deltas
