@@ -88,3 +88,25 @@ def test_a_lasso_of_huge_numbers_is_refused_not_a_server_error():
     # a near-flat edge: the slope is never written into the SQL, so no inf can reach it
     sql = sim.region_sql(lasso="0,0;1e6,1e-300;0,1")
     assert "inf" not in sql.lower() and "nan" not in sql.lower()
+
+
+def test_step_ranks_follow_pack_id_order_when_ids_have_gaps(tmp_path):
+    """Pack ids 0, 3, 6, …: a pack's stream position is its rank in pack_id order (the window in DuckDB), so the
+    figures are the dense stream's."""
+    from manifests.io import write_part
+    from packing.balance import straggler_loss
+    from viewer import pages
+    from viewer.catalog import RunCatalog
+
+    n = 120
+    cost = np.random.default_rng(2).lognormal(0, 0.5, n)
+    d = tmp_path / "run" / "pack"
+    ids = [3 * i for i in range(n)]
+    write_part({"pack_id": ids, "sample_ids": [[f"{i:016x}"] for i in ids], "lengths": [[64]] * n,
+                "offsets": [[0]] * n, "total_tokens": [64] * n, "shard": ["pack-000000.tar"] * n,
+                "attn_sq": [4096] * n, "images": [0] * n, "vit_tokens": [0] * n, "vit_sq": [0] * n,
+                "cost": cost.tolist()}, d / "packs" / "part-00000.parquet", "packs")
+    src = f"read_parquet('{(d / 'packs').as_posix()}/part-*.parquet')"
+    got = pages.step_ranks(RunCatalog(tmp_path / "run"), "pack", src, {"dp": 4, "mb": 1, "ga": 2, "at": 3})
+    assert got["loss"] == pytest.approx(straggler_loss(cost, 4, 1, 2), rel=1e-9)
+    assert [x["packs"] for x in got["ranks"]] == [[ids[24 + r], ids[28 + r]] for r in range(4)]
