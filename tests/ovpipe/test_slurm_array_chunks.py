@@ -1,6 +1,6 @@
 """A step with more ranks than the cluster's ``MaxArraySize``: submitted as several arrays whose indices stay below
 it (``ovpipe.executors.slurm.array_chunks``), each task adding its chunk's offset back. The cluster test lowers
-``MaxArraySize`` to 2 on the loopback cluster, so 5 ranks are 3 chunks of each array phase."""
+``MaxArraySize`` to 2 on the loopback cluster, so 3 ranks are 2 chunks of each array phase."""
 import contextlib
 import io
 import json
@@ -72,7 +72,7 @@ def test_status_of_a_chunked_chain(tmp_path):
 
 def _ingest(demo, run, *extra):
     return main(["ingest", "--set", f'inputs=["{demo}/shards/*.tar"]', "--set", "source=demo",
-                 "--run-dir", str(run), "--tasks", "5", "--workers", "4", "--quiet", *extra])
+                 "--run-dir", str(run), "--tasks", "3", "--workers", "4", "--quiet", *extra])
 
 
 def _outputs(run: Path) -> dict[str, bytes]:
@@ -85,8 +85,8 @@ def _outputs(run: Path) -> dict[str, bytes]:
 
 @pytest.mark.slurm
 def test_step_past_max_array_size_matches_a_local_run(demo_corpus, tmp_path, monkeypatch):
-    """5 ranks under MaxArraySize=2 (indices 0-1): sbatch refused ``--array=0-4`` before the chunks. Now the map
-    and the apply phase are 3 arrays each, the reduce and the merge ``afterok`` on all three, the outputs the local
+    """3 ranks under MaxArraySize=2 (indices 0-1): sbatch refused ``--array=0-2`` before the chunks. Now the map
+    and the apply phase are 2 arrays each, the reduce and the merge ``afterok`` on both, the outputs the local
     run's bytes, and ``ovpipe status`` names every chunk."""
     ref, run = tmp_path / "ref", tmp_path / "run"
     assert _ingest(demo_corpus, ref) == 0
@@ -99,20 +99,19 @@ def test_step_past_max_array_size_matches_a_local_run(demo_corpus, tmp_path, mon
     rec = json.loads((sdir / "slurm_jobs.json").read_text())
     chain = [(j["phase"], j.get("offset"), j.get("ranks"), j["after"]) for j in rec["chain"]]
     maps, applies = rec["arrays"], rec["apply_arrays"]
-    assert len(maps) == len(applies) == 3
-    assert chain == [("map", 0, [0, 1], []), ("map", 2, [2, 3], []), ("map", 4, [4], []),
+    assert len(maps) == len(applies) == 2
+    assert chain == [("map", 0, [0, 1], []), ("map", 2, [2], []),
                      ("reduce", None, None, maps),
-                     ("apply", 0, [0, 1], [rec["reduce"]]), ("apply", 2, [2, 3], [rec["reduce"]]),
-                     ("apply", 4, [4], [rec["reduce"]]),
+                     ("apply", 0, [0, 1], [rec["reduce"]]), ("apply", 2, [2], [rec["reduce"]]),
                      ("merge", None, None, applies)]
-    assert "#SBATCH --array=0-1%" in (sdir / "launch_script.1.slurm").read_text()
-    assert "RANK_OFFSET=4" in (sdir / "launch_apply.2.slurm").read_text()
+    assert "#SBATCH --array=0%" in (sdir / "launch_script.1.slurm").read_text()
+    assert "RANK_OFFSET=2" in (sdir / "launch_apply.1.slurm").read_text()
     assert (sdir / "completions" / "finalized").exists()
     assert _outputs(run) and _outputs(run) == _outputs(ref)
     status = out.getvalue()
     for job in (*maps, *applies):
         assert f" {job} [ranks " in status, status
-    assert "map " + maps[0] + " [ranks 0-1] done 2/2" in status and "[ranks 4] done 1/1" in status
+    assert "map " + maps[0] + " [ranks 0-1] done 2/2" in status and "[ranks 2] done 1/1" in status
     line = next(ln for ln in status.splitlines() if "slurm:" in ln)
     assert not any(w in line for w in ("failed", "pending", "running")), line
 
