@@ -94,6 +94,10 @@ SLOW: dict[str, float] = {
     "tests/packing/test_import_packs_bad.py::test_every_malformed_entry_is_a_status_row": 16.1,
     "tests/viewer/test_guard.py::test_sigterm_stops_the_server_mid_query": 5.5,
     "tests/fuzz/test_fuzz.py::test_official_entries": 18.3,    # most of it the tokenizer's first load
+    # the viewer's routes over the run with every step (meaning_run: the index step over planted vectors, 13 s to
+    # build at load 6, shared with test_meaning.py on its worker)
+    "tests/fuzz/test_fuzz.py::test_viewer_routes": 11.0,
+    "tests/fuzz/test_routes.py": 18.7,
     "tests/test_ci_skips.py": 9.2,          # three pytest runs in subprocesses (CPU seconds, loaded machine)
     "tests/pretrain/test_cpu_compat.py::test_setup_distributed_patches_only_without_cuda": 9.3,   # 2 megatron set-ups
     # make test-fast --durations at load 6-9 (over ~4 s there)

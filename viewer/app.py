@@ -27,7 +27,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from viewer import meaning, pages, params
+from viewer import meaning_routes, pages, params
 from viewer.catalog import SAMPLE_FILTERS, QueryStopped, RunCatalog
 from viewer.files import (SERVED_SUFFIXES, Refused, allowed_roots, blob_thumbnail, run_file, step_overview,
                           thumbnail)
@@ -195,7 +195,7 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB", allowed_hosts=LOO
         Route("/packs/{step}/{pack_id:int}", pack), Route("/training", training), Route("/rl", rl),
         Route("/rl/{prompt_id}", prompt), Route("/rl/{prompt_id}/image/{index:int}", prompt_img),
         Route("/sql", sql), Route("/files/{path:path}", files), Route("/static/plotly.min.js", plotly_js),
-        *meaning.routes(cat, roots, page),
+        *meaning_routes.routes(cat, roots, page),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: partial(_error, templates),
