@@ -35,7 +35,7 @@ So the comparison (``compare``) sets the traced peak beside the estimate with th
 (what ``recompute: auto`` weighs) and without them (factors 1, no overhead: the same tensors, counted),
 and the traced matmul FLOPs beside ``flops.forward_flops``' non-attention terms.
 
-Run: ``python -m pretrain.trainer.fake_trace --recipe llava-ov-1.5-4b --stage 1.5 --tp 1 --pp 1 --cp 2
+Run: ``python -m bench.fake_trace --recipe llava-ov-1.5-4b --stage 1.5 --tp 1 --pp 1 --cp 2
 --dp 4 --recompute none --vision-recompute selective`` (one JSON line per role; docs/fake_trace.md).
 """
 from __future__ import annotations
@@ -470,7 +470,7 @@ def main(argv=None) -> int:
         return 0
     print(HEADER)
     for r in roles(spec):
-        cmd = [sys.executable, "-m", "pretrain.trainer.fake_trace", *(argv if argv is not None else sys.argv[1:]),
+        cmd = [sys.executable, "-m", "bench.fake_trace", *(argv if argv is not None else sys.argv[1:]),
                "--rank", str(r)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         line = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
