@@ -31,6 +31,10 @@ Map → reduce → apply, byte-identical at any task count:
   row-aligned ``reduced/{xy,cluster}.npy``.
 * apply (``write_map``): rank r writes its ``embedding_map`` part — every ``image_embeddings`` row with its
   2-D place, cluster, and ``in_map`` (a seeded draw of ≈ ``map_rows`` rows, the points the map page draws).
+
+An ``ok`` row whose vector has no cosine (``curation.dedup.bad_vectors``: NaN, ±inf, a norm off 1 — a zero row)
+is left out of the index by the reduce (``reduced/bad_ids.npy``) and is ``bad_vector`` in ``embedding_map``:
+no place, position −1, never ``in_map`` — as ``align`` and ``dedup`` treat it.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from curation.dedup import _draws, _training_rows, nearest, write_training_draw
+from curation.dedup import BAD_VECTOR, _draws, _training_rows, bad_vectors, nearest, write_training_draw
 from ovpipe.config import check_range, check_step_folder
 from ovpipe.step import Step, TaskContext
 
@@ -173,6 +177,7 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
         rows = np.lib.format.open_memmap(tmp["rows.npy"], mode="w+", dtype=ROW_DTYPE, shape=(n_ok,))
         xy = np.lib.format.open_memmap(tmp["xy.npy"], mode="w+", dtype=np.float32, shape=(n_ok, 2))
         cluster = np.lib.format.open_memmap(tmp["cluster.npy"], mode="w+", dtype=np.int32, shape=(n_ok,))
+        x_trained, at, bad_ids = x is not None, 0, []
         if x is None:
             if n_ok:
                 raise ValueError("index: no row was drawn to train although image_embeddings has ok rows — "
@@ -185,6 +190,7 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
             meta.update(dim=index.d, nlist=len(cents), nprobe=int(getattr(index, "nprobe", 0)))
             shards = NpyShards(task.run_dir)
             at, last, shard_no = 0, None, {}
+            n_bad, bad_ids = 0, []
             with task.stats.timer("add"):
                 for batch in task.iter_input_canonical("image_embeddings", EMB_COLUMNS):
                     batch = batch.filter(pc.equal(batch.column("status"), "ok"))
@@ -194,9 +200,20 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
                     v = shards.gather(files, batch.column("row").to_numpy(), np.float32)
                     shards.release(keep=set(files.tolist()))
                     u = hex_ids_to_u64(batch.column("sample_id"))
-                    if at + len(u) > n_ok or np.any(np.diff(u) <= 0) or (last is not None and u[0] <= last):
+                    if at + n_bad + len(u) > n_ok or np.any(np.diff(u) <= 0) or (last is not None and u[0] <= last):
                         raise RuntimeError("index: image_embeddings is not in sample_id order or changed under the "
                                            "reduce — rerun embed-images, then this step with --overwrite")
+                    last = u[-1]
+                    # a NaN, inf or zero vector has no cosine: not in the index, not on the map (as align, dedup)
+                    bad = bad_vectors(v)
+                    if bad.any():
+                        bad_ids.append(u[bad])
+                        n_bad += int(bad.sum())
+                        keep = np.flatnonzero(~bad)
+                        v, u, files = v[keep], u[keep], files[keep]
+                        batch = batch.take(keep)
+                        if not len(u):
+                            continue
                     c = nearest(cents, v)
                     if meta["kind"] == "flat":
                         index.add(v)
@@ -208,15 +225,23 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
                     rows["row"][at:at + len(u)] = batch.column("row").to_numpy()
                     cluster[at:at + len(u)] = c
                     xy[at:at + len(u)] = layout(pca, cents, c, v, cfg.spread)
-                    at, last = at + len(u), u[-1]
+                    at += len(u)
             shards.close()
-            if at != n_ok:
-                raise RuntimeError(f"index: image_embeddings changed under the reduce: {at} ok rows, {n_ok} mapped")
+            if at + n_bad != n_ok:
+                raise RuntimeError(f"index: image_embeddings changed under the reduce: {at + n_bad} ok rows, "
+                                   f"{n_ok} mapped")
             faiss.write_index(index, str(tmp["index.faiss"]))
             meta["shards"] = list(shard_no)
         for a in (ids, rows, xy, cluster):
             a.flush()
         del ids, rows, xy, cluster
+        n_bad = n_ok - at if x_trained else 0
+        if n_bad:                        # the arrays were sized for every ok row: cut them to the indexed ones
+            for name in ("ids.npy", "rows.npy", "xy.npy", "cluster.npy"):
+                _truncate(tmp[name], at)
+        meta["rows"], meta["bad_vectors"] = n_ok - n_bad, n_bad
+        _save_npy(task.reduced_path("bad_ids.npy"),
+                  np.sort(np.concatenate(bad_ids)) if n_bad else np.zeros(0, np.uint64))
         (data / ".tmp-index.json").write_text(json.dumps(meta, sort_keys=True) + "\n")
         os.replace(data / ".tmp-index.json", data / "index.json")
         for name, p in tmp.items():
@@ -224,8 +249,27 @@ def build_index(cfg: IndexConfig, task: TaskContext) -> None:
     finally:
         for p in tmp.values():
             p.unlink(missing_ok=True)
-    task.stats.info.update({k: meta[k] for k in ("kind", "rows", "nlist")})
+    task.stats.info.update({k: meta[k] for k in ("kind", "rows", "nlist", "bad_vectors")})
     task.stats.info["index_mb"] = round((data / "index.faiss").stat().st_size / 2**20, 1)
+
+
+def _truncate(path, n: int) -> None:
+    """Cut the ``.npy`` at ``path`` to its first ``n`` rows, copied a million rows at a time (bounded memory)."""
+    src = np.load(path, mmap_mode="r")
+    tmp = path.with_name(path.name + ".cut")
+    dst = np.lib.format.open_memmap(tmp, mode="w+", dtype=src.dtype, shape=(n, *src.shape[1:]))
+    for i in range(0, n, 1 << 20):
+        j = min(n, i + (1 << 20))
+        dst[i:j] = src[i:j]
+    dst.flush()
+    del src, dst
+    os.replace(tmp, path)
+
+
+def _save_npy(path, a: np.ndarray) -> None:
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    np.save(tmp, a)
+    os.replace(tmp, path)
 
 
 def write_map(cfg: IndexConfig, task: TaskContext) -> None:
@@ -236,6 +280,8 @@ def write_map(cfg: IndexConfig, task: TaskContext) -> None:
     from ovpipe.mapreduce import BATCH_ROWS
 
     ids = np.load(task.step_dir / "data" / "ids.npy", mmap_mode="r")
+    bad_path = task.reduced_path("bad_ids.npy")
+    bad_ids = np.load(bad_path) if bad_path.exists() else np.zeros(0, np.uint64)
     xy = np.load(task.reduced_path("xy.npy"), mmap_mode="r")
     cluster_of = np.load(task.reduced_path("cluster.npy"), mmap_mode="r")
     frac = min(1.0, cfg.map_rows / max(len(ids), 1))
@@ -244,6 +290,11 @@ def write_map(cfg: IndexConfig, task: TaskContext) -> None:
             status = batch.column("status").to_numpy(zero_copy_only=False).astype(object)
             ok = np.flatnonzero(status == "ok")
             u = hex_ids_to_u64(batch.column("sample_id").take(pa.array(ok, pa.int64())))
+            if len(bad_ids):             # the reduce left these out: bad_vector, no place, not on the map
+                is_bad = np.isin(u, bad_ids)
+                status[ok[is_bad]] = BAD_VECTOR
+                ok, u = ok[~is_bad], u[~is_bad]
+                task.stats.inc("bad_vectors", int(is_bad.sum()))
             p = np.searchsorted(ids, u)
             if len(p) and (p.max() >= len(ids) or np.any(ids[np.minimum(p, len(ids) - 1)] != u)):
                 raise RuntimeError("index: image_embeddings changed since the reduce — rerun with --overwrite")
@@ -258,7 +309,7 @@ def write_map(cfg: IndexConfig, task: TaskContext) -> None:
             out.write(pa.table({"sample_id": batch.column("sample_id"), "position": pa.array(pos),
                                 "x": pa.array(x, mask=np.isnan(x)), "y": pa.array(y, mask=np.isnan(y)),
                                 "cluster": pa.array(cl), "in_map": pa.array(drawn),
-                                "status": batch.column("status")}))
+                                "status": pa.array(status.tolist(), pa.string())}))
             task.stats.inc("rows", batch.num_rows)
             task.stats.inc("in_map", int(drawn.sum()))
 

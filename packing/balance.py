@@ -159,13 +159,3 @@ def pack_costs(files) -> np.ndarray | None:
     cost = np.concatenate([pq.read_table(f, columns=["cost"]).column("cost").to_numpy(zero_copy_only=False)
                            for f in files]).astype(np.float64)
     return None if np.isnan(cost).any() else cost
-
-
-def straggler_loss_for_run(run_dir, step: str, dp: int, micro_batches: int, micro_batch: int = 1) -> float | None:
-    """Straggler loss of a run's pack step as the trainer would stream it at ``dp`` ranks, ``micro_batches``
-    micro-batches of ``micro_batch`` packs per rank and step (what ``ovpipe plan`` adds to a step's time);
-    None when the manifest holds no whole step or no costs. Reads only the ``cost`` column of ``packs``."""
-    from manifests.io import manifest_files
-
-    cost = pack_costs(manifest_files(run_dir, "packs", step))
-    return None if cost is None else straggler_loss(cost, dp, micro_batch, micro_batches)

@@ -176,6 +176,9 @@ def write_packs(cfg: PackConfig, task: TaskContext) -> None:
     from packing.cost import cost_of, pack_stats, weights
 
     w = weights(cfg.cost_weights)
+    # a pack's cost is the target trainer's, as the balancer costed its bin (``solve.bin_costs``): with
+    # ``count_for`` another trainer's, each sub-sample counts ``shift`` tokens fewer than the pack holds
+    shift = count_shift(task, cfg) if cfg.count_for != "ovpipe" else 0
     pps = cfg.packs_per_shard if cfg.write_shards else None
     start = np.load(task.reduced_path("bin_start.npy"), mmap_mode="r")
     load = np.load(task.reduced_path("bin_load.npy"), mmap_mode="r")
@@ -193,9 +196,11 @@ def write_packs(cfg: PackConfig, task: TaskContext) -> None:
             lens, offs, tot = slots.column("length").to_numpy(), np.asarray(start[c_lo:c_hi + 1]) - a, load[c_lo:c_hi]
             if cfg.count_for != "ovpipe":   # the bins' loads are the target trainer's count; a pack holds ovpipe's
                 tot = np.add.reduceat(lens.astype(np.int64), offs[:-1])
-            stats = pack_stats(lens, *(slots.column(c).to_numpy() for c in ("image_tokens", "images", "vit_sq")), offs)
+            counts = [slots.column(c).to_numpy() for c in ("image_tokens", "images", "vit_sq")]
+            stats = pack_stats(lens, *counts, offs)
+            cost = cost_of(pack_stats(lens - shift, *counts, offs) if shift else stats, w)
             table = packs_rows(slots.column("sample_id").combine_chunks(), lens, offs, np.asarray(tot), c_lo, c_hi,
-                               pps, stats, cost_of(stats, w))
+                               pps, stats, cost)
             if shards is not None:
                 with task.stats.timer("write_shards"):
                     shards.write(table)

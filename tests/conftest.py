@@ -3,7 +3,7 @@ the xdist scheduling, and what a test needs from the machine.
 
 Nothing is skipped quietly: a test marked ``slurm`` or ``chromium`` (``NEEDS``) skips on a developer's machine
 that lacks it, and fails naming what is missing under ``CI=true`` (``.ci/run`` sets it); there any other skip
-that is not a GPU test's fails the run too. Every run ends with a line per reason something was skipped,
+that is not a GPU test's (one marked ``gpu``) fails the run too, a module skipped whole at collection included. Every run ends with a line per reason something was skipped,
 GPU-only tests counted apart (they always skip on a CPU).
 """
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import re
 import shutil
 import sys
 from collections import Counter
@@ -63,7 +62,7 @@ SLOW: dict[str, float] = {
     "tests/curation/test_ingest_shuffle.py::test_merge_past_its_fan_in_gives_the_same_parts": 41.8,
     "tests/curation/test_ingest_shuffle.py::test_id_range_parts_same_bytes_for_any_split": 24.2,
     "tests/curation/test_assign_streaming.py::test_assign_peak_memory_does_not_grow_with_embedding_rows": 27.9,
-    "tests/curation/test_recaption_memory.py": 12.5,
+    "tests/curation/test_recaption_memory.py": 30.0,      # two fresh processes under tracemalloc
     "tests/curation/test_align.py::test_scores_cut_and_bytes_at_1_and_2_tasks": 6.3,
     "tests/curation/test_recaption_select_memory.py": 7.0,
     "tests/curation/test_recaption.py::test_part_is_the_slice_sorted_whatever_the_chunking": 5.9,
@@ -99,6 +98,10 @@ SLOW: dict[str, float] = {
     "tests/packing/test_import_packs_bad.py::test_every_malformed_entry_is_a_status_row": 16.1,
     "tests/viewer/test_guard.py::test_sigterm_stops_the_server_mid_query": 5.5,
     "tests/fuzz/test_fuzz.py::test_official_entries": 18.3,    # most of it the tokenizer's first load
+    # the viewer's routes over the run with every step (meaning_run: the index step over planted vectors, 13 s to
+    # build at load 6, shared with test_meaning.py on its worker)
+    "tests/fuzz/test_fuzz.py::test_viewer_routes": 11.0,
+    "tests/fuzz/test_routes.py": 18.7,
     "tests/test_ci_skips.py": 9.2,          # three pytest runs in subprocesses (CPU seconds, loaded machine)
     "tests/pretrain/test_cpu_compat.py::test_setup_distributed_patches_only_without_cuda": 9.3,   # 2 megatron set-ups
     # make test-fast --durations at load 6-9 (over ~4 s there)
@@ -171,6 +174,23 @@ def ingested_run(demo_corpus, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.fixture(scope="session")
+def view_run(ingested_run, tmp_path_factory) -> dict:
+    """The viewer's run: ingest and every later step's manifests (``tests/viewer/run_builder.write_view_run``)."""
+    from tests.viewer.run_builder import write_view_run
+
+    return write_view_run(ingested_run, tmp_path_factory.mktemp("view") / "run")
+
+
+@pytest.fixture(scope="session")
+def meaning_run(view_run, tmp_path_factory) -> dict:
+    """The viewer's run with image vectors, a dedup and the real ``index`` step: every page has its step (the
+    viewer's tests and the fuzzer's routes read it)."""
+    from tests.viewer.run_builder import write_meaning_run
+
+    return write_meaning_run(view_run, tmp_path_factory.mktemp("meaning") / "run")
+
+
 # ---- what a test needs from the machine, and the skips summary -----------------------------------------------
 IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 REPO = Path(__file__).resolve().parents[1]
@@ -214,7 +234,6 @@ def pytest_runtest_setup(item):
             pytest.skip(f"needs {missing}")
 
 
-_GPU_REASON = re.compile(r"\b(CUDA|GPU|sm\d\d)\b")
 _skipped: list[tuple[str, bool, str]] = []        # (node id, GPU-only, reason), on the controller
 
 
@@ -225,9 +244,16 @@ def _skip_reason(report) -> str:
 
 
 def pytest_runtest_logreport(report):
+    # GPU-only is the test's ``gpu`` marker, never the skip's text (a pip error can mention CUDA)
     if report.skipped and not hasattr(report, "wasxfail"):
-        reason = _skip_reason(report)
-        _skipped.append((report.nodeid, "gpu" in report.keywords or bool(_GPU_REASON.search(reason)), reason))
+        _skipped.append((report.nodeid, "gpu" in report.keywords, _skip_reason(report)))
+
+
+def pytest_collectreport(report):
+    """A module skipped whole (a module-level ``importorskip`` or ``skip(allow_module_level=True)``) is a collect
+    report, never a test's: counted here, and never GPU-only — a GPU module marks its tests ``gpu`` instead."""
+    if report.skipped:
+        _skipped.append((report.nodeid, False, _skip_reason(report)))
 
 
 def _unexpected_in_ci() -> list[tuple[str, bool, str]]:

@@ -56,3 +56,19 @@ def test_under_ci_any_other_skip_fails_the_run_but_a_gpu_one_does_not(tmp_path, 
     assert rc_dev == 0 and "1 × needs frobnicate" in "\n".join(dev[-4:]), "\n".join(dev)
     tail = "\n".join(ci[-3:])
     assert rc_ci == 1 and "CI=true: the run fails" in tail and "test_lacks_a_tool" in tail, "\n".join(ci)
+
+
+def test_under_ci_a_module_skipped_at_collection_or_a_skip_that_only_mentions_cuda_fails(tmp_path, monkeypatch):
+    """A module-level ``importorskip`` is a collect report, not a test's; and the GPU exemption is the ``gpu``
+    marker, so an unmarked skip whose text says CUDA (a pip error, say) is not exempt."""
+    (tmp_path / "test_whole.py").write_text("import pytest\n\npytest.importorskip('no_such_module_7c1f')\n\n"
+                                            "def test_never():\n    pass\n")
+    (tmp_path / "test_text.py").write_text("import pytest\n\ndef test_pip():\n"
+                                           "    pytest.skip('pip: no wheel of flash-attn for this CUDA')\n\n"
+                                           "def test_fine():\n    pass\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: a CUDA test\n")
+    monkeypatch.setenv("PYTHONPATH", f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")   # -p conftest
+    rc, out = _pytest(["-p", "conftest", "--rootdir", str(tmp_path), str(tmp_path)], ci=True, cwd=tmp_path)
+    tail = "\n".join(out[-4:])
+    assert rc == 1 and "CI=true: the run fails — 2 test(s)" in tail, "\n".join(out)
+    assert "test_whole.py" in tail and "test_pip" in tail, tail

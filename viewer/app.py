@@ -7,8 +7,9 @@ sees it), every manifest read goes through ``viewer.catalog.RunCatalog`` (the lo
 Served to this machine only: a request whose ``Host`` header is not one of ``allowed_hosts`` (127.0.0.1,
 localhost, [::1] by default) is answered 400 by starlette's ``TrustedHostMiddleware``, so a web page whose
 DNS name is rebound to 127.0.0.1 reads nothing. Every query runs under the catalog's time limit; the SQL box
-shows at most ``SQL_MAX_ROWS`` rows and ``SQL_MAX_BYTES`` of result, and says so when it stops one. A
-``page=`` that is not a whole number ≥ 0 is 400, one past the last page 404.
+shows at most ``SQL_MAX_ROWS`` rows and ``SQL_MAX_BYTES`` of result, and says so when it stops one. Every
+numeric parameter is bounded (``viewer.params``: 400 naming the bound); a ``page=`` that is not a whole number
+≥ 0 is 400, one past the last page 404.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from viewer import meaning, pages
+from viewer import meaning_routes, pages, params
 from viewer.catalog import SAMPLE_FILTERS, QueryStopped, RunCatalog
 from viewer.files import (SERVED_SUFFIXES, Refused, allowed_roots, blob_thumbnail, run_file, step_overview,
                           thumbnail)
@@ -38,34 +39,13 @@ THUMB_PX = (96, 160, 320, 640)
 SQL_MAX_ROWS = 200
 SQL_MAX_BYTES = 16 * 2**20
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-MAX_PAGE = 10**9                 # page × rows per page stays a 64-bit OFFSET
+# the layout ``/packs`` shows a step of: DP ranks, packs a micro-batch, micro-batches a step, and the packs of one
+# step in all (a row per rank, a link per pack: the page's size follows dp × mb × ga, so that is bounded too)
+MAX_DP, MAX_MB, MAX_GA, MAX_STEP_PACKS = 4096, 64, 4096, 16384
 
 
-def _int(request: Request, name: str, default: int = 0) -> int:
-    v = request.query_params.get(name, "")
-    try:
-        return max(0, int(v)) if v != "" else default
-    except ValueError:
-        raise HTTPException(400, f"{name}={v!r}: expected a whole number") from None
-
-
-def _page(request: Request) -> int:
-    """``page=`` as a whole number: 400 when it is not one or is negative, 404 past ``MAX_PAGE``."""
-    v = request.query_params.get("page", "")
-    try:
-        pg = int(v) if v != "" else 0
-    except ValueError:
-        raise HTTPException(400, f"page={v[:40]!r}: expected a whole number") from None
-    if pg < 0:
-        raise HTTPException(400, f"page={pg}: pages count from 0")
-    if pg > MAX_PAGE:
-        raise HTTPException(404, f"page={pg}: no such page")
-    return pg
-
-
-def _on_a_page(pg: int, pages: int) -> None:
-    if pg > 0 and pg >= pages:
-        raise HTTPException(404, f"page={pg}: there are {pages} pages (0 to {max(pages - 1, 0)})")
+def _int(request: Request, name: str, default: int = 0, hi: int = params.MAX_ID) -> int:
+    return params.whole(request, name, default, 0, hi)
 
 
 def create_app(run_dir: str | Path, memory_limit: str = "1GB", allowed_hosts=LOOPBACK_HOSTS,
@@ -96,9 +76,9 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB", allowed_hosts=LOO
         for k in ("concept", "copies", "pack"):
             if filters[k] != "":
                 _int(request, k)
-        pg = _page(request)
+        pg = params.page(request)
         rows, total = cat.sample_page(filters, pg)
-        _on_a_page(pg, -(-total // 48))
+        params.on_a_page(pg, -(-total // 48))
         query = urlencode({k: v for k, v in filters.items() if v})
         return page(request, "samples.html", rows=rows, total=total, page=pg, pages=-(-total // 48),
                     filters=filters, choices=cat.sample_choices(), query=query)
@@ -133,10 +113,14 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB", allowed_hosts=LOO
         return page(request, "concept.html", d=pages.concept(cat, request.path_params["concept_id"]))
 
     def packs(request: Request):
-        pg = _page(request)
-        layout = {k: _int(request, k) for k in ("dp", "mb", "ga", "at")}
-        d = pages.packs(cat, request.query_params.get("step"), pg, layout)
-        _on_a_page(pg, d.get("pages", 0))
+        pg = params.page(request)
+        layout = {k: _int(request, k, hi=hi) for k, hi in (("dp", MAX_DP), ("mb", MAX_MB), ("ga", MAX_GA),
+                                                            ("at", params.MAX_ID))}
+        try:
+            d = pages.packs(cat, request.query_params.get("step"), pg, layout, max_step_packs=MAX_STEP_PACKS)
+        except pages.LayoutTooLarge as e:
+            raise HTTPException(400, str(e)) from None
+        params.on_a_page(pg, d.get("pages", 0))
         return page(request, "packs.html", d=d)
 
     def pack(request: Request):
@@ -152,9 +136,9 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB", allowed_hosts=LOO
         return page(request, "training.html", d=pages.training(cat))
 
     def rl(request: Request):
-        pg = _page(request)
+        pg = params.page(request)
         d = pages.rl(cat, pg)
-        _on_a_page(pg, d.get("pages", 0))
+        params.on_a_page(pg, d.get("pages", 0))
         return page(request, "rl.html", d=d)
 
     def prompt(request: Request):
@@ -220,7 +204,7 @@ def create_app(run_dir: str | Path, memory_limit: str = "1GB", allowed_hosts=LOO
         Route("/packs/{step}/{pack_id:int}", pack), Route("/training", training), Route("/rl", rl),
         Route("/rl/{prompt_id}", prompt), Route("/rl/{prompt_id}/image/{index:int}", prompt_img),
         Route("/sql", sql), Route("/files/{path:path}", files), Route("/static/plotly.min.js", plotly_js),
-        *meaning.routes(cat, roots, page),
+        *meaning_routes.routes(cat, roots, page),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: partial(_error, templates),

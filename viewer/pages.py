@@ -65,7 +65,12 @@ def _seq_len(run_dir: Path, step: str) -> int | None:
         return None
 
 
-def packs(cat: RunCatalog, step: str | None, page: int, layout: dict | None = None) -> dict:
+class LayoutTooLarge(ValueError):
+    """A ``/packs`` layout whose one step holds more packs than the page shows."""
+
+
+def packs(cat: RunCatalog, step: str | None, page: int, layout: dict | None = None,
+          max_step_packs: int = 16384) -> dict:
     steps = sorted(cat.pack_dirs)
     if not steps:
         return {"missing": "packs (run `ovpipe pack`)", "steps": []}
@@ -83,38 +88,54 @@ def packs(cat: RunCatalog, step: str | None, page: int, layout: dict | None = No
     rows = cat.rows(f"SELECT pack_id, len(sample_ids) AS samples, total_tokens, {cost}, shard FROM {src} "
                     f"ORDER BY pack_id LIMIT ? OFFSET ?", [PER_PAGE, page * PER_PAGE])
     return {"steps": steps, "step": step, "seq_len": seq_len, "summary": summary, "rows": rows, "page": page,
-            "ranks": step_ranks(cat, step, src, layout or {}) if has_cost else None,
+            "ranks": step_ranks(cat, step, src, layout or {}, max_step_packs) if has_cost else None,
             "pages": -(-summary["packs"] // PER_PAGE),
             "chart": charts.bars(f"Fill of the packs of {step}", {"packs": [(r["bin"], r["n"]) for r in hist]},
                                  "fill (total tokens / seq_len)", "packs")}
 
 
-def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict) -> dict:
+def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict, max_step_packs: int = 16384) -> dict:
     """One training step's DP ranks side by side: the packs each rank reads at that step and their summed cost,
     under a layout (``dp``, ``mb`` packs a micro-batch, ``ga`` micro-batches a step; default: the one the pack
-    step balanced for, else DP 8 × 1), and the straggler loss of the whole step folder under it."""
-    from packing.balance import step_rank, straggler_loss
-
+    step balanced for, else DP 8 × 1), and the straggler loss of the whole step folder under it
+    (``packing.balance.straggler_loss``'s figure). DuckDB computes both: Python reads back the one step's packs
+    and one row of totals, never the manifest's cost column (an 85M-sample run has millions of packs)."""
     try:
         cfg = json.loads((cat.run_dir / step / "config.json").read_text())
     except (OSError, ValueError):
         cfg = {}
-    dp = layout.get("dp") or cfg.get("balance_dp") or 8
-    mb = layout.get("mb") or cfg.get("balance_micro_batch") or 1
-    ga = layout.get("ga") or cfg.get("balance_grad_accum") or 1
+    dp = int(layout.get("dp") or cfg.get("balance_dp") or 8)
+    mb = int(layout.get("mb") or cfg.get("balance_micro_batch") or 1)
+    ga = int(layout.get("ga") or cfg.get("balance_grad_accum") or 1)
     G = dp * mb * ga
-    cost = np.asarray([np.nan if r["cost"] is None else r["cost"]
-                       for r in cat.rows(f"SELECT cost FROM {src} ORDER BY pack_id")], np.float64)
-    n_steps = len(cost) // G
-    at = min(layout.get("at") or 0, max(n_steps - 1, 0))
+    if G > max_step_packs:
+        raise LayoutTooLarge(f"dp × mb × ga = {dp} × {mb} × {ga} = {G}: the page shows a step of at most "
+                             f"{max_step_packs} packs")
+    info = cat.one(f"SELECT count(*) AS n, count(*) FILTER (WHERE cost IS NULL) AS unknown, min(pack_id) AS lo, "
+                   f"max(pack_id) AS hi FROM {src}")
+    n = info["n"]
+    n_steps = n // G
+    at = min(int(layout.get("at") or 0), max(n_steps - 1, 0))
+    # a pack's place in the stream is its rank in pack_id order (pretrain.data reads them so): pack_id itself
+    # when the ids are 0..n-1, as the pack step writes them, else a window over the ids
+    pos = (f"SELECT pack_id, pack_id AS p, cost FROM {src}" if (info["lo"], info["hi"]) == (0, n - 1) else
+           f"SELECT pack_id, row_number() OVER (ORDER BY pack_id) - 1 AS p, cost FROM {src}")
+    shown = cat.rows(f"SELECT pack_id, cost, (p % ?) // ? % ? AS rank FROM ({pos}) WHERE p >= ? AND p < ? ORDER BY p",
+                     [G, mb, dp, at * G, (at + 1) * G])
     ranks = [{"rank": r, "packs": [], "cost": 0.0} for r in range(dp)]
-    _, rank_of = step_rank(len(cost), dp, mb, ga)
-    for p in range(at * G, min((at + 1) * G, len(cost))):
-        r = ranks[rank_of[p]]
-        r["packs"].append(p)
-        r["cost"] += cost[p]
+    for row in shown:
+        r = ranks[row["rank"]]
+        r["packs"].append(row["pack_id"])
+        r["cost"] += np.nan if row["cost"] is None else row["cost"]
     mean = float(np.mean([r["cost"] for r in ranks])) if ranks else 0.0
-    loss = None if np.isnan(cost).any() else straggler_loss(cost, dp, mb, ga)   # a pack without a cost: undefined
+    loss = None
+    if n_steps and not info["unknown"]:         # a pack without a cost: the figure is undefined
+        got = cat.one(f"WITH s AS (SELECT p // ? AS step, (p % ?) // ? % ? AS rank, cost FROM ({pos}) WHERE p < ?), "
+                      f"r AS (SELECT step, rank, sum(cost) AS c FROM s GROUP BY 1, 2), "
+                      f"t AS (SELECT step, max(c) AS top, avg(c) AS mean FROM r GROUP BY 1) "
+                      f"SELECT avg(top / mean - 1) FILTER (WHERE mean > 0) AS loss FROM t",
+                      [G, G, mb, dp, n_steps * G])
+        loss = float(got["loss"]) if got["loss"] is not None else 0.0
     return {"dp": dp, "mb": mb, "ga": ga, "at": at, "steps": n_steps, "ranks": ranks, "mean": mean,
             "balanced_for": (cfg.get("balance_dp"), cfg.get("balance_micro_batch"), cfg.get("balance_grad_accum"))
             if cfg.get("balance_dp") else None, "loss": loss,

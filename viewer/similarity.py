@@ -32,6 +32,10 @@ RERANK = 4                     # candidates asked of the index per neighbour sho
 MAX_QUERY_CHARS = 200          # a CLIP text tower reads 77 tokens; a longer query is refused, not cut silently
 CACHED_QUERIES = 256           # text queries whose vectors are kept (4 KB each at d = 1024), most recent first
 MAX_LASSO_POINTS = 256         # a lasso's outline is thinned to this many vertices before it becomes SQL
+# a box's or lasso's coordinates: far beyond any map layout's, and small enough that every difference of two
+# stays a finite double (1e308 - -1e308 is inf, which no SQL literal can say)
+MAX_COORD = 1e12
+GROUPS_PER_PAGE = 20           # duplicate groups a /duplicates page lists
 MAX_LABELS = 20                # a categorical colour shows its 20 most frequent values; the rest are "other"
 SAMPLE_ID = re.compile(r"[0-9a-f]{16}")
 
@@ -313,6 +317,8 @@ def _num(s: str, what: str) -> float:
         raise QueryError(f"{what}: {s!r} is not a number") from None
     if not math.isfinite(v):
         raise QueryError(f"{what}: {s!r} is not a finite number")
+    if abs(v) > MAX_COORD:
+        raise QueryError(f"{what}: {s[:40]!r} is outside ±{MAX_COORD:g}")
     return v
 
 
@@ -338,8 +344,9 @@ def region_sql(box: str | None = None, lasso: str | None = None) -> str:
         for (xi, yi), (xj, yj) in zip(pts, pts[1:] + pts[:1]):
             if yi == yj:
                 continue
+            # the edge's x at the point's y, divided in the query: a near-flat edge's slope would overflow here
             terms.append(f"CASE WHEN ((y > {yi!r}) <> (y > {yj!r})) AND "
-                         f"(x < {(xj - xi) / (yj - yi)!r} * (y - {yi!r}) + {xi!r}) THEN 1 ELSE 0 END")
+                         f"(x < {xi!r} + {xj - xi!r} * (y - {yi!r}) / {yj - yi!r}) THEN 1 ELSE 0 END")
         crossing = " + ".join(terms) or "0"
         return (f"SELECT sample_id FROM embedding_map WHERE x BETWEEN {min(xs)!r} AND {max(xs)!r} "
                 f"AND y BETWEEN {min(ys)!r} AND {max(ys)!r} AND ({crossing}) % 2 = 1")
@@ -357,7 +364,7 @@ def region_samples(cat: RunCatalog, region: str, limit: int = 48) -> tuple[str, 
 
 # ------------------------------------------------------------------------------------------ duplicate groups
 
-def duplicate_groups(cat: RunCatalog, sort: str, page: int, per_page: int = 20) -> dict:
+def duplicate_groups(cat: RunCatalog, sort: str, page: int, per_page: int = GROUPS_PER_PAGE) -> dict:
     """Dedup's groups — a kept image and every row whose ``duplicate_of`` it is, with the cosine each was marked
     at — largest (``sort=size``) or tightest (``sort=cosine``) first; and what other ε values remove."""
     if not cat.has("dedup"):

@@ -3,14 +3,18 @@ a step with a reduce (``Step.reduce``/``Step.apply``) a reduce job and an apply 
 
 What it does, in order (the phases the step has, ``Step.phases``):
 1. writes ``RUN/<step>/launch_script.slurm`` (kept: it is what was submitted), whose
-   ``--array`` lists only the map ranks without a completion marker, throttled with ``%workers``;
+   ``--array`` lists only the map ranks without a completion marker, throttled with ``%workers``. Slurm refuses
+   an array index at or above the cluster's ``MaxArraySize`` (1001 by default; ``scontrol show config``), so
+   ranks that span more are submitted as several arrays (``array_chunks``): chunk ``i`` is
+   ``launch_script.<i>.slurm``, its indices are ``rank - RANK_OFFSET``, and the task adds the offset back;
+   the ``%workers`` throttle is shared among the chunks;
 2. ``sbatch --parsable`` it, with ``#SBATCH --dependency=afterok:<merge job>`` on any step of the
    same run folder that produces one of this step's inputs and is still queued or running;
 3. steps with a reduce: ``launch_reduce.slurm`` (one job, ``afterok`` on the map array — or, for a
    reduce-first step with no map array, on the input steps' merge jobs — → ``reduced/``), then
    ``launch_apply.slurm`` (an array, ``afterok`` on the reduce job);
-4. submits the merge job ``launch_merge.slurm`` (``afterok`` on the array before it): the step's
-   ``finalize`` and merged stats;
+4. submits the merge job ``launch_merge.slurm`` (``afterok`` on the array before it, every chunk of it): the
+   step's ``finalize`` and merged stats;
 5. records the job ids and their chain in ``RUN/<step>/slurm_jobs.json`` (``merge`` is what later
    steps chain on; ``ovpipe status`` prints the chain).
 
@@ -67,6 +71,53 @@ def compress_ranks(ranks: list[int]) -> str:
     return ",".join(out)
 
 
+# Slurm's default MaxArraySize: an array index (not only the count) must be below it.
+DEFAULT_MAX_ARRAY_SIZE = 1001
+
+
+def max_array_size() -> int:
+    """The cluster's ``MaxArraySize`` (``scontrol show config``): every array index must be below it. Slurm's
+    default (1001) where scontrol does not answer; a ``RuntimeError`` where the cluster turns arrays off (0)."""
+    try:
+        res = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return DEFAULT_MAX_ARRAY_SIZE
+    for line in res.stdout.splitlines() if res.returncode == 0 else []:
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize":
+            try:
+                size = int(value.strip())
+            except ValueError:
+                break
+            if size < 1:
+                raise RuntimeError(f"this Slurm cluster has MaxArraySize={size} (job arrays off); the Slurm "
+                                   f"executor submits each step's ranks as job arrays")
+            return size
+    return DEFAULT_MAX_ARRAY_SIZE
+
+
+def array_chunks(ranks: list[int], max_size: int) -> list[tuple[int, list[int]]]:
+    """``(offset, ranks)`` per array to submit: each chunk's ranks lie in ``[offset, offset + max_size)``, so its
+    indices ``rank - offset`` stay below ``MaxArraySize``. The ranks below ``max_size`` keep offset 0 (an array
+    task's index is its rank, as squeue and the ``.out`` names show it); past them each chunk starts at the lowest
+    rank left, which gives the fewest chunks (a rerun of ranks 1200-1499 under 1001 is one array, indices 0-299)."""
+    out: list[tuple[int, list[int]]] = []
+    for r in sorted(ranks):
+        if not out or r >= out[-1][0] + max_size:
+            out.append((0 if r < max_size else r, []))
+        out[-1][1].append(r)
+    return out
+
+
+def chunk_workers(workers: int, sizes: list[int]) -> list[int]:
+    """The ``%throttle`` of each chunk's array: the step's ``workers`` shared in proportion to each chunk's
+    ranks (at least one each), so the chunks together run about ``workers`` tasks at once, not one throttle each."""
+    total = sum(sizes)
+    if len(sizes) == 1 or workers >= total:        # no share binds: each array's throttle is the step's
+        return [workers] * len(sizes)
+    return [max(1, workers * n // total) for n in sizes]
+
+
 def _dependency_lines(after: list[str] | None) -> list[str]:
     return [f"#SBATCH --dependency=afterok:{':'.join(after)}", "#SBATCH --kill-on-invalid-dep=yes"] if after else []
 
@@ -90,9 +141,12 @@ def _requeueable_lines(opts: SlurmOptions, output: str, after: list[str] | None)
 
 def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[int], workers: int,
                          opts: SlurmOptions, python: str | None = None, name: str | None = None,
-                         after: list[str] | None = None, phase: str = "map") -> str:
+                         after: list[str] | None = None, phase: str = "map", offset: int = 0) -> str:
     """The array script of the ``map`` phase or the ``apply`` phase (steps with a reduce),
-    ``afterok`` on the jobs in ``after``."""
+    ``afterok`` on the jobs in ``after``. Its array indices are ``rank - offset`` (``array_chunks``: an index
+    must stay below the cluster's ``MaxArraySize``); the task adds ``offset`` back to get its rank."""
+    if min(ranks) < offset:
+        raise ValueError(f"rank {min(ranks)} is below the chunk's offset {offset}")
     python = python or sys.executable
     name = name or step_name
     sdir = (run_dir / name).resolve()
@@ -102,14 +156,16 @@ def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=ovpipe-{job}",
-        f"#SBATCH --array={compress_ranks(ranks)}%{max(1, workers)}",
+        f"#SBATCH --array={compress_ranks([r - offset for r in ranks])}%{max(1, workers)}",
         *_requeueable_lines(opts, f"{sdir}/logs/{out}", after),
     ]
     what = "" if phase == "map" else f" ({phase} phase: after the reduce, per rank)"
     lines += [
         "",
-        f"# ovpipe step {step_name!r}{what}: {tasks} tasks in all; this array holds the {len(ranks)} incomplete ones.",
+        f"# ovpipe step {step_name!r}{what}: {tasks} tasks in all; this array holds {len(ranks)} incomplete one(s),",
+        f"# ranks {compress_ranks(ranks)}: array index + RANK_OFFSET (an index stays below MaxArraySize).",
         "set -uo pipefail",
+        f"RANK_OFFSET={offset}",
         "export PYTHONUNBUFFERED=1",
     ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(opts.env.items())]
@@ -125,7 +181,7 @@ def render_launch_script(step_name: str, run_dir: Path, tasks: int, ranks: list[
         "trap requeue USR1",
         "",
         f"{shlex.quote(python)} -m ovpipe.cli _task {shlex.quote(step_name)} --run-dir {shlex.quote(str(run_dir))} "
-        f'--rank "$SLURM_ARRAY_TASK_ID" --world-size {tasks} --name {shlex.quote(name)}'
+        f'--rank "$((SLURM_ARRAY_TASK_ID + RANK_OFFSET))" --world-size {tasks} --name {shlex.quote(name)}'
         + ("" if phase == "map" else f" --phase {phase}") + " &",
         "child=$!",
         'wait "$child"',
@@ -286,11 +342,12 @@ def _phase_ranks(record: dict, phase: str) -> list[int]:
     return [0]
 
 
-def _slurm_log(sdir: Path, phase: str, job: str, rank: int) -> Path:
+def _slurm_log(sdir: Path, phase: str, job: str, rank: int, offset: int = 0) -> Path:
+    # Slurm names an array task's .out by its index (``%a``): the rank less the chunk's offset
     if phase == "map":          # a distributed step's one job writes the same name (rank 0)
-        return sdir / "logs" / f"slurm-{job}_{rank}.out"
+        return sdir / "logs" / f"slurm-{job}_{rank - offset}.out"
     if phase == "apply":
-        return sdir / "logs" / f"slurm-apply-{job}_{rank}.out"
+        return sdir / "logs" / f"slurm-apply-{job}_{rank - offset}.out"
     return sdir / "logs" / f"slurm-{phase}-{job}.out"
 
 
@@ -318,7 +375,9 @@ def chain_status(sdir: Path, record: dict | None = None, rows=...) -> list[dict]
     out = []
     for link in chain:
         phase, job = link["phase"], link["job"]
-        ranks = _phase_ranks(record, phase)
+        # a chunk of an array phase (``array_chunks``) lists its own ranks; squeue's task id is rank - offset
+        ranks = list(link["ranks"]) if "ranks" in link else _phase_ranks(record, phase)
+        offset = int(link.get("offset") or 0)
         if phase in ("map", "apply"):
             have = markers.done_ranks(sdir, phase)
         elif phase == "reduce":
@@ -327,13 +386,14 @@ def chain_status(sdir: Path, record: dict | None = None, rows=...) -> list[dict]
             have = {0} if markers.is_finalized(sdir) else set()
         jrows = by_job.get(job, {})
         st = {"phase": phase, "job": job, "after": link.get("after") or [], "ranks": len(ranks),
+              "rank_list": ranks, "chunks": sum(1 for x in chain if x["phase"] == phase),
               "done": [], "running": [], "pending": [], "failed": [], "reason": "", "logs": {}}
         for r in ranks:
             if r in have:
                 st["done"].append(r)
                 continue
             # an array task's own row; else the job's row (a pending array squeue did not expand)
-            state, reason = jrows.get(str(r) if phase in ("map", "apply") else "", jrows.get("", ("", "")))
+            state, reason = jrows.get(str(r - offset) if phase in ("map", "apply") else "", jrows.get("", ("", "")))
             if state in _RUNNING:
                 st["running"].append(r)
             elif state in _PENDING:
@@ -348,7 +408,7 @@ def chain_status(sdir: Path, record: dict | None = None, rows=...) -> list[dict]
                 elif state:
                     st["reason"] = st["reason"] or state
                 task_log = markers.log_path(sdir, r, phase)
-                st["logs"][r] = [str(p) for p in (task_log, _slurm_log(sdir, phase, job, r)) if p.exists()]
+                st["logs"][r] = [str(p) for p in (task_log, _slurm_log(sdir, phase, job, r, offset)) if p.exists()]
         if st["failed"]:
             st["state"] = "failed"
         elif len(st["done"]) == len(ranks):
@@ -365,23 +425,45 @@ def chain_status(sdir: Path, record: dict | None = None, rows=...) -> list[dict]
 
 def describe_jobs(record: dict) -> str:
     """``map 12 → reduce 13 (afterok:12) → apply 14 (afterok:13) → merge 15 (afterok:14)``: the jobs of
-    one submit, as ``slurm_jobs.json`` records them."""
-    return " → ".join(f"{j['phase']} {j['job']}" + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else "")
-                      for j in record.get("chain") or [])
+    one submit, as ``slurm_jobs.json`` records them; the chunks of one array phase side by side
+    (``map 12 [ranks 0-1000], map 13 [ranks 1001-1499] → merge 14 (afterok:12:13)``)."""
+    return _join_phases([(j["phase"], f"{j['phase']} {j['job']}"
+                          + (f" [ranks {compress_ranks(j['ranks'])}]" if "offset" in j and _chunked(record, j) else "")
+                          + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else ""))
+                         for j in record.get("chain") or []])
+
+
+def _chunked(record: dict, link: dict) -> bool:
+    return sum(1 for x in record.get("chain") or [] if x["phase"] == link["phase"]) > 1
+
+
+def _join_phases(parts: list[tuple[str, str]]) -> str:
+    """``a → b``: one phase after another; the chunks of one phase (consecutive, the same phase) with ``, ``."""
+    out: list[str] = []
+    prev = None
+    for phase, text in parts:
+        if out and phase == prev and phase in ("map", "apply"):
+            out[-1] += f", {text}"
+        else:
+            out.append(text)
+        prev = phase
+    return " → ".join(out)
 
 
 def describe_chain(states: list[dict]) -> str:
     """``map 12 done 4/4 → reduce 13 running (afterok:12) → apply 14 pending 0/4 (afterok:13) → merge 15
-    pending (afterok:14)``: one line of the whole chain."""
-    parts = []
+    pending (afterok:14)``: one line of the whole chain. A phase submitted in chunks (``array_chunks``) shows
+    each chunk with its ranks, side by side: ``map 12 [ranks 0-2] done 3/3, map 16 [ranks 3-4] running 1/2 → …``."""
+    parts: list[tuple[str, str]] = []
     for st in states:
         counts = f" {len(st['done'])}/{st['ranks']}" if st["phase"] in ("map", "apply") else ""
         extra = ""
         if st["state"] == "running" and st["phase"] in ("map", "apply"):
             extra = f" ({len(st['running'])} running, {len(st['pending'])} pending)"
         after = f" (afterok:{':'.join(st['after'])})" if st["after"] else ""
-        parts.append(f"{st['phase']} {st['job']} {st['state']}{counts}{extra}{after}")
-    return " → ".join(parts)
+        chunk = f" [ranks {compress_ranks(st['rank_list'])}]" if st.get("chunks", 1) > 1 else ""
+        parts.append((st["phase"], f"{st['phase']} {st['job']}{chunk} {st['state']}{counts}{extra}{after}"))
+    return _join_phases(parts)        # the chunks of one phase run side by side, not one after another
 
 
 def describe_failure(sdir: Path, states: list[dict]) -> str:
@@ -463,8 +545,9 @@ class SlurmExecutor:
             prev = sdir / "slurm_jobs.json"
             if prev.exists():
                 rec = json.loads(prev.read_text())
-                live = [j for j in (rec.get("array"), rec.get("reduce"), rec.get("apply"), rec.get("merge"))
-                        if j and job_active(j)]
+                jobs = [j["job"] for j in rec.get("chain") or []] or [
+                    rec.get("array"), rec.get("reduce"), rec.get("apply"), rec.get("merge")]
+                live = [j for j in jobs if j and job_active(j)]
                 if live:
                     raise RunFolderError(
                         f"{sdir}: slurm jobs {live} of an earlier submit are still queued or running; "
@@ -480,6 +563,7 @@ class SlurmExecutor:
         record = {"outputs": list(step.outputs), "ranks": pending, "array": None, "merge": None,
                   "submitted_at": time.time(), "chain": []}
         after = deps or None
+        max_size = None
 
         def submit(phase: str, script: str, path: Path) -> str:
             nonlocal after
@@ -489,35 +573,60 @@ class SlurmExecutor:
             after = [job]
             return job
 
-        if pending and step.distributed:
-            record["array"] = submit("map", render_distributed_job(step.name, run_dir, self.options, python, name,
-                                                                   after),
-                                     sdir / "launch_script.slurm")
-        elif pending:
-            record["array"] = submit("map", render_launch_script(step.name, run_dir, tasks, pending, self.workers,
-                                                                 self.options, python, name, after),
-                                     sdir / "launch_script.slurm")
-        if "apply" in step.phases:
-            # The reduce (unless done and no map rank reruns), then the apply ranks: all of them after a new
-            # reduce (a rank whose marker holds the same digest returns at once), else the pending ones.
-            if pending or not markers.is_reduced(sdir):
-                record["reduce"] = submit("reduce", render_single_job(step.name, run_dir, "reduce", self.options,
-                                                                      python, name, after),
-                                          sdir / "launch_reduce.slurm")
-                apply_ranks = list(range(tasks))
-            else:
-                apply_ranks = markers.pending_ranks(sdir, tasks, "apply")
-            record["apply_ranks"] = apply_ranks
-            if apply_ranks:
-                record["apply"] = submit("apply", render_launch_script(step.name, run_dir, tasks, apply_ranks,
-                                                                       self.workers, self.options, python, name,
-                                                                       after, phase="apply"),
-                                         sdir / "launch_apply.slurm")
-        if not record["chain"] and markers.is_finalized(sdir):
-            return {"slurm": record, "nothing_to_do": True}
-        record["merge"] = submit("merge", render_single_job(step.name, run_dir, "merge", self.options, python,
-                                                            name, after),
-                                 sdir / "launch_merge.slurm")
+        def submit_array(phase: str, ranks: list[int], stem: str) -> str:
+            """The ranks as one array per chunk (``array_chunks``: every index below ``MaxArraySize``), each
+            ``afterok`` on what came before; what comes next is ``afterok`` on every chunk. The first chunk's job."""
+            nonlocal after, max_size
+            if max_size is None:
+                max_size = max_array_size()
+            before, jobs = after, []
+            chunks = array_chunks(ranks, max_size)
+            for old in sdir.glob(f"{stem}.*.slurm"):     # an earlier submit's chunks: not what is submitted now
+                old.unlink()
+            for i, ((offset, part), workers) in enumerate(zip(chunks, chunk_workers(self.workers,
+                                                                                    [len(c) for _, c in chunks]))):
+                path = sdir / (f"{stem}.slurm" if i == 0 else f"{stem}.{i}.slurm")
+                path.write_text(render_launch_script(step.name, run_dir, tasks, part, workers, self.options, python,
+                                                     name, before, phase=phase, offset=offset))
+                job = sbatch([str(path)])
+                jobs.append(job)
+                record["chain"].append({"phase": phase, "job": job, "after": list(before or []),
+                                        "offset": offset, "ranks": part})
+            record[f"{'' if phase == 'map' else 'apply_'}arrays"] = jobs
+            after = jobs
+            return jobs[0]
+
+        try:
+            if pending and step.distributed:
+                record["array"] = submit("map", render_distributed_job(step.name, run_dir, self.options, python,
+                                                                       name, after),
+                                         sdir / "launch_script.slurm")
+            elif pending:
+                record["array"] = submit_array("map", pending, "launch_script")
+            if "apply" in step.phases:
+                # The reduce (unless done and no map rank reruns), then the apply ranks: all of them after a new
+                # reduce (a rank whose marker holds the same digest returns at once), else the pending ones.
+                if pending or not markers.is_reduced(sdir):
+                    record["reduce"] = submit("reduce", render_single_job(step.name, run_dir, "reduce",
+                                                                          self.options, python, name, after),
+                                              sdir / "launch_reduce.slurm")
+                    apply_ranks = list(range(tasks))
+                else:
+                    apply_ranks = markers.pending_ranks(sdir, tasks, "apply")
+                record["apply_ranks"] = apply_ranks
+                if apply_ranks:
+                    record["apply"] = submit_array("apply", apply_ranks, "launch_apply")
+            if not record["chain"] and markers.is_finalized(sdir):
+                return {"slurm": record, "nothing_to_do": True}
+            record["merge"] = submit("merge", render_single_job(step.name, run_dir, "merge", self.options, python,
+                                                                name, after),
+                                     sdir / "launch_merge.slurm")
+        except BaseException:
+            # a chunk refused part-way: cancel what this submit queued, so no half of a step runs unrecorded
+            submitted = [j["job"] for j in record["chain"]]
+            if submitted:
+                subprocess.run(["scancel", *submitted], capture_output=True)
+            raise
         save_json(sdir / "slurm_jobs.json", record)
         if self.wait:
             self.wait_for(record, sdir)

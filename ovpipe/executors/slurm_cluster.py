@@ -61,9 +61,13 @@ def _proc_alive(pid: int, name: str) -> bool:
 
 class SlurmCluster:
     """A loopback cluster in ``dir`` (a new temp folder if None). ``cpus`` is what slurmd announces
-    (``SlurmdParameters=config_overrides``), so a 2-core laptop can hold a few array tasks at once."""
+    (``SlurmdParameters=config_overrides``), so a 2-core laptop can hold a few array tasks at once.
+    ``max_array_size`` is slurm.conf's ``MaxArraySize`` (Slurm's default 1001 when None): the tests lower it to
+    make a few ranks span several arrays."""
 
-    def __init__(self, dir: Path | str | None = None, cpus: int = 4, memory_mb: int = 2000, nodes: int = 1):
+    def __init__(self, dir: Path | str | None = None, cpus: int = 4, memory_mb: int = 2000, nodes: int = 1,
+                 max_array_size: int | None = None):
+        self.max_array_size = max_array_size
         self.nodes = nodes
         self.cpus = cpus
         self.memory_mb = memory_mb
@@ -88,6 +92,7 @@ class SlurmCluster:
         self._ports = [_free_port() for _ in self.node_names]
         nodes = "\n".join(f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={port} CPUs={self.cpus} "
                           f"RealMemory={self.memory_mb} State=UNKNOWN" for n, port in zip(self.node_names, self._ports))
+        limits = "" if self.max_array_size is None else f"MaxArraySize={self.max_array_size}\n"
         return f"""\
 ClusterName=ovpipe
 SlurmctldHost=localhost(127.0.0.1)
@@ -124,7 +129,7 @@ SlurmdTimeout=10
 InactiveLimit=0
 KillWait=2
 MinJobAge=30
-{nodes}
+{limits}{nodes}
 PartitionName=debug Nodes={",".join(self.node_names)} Default=YES MaxTime=INFINITE State=UP
 """
 

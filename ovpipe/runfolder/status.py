@@ -78,8 +78,13 @@ def slurm_chain(sdir: Path) -> tuple[list[str], bool]:
         rec = json.loads((Path(sdir) / "slurm_jobs.json").read_text())
     except (OSError, ValueError):
         return [], False
-    parts = [f"{j['phase']} {j['job']}" + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else "")
-             for j in rec.get("chain") or []]
+    parts: list[str] = []
+    for j in rec.get("chain") or []:
+        text = f"{j['phase']} {j['job']}" + (f" (afterok:{':'.join(j['after'])})" if j.get("after") else "")
+        if parts and j["phase"] in ("map", "apply") and parts[-1].startswith(f"{j['phase']} "):
+            parts[-1] += f", {text}"      # the chunks of one array phase (MaxArraySize), side by side
+        else:
+            parts.append(text)
     return ([f"    slurm: {' → '.join(parts)}"] if parts else []), False
 
 

@@ -51,6 +51,19 @@ def trainer_ddp(recipe, stage: str, dp: int, distributed_optimizer: bool = True)
     return ddp_config(cfg, dp)
 
 
+def grad_bytes(ddp, bf16: bool = True) -> int:
+    """Bytes per gradient element in the DP reduce: fp32 with ``grad_reduce_in_fp32``, else the parameters' own
+    dtype (bf16: 2)."""
+    return 4 if ddp.grad_reduce_in_fp32 else (2 if bf16 else 4)
+
+
+def grad_buckets(calls, ddp, bf16: bool = True) -> int:
+    """How many buckets megatron cuts the largest gradient reduce of ``calls`` into: its parameters (its bytes over
+    ``grad_bytes``, bf16 or fp32 as the reduce is) over ``bucket_size``. The last bucket is the exposed one."""
+    grads = [x.nbytes for x in calls if x.kind == "dp_grad"]
+    return max(1, math.ceil(max(grads) / grad_bytes(ddp, bf16) / ddp.bucket_size)) if grads else 1
+
+
 @dataclass(frozen=True)
 class Call:
     kind: str          # tp | cp | pp | dp_grad | dp_param
@@ -77,7 +90,7 @@ def collectives(recipe, stage: str, tp: int, pp: int, cp: int, dp: int, micro_ba
     local = tokens / cp
     act = local * h * e
     params = rank_params(recipe, STAGES[stage].trainable, tp, pp, pp_rank)
-    grad_e = 4 if ddp.grad_reduce_in_fp32 else e
+    grad_e = grad_bytes(ddp, bf16)
     calls = []
     if tp > 1:
         if sp:
@@ -328,8 +341,7 @@ def predict(recipe, stage: str, gpu: Gpu, n_gpus: int, tp: int, pp: int, cp: int
     step_calls = [x for r in range(pp) for x in collectives(recipe, stage, tp, pp, cp, dp, micro_batch, seq_len,
                                                              ddp, pp_rank=r, recompute=c.recompute)
                   if x.per == "step" and (r == slow or x.kind not in ("dp_grad", "dp_param"))]
-    buckets = max(1, math.ceil(max(x.nbytes for x in step_calls if x.kind == "dp_grad") / 4 / ddp.bucket_size)
-                  ) if any(x.kind == "dp_grad" for x in step_calls) else 1
+    buckets = grad_buckets(step_calls, ddp)
     for x in step_calls:
         if x.kind == "dp_grad":
             s = call_seconds(x, dp * cp, link_dp)

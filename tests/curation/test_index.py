@@ -57,3 +57,32 @@ def test_bad_config_names_its_field(field, value):
 
     with pytest.raises(ValueError, match=field):
         IndexConfig(**{field: value})
+
+
+def test_nan_and_zero_vectors_are_bad_vectors_not_indexed(tmp_path):
+    """An ``ok`` row whose vector is NaN or all zeros has no cosine: ``bad_vector`` in ``embedding_map`` (no place,
+    not on the map, no index position), as ``align`` and ``dedup`` mark it — never ``in_map`` with null
+    coordinates, nor a "more like this" at cosine 0. The same bytes at 1 and 2 tasks."""
+    from manifests.io import read_manifest
+    from ovpipe.cli import main
+
+    x = _vectors(n=400)
+    x[5] = np.nan
+    x[9] = 0.0
+    got = {}
+    for tasks in (1, 2):
+        run = tmp_path / f"t{tasks}"
+        ids = embedded_run(run, x, parts=2)
+        assert main(["index", "--run-dir", str(run), "--tasks", str(tasks), "--set", "kind=flat", "--set", "nlist=4",
+                     "--set", "map_rows=1000", "--quiet"]) == 0
+        got[tasks] = _files(run / "index"), read_manifest(run, "embedding_map")
+    assert got[1][0] == got[2][0] and got[1][1].equals(got[2][1])
+    m = {r["sample_id"]: r for r in got[1][1].to_pylist()}
+    for k in (5, 9):
+        r = m[ids[k]]
+        assert (r["status"], r["position"], r["x"], r["in_map"]) == ("bad_vector", -1, None, False), r
+    good = [r for r in m.values() if r["status"] == "ok"]
+    assert len(good) == 398 and all(r["x"] is not None and r["position"] >= 0 for r in good)
+    indexed = np.load(run / "index" / "data" / "ids.npy")
+    assert len(indexed) == 398 and int(ids[5], 16) not in indexed.tolist()
+    assert sorted(r["position"] for r in good) == list(range(398))

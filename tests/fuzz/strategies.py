@@ -10,6 +10,7 @@ duplicated; a caption that is null, a number or a huge string; a tar member that
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -514,10 +515,36 @@ def sql_statement(draw, long: bool = True) -> str:
 
 # ------------------------------------------------------------------------------------------- viewer routes
 
-ROUTES = ("/", "/samples", "/samples/{s}", "/thumb/{s}/{i}", "/concepts", "/concepts/{i}", "/packs",
-          "/packs/{s}/{i}", "/training", "/rl", "/rl/{s}", "/rl/{s}/image/{i}", "/sql", "/files/{s}",
-          "/static/{s}", "/static/plotly.min.js", "/{s}")
-QUERY_KEYS = ("page", "px", "step", "source", "status", "concept", "copies", "pack", "q")
+def app_routes() -> tuple[str, ...]:
+    """Every path of the viewer app, from the app itself (so a new route cannot be left out of the fuzzing), with
+    its path parameters as ``{s}`` (a string) or ``{i}`` (a whole number); a mount as ``<mount>/{s}``; and
+    ``/{s}``, a path no route has."""
+    return _app_routes()
+
+
+@functools.cache
+def _app_routes() -> tuple[str, ...]:
+    import re
+    import tempfile
+
+    from starlette.routing import Mount
+
+    from viewer.app import create_app
+
+    with tempfile.TemporaryDirectory(prefix="ovpipe-fuzz-routes-") as empty:
+        app = create_app(empty)
+        out = []
+        for r in app.routes:
+            path = re.sub(r"\{([^}:]+)(:[^}]+)?\}", lambda m: "{i}" if m.group(2) == ":int" else "{s}", r.path)
+            out.append(path + "/{s}" if isinstance(r, Mount) else path)
+        app.state.catalog.interrupt_all()
+    return tuple(out) + ("/{s}",)
+
+
+# Every query parameter a viewer route reads (tests/fuzz/test_routes.py checks this list against what the app's
+# routes read), with values drawn to break it: huge, negative, not a number, SQL, a lasso of ±1e308.
+QUERY_KEYS = ("page", "px", "step", "source", "status", "concept", "copies", "pack", "q", "dp", "mb", "ga", "at",
+              "k", "box", "lasso", "colour", "sort")
 HOSTS = ("127.0.0.1", "127.0.0.1:8765", "localhost", "localhost:1", "[::1]:8765", "evil.example",
          "evil.example:8765", "127.0.0.1.evil.example", "", "[::2]", "a b", "localhost:99999")
 
@@ -529,9 +556,11 @@ def route_request(draw) -> tuple[str, dict, str, dict]:
 
     seg = st.one_of(st.text(max_size=12), st.sampled_from(("..", "%2e%2e", "..%2F..%2Fetc%2Fpasswd", "ingest",
                                                            "ingest/report.md", "0" * 200, "x.parquet")))
-    path = draw(st.sampled_from(ROUTES)).replace("{s}", quote(draw(seg), safe="/%")).replace(
+    path = draw(st.sampled_from(app_routes())).replace("{s}", quote(draw(seg), safe="/%")).replace(
         "{i}", str(draw(st.integers(-5, 10**20))))
-    value = st.one_of(st.integers(-10, 10**25).map(str), st.text(max_size=10), st.sampled_from(("a&b+c", "ok", "")),
+    value = st.one_of(st.integers(-10, 10**25).map(str), st.text(max_size=10),
+                      st.sampled_from(("a&b+c", "ok", "", "200000", "1e308", "0,0;1e308,1;-1e308,2", "0,1,0,1",
+                                       "0,0;1,0;0,1", "nan,0;1,1;0,1", "size", "cosine", "status", "cluster", "pack")),
                       sql_statement(long=True))
     params = draw(st.dictionaries(st.sampled_from(QUERY_KEYS), value, max_size=3))
     headers = draw(st.dictionaries(st.sampled_from(("X-Forwarded-Host", "Origin", "Referer", "Accept")),

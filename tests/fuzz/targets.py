@@ -38,8 +38,9 @@ class Workspace:
     """A scratch folder per process: ``inputs/`` (rewritten per example), a small ingested ``run/``, a
     ``secret.txt`` beside it holding ``CANARY``, a tiny tokenizer."""
 
-    def __init__(self, root: str | Path | None = None):
+    def __init__(self, root: str | Path | None = None, view_run: Path | None = None):
         self.root = Path(root or tempfile.mkdtemp(prefix="ovpipe-fuzz-"))
+        self._view_run = view_run
         self.inputs = self.root / "inputs"
         self.secret = self.root / "secret.txt"
         self.secret.write_text(CANARY + "\n")
@@ -77,6 +78,26 @@ class Workspace:
         return self._run
 
     @property
+    def view_run(self) -> Path:
+        """A run with every step the viewer shows (``tests/viewer/run_builder.py``: ingest, concepts, balance,
+        lengths, packs with costs, pretrain metrics, RL, image vectors, dedup and the real ``index``), so every
+        route renders its page rather than its "missing" one. Given (the test session's), or built once here."""
+        if self._view_run is None:
+            from demo.corpus import write_demo_corpus
+            from ovpipe.cli import main
+            from tests.viewer.run_builder import write_meaning_run, write_view_run
+
+            demo = self.root / "demo"
+            write_demo_corpus(demo, n_samples=60, seed=0, shards=2)
+            ingested = self.root / "ingested"
+            with quiet():
+                assert main(["ingest", "--set", f'inputs=["{demo}/shards/*.tar"]', "--set", "source=demo",
+                             "--run-dir", str(ingested), "--quiet"]) == 0
+                view = write_view_run(ingested, self.root / "view" / "run")
+                self._view_run = write_meaning_run(view, self.root / "meaning" / "run")["run"]
+        return self._view_run
+
+    @property
     def tokenizer(self):
         if self._tok is None:
             from packing.tokens import load_tokenizer
@@ -91,7 +112,8 @@ class Workspace:
 
             from viewer.app import create_app
 
-            self._apps[timeout] = TestClient(create_app(self.run, query_timeout=timeout), base_url="http://127.0.0.1",
+            self._apps[timeout] = TestClient(create_app(self.view_run, query_timeout=timeout),
+                                             base_url="http://127.0.0.1",
                                              raise_server_exceptions=False)
         return self._apps[timeout]
 

@@ -20,6 +20,12 @@ def ws(tmp_path_factory):
     return T.Workspace(tmp_path_factory.mktemp("fuzz"))
 
 
+@pytest.fixture(scope="module")
+def view_ws(tmp_path_factory, meaning_run):
+    """The viewer's routes against the session's run with every step (the viewer's tests read it too)."""
+    return T.Workspace(tmp_path_factory.mktemp("fuzz-view"), view_run=meaning_run["run"])
+
+
 @given(drawn=S.wds_tar())
 def test_webdataset_tars(ws, drawn):
     T.target_webdataset(drawn, ws)
@@ -62,8 +68,8 @@ def test_ovpipe_sql(ws, q):
 
 
 @given(drawn=S.route_request())
-def test_viewer_routes(ws, drawn):
-    T.target_route(drawn, ws)
+def test_viewer_routes(view_ws, drawn):
+    T.target_route(drawn, view_ws)
 
 
 @settings(max_examples=2)

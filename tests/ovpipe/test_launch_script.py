@@ -23,7 +23,8 @@ def test_launch_script_content(tmp_path):
     assert "#SBATCH --partition=cpu" in lines and "#SBATCH --mem=4G" in lines and "#SBATCH --qos=high" in lines
     assert f"#SBATCH --output={tmp_path}/ingest/logs/slurm-%A_%a.out" in lines
     assert any(l.startswith("/opt/py -m ovpipe.cli _task ingest") and "--world-size 6" in l
-               and '--rank "$SLURM_ARRAY_TASK_ID"' in l for l in lines)
+               and '--rank "$((SLURM_ARRAY_TASK_ID + RANK_OFFSET))"' in l for l in lines)
+    assert "RANK_OFFSET=0" in lines          # ranks below MaxArraySize: each array index is its rank
     assert "trap requeue USR1" in lines
     subprocess.run(["bash", "-n", "-c", s], check=True)  # valid bash
 

@@ -326,3 +326,20 @@ def test_count_for_llava_ov_fills_the_bins_under_the_official_count(official_run
     assert "count_for" in capsys.readouterr().err and not (run / "pack-bad").exists()
     with pytest.raises(ValueError, match="count_for"):
         PackConfig(count_for="official")
+
+
+def test_count_for_llava_ov_costs_are_the_ones_it_balanced(official_run, tmp_path):
+    """With ``count_for: llava-ov`` the balancer costs each bin from the official count (``lengths − tail``);
+    the manifest's ``cost`` column is that same cost, so the recorded ``straggler_loss_after`` is the loss of
+    the manifest's own costs in its order."""
+    from packing.balance import straggler_loss
+
+    run = tmp_path / "run"
+    for step in ("ingest-conv", "lengths"):
+        shutil.copytree(official_run / step, run / step)
+    assert main(["pack", "--set", f"seq_len={SEQ}", "--set", "write_shards=false", "--set", "count_for=llava-ov",
+                 "--set", "balance_dp=2", "--run-dir", str(run), "--quiet"]) == 0
+    cost = np.array([p["cost"] for p in read_manifest(run, "packs", step="pack").to_pylist()])
+    info = json.loads((run / "pack" / "stats.json").read_text())["info"]
+    assert len(cost) >= 2 and info["count_shift"] > 0
+    assert info["straggler_loss_after"] == pytest.approx(straggler_loss(cost, 2, 1, 1), rel=1e-12, abs=1e-15)

@@ -112,8 +112,8 @@ def test_tp_and_cp_bytes_grow_with_the_micro_batch_and_vanish_without_the_split(
 
 
 def test_padding_dominates_issue_72_and_packing_removes_it():
-    """Issue 72's samples (stage 1, 1,000 tokens each on average) padded to 8,192: most of the compute is
-    padding and the run takes several times the packed one; unpacked at micro-batch 1 nothing is padded."""
+    """LLaVA-OneVision-2 issue 72's samples (stage 1, 1,000 tokens each on average) padded to 8,192: most of the
+    compute is padding and the run takes several times the packed one; unpacked at micro-batch 1 nothing is padded."""
     from pretrain.plan.data import from_samples
 
     recipe = _recipe("llava-ov-1.5-4b")
@@ -258,3 +258,21 @@ def test_packs_that_leave_a_rank_waiting_plan_slower_and_balanced_ones_do_not(tm
     (tmp_path / "old" / "pack" / "packs").mkdir(parents=True)          # a pack step written before costs
     pq.write_table(pa.table({"total_tokens": [512] * 4}), tmp_path / "old" / "pack" / "packs" / "part-00000.parquet")
     assert run_stragglers(tmp_path / "old", "pack", plans) == (plans, False)
+
+
+def test_gradient_buckets_count_parameters_whatever_the_reduce_dtype():
+    """megatron's ``bucket_size`` counts parameters: a bf16 reduce halves each call's bytes, not the bucket count
+    (counting 4 bytes an element made the plan's exposed last bucket twice what it is)."""
+    from pretrain.plan.model import collectives, grad_buckets
+
+    recipe = _recipe("llava-ov-1.5-8b")
+    fp32 = trainer_ddp(recipe, "1.5", 16)
+    bf16 = dataclasses.replace(fp32, grad_reduce_in_fp32=False)
+    counts = {}
+    for name, ddp in (("fp32", fp32), ("bf16", bf16)):
+        calls = [x for x in collectives(recipe, "1.5", 1, 1, 1, 16, 1, 8192, ddp) if x.per == "step"]
+        grad = max(x.nbytes for x in calls if x.kind == "dp_grad")
+        counts[name] = (grad, grad_buckets(calls, ddp))
+    assert counts["bf16"][0] * 2 == counts["fp32"][0]
+    params = counts["fp32"][0] / 4
+    assert counts["bf16"][1] == counts["fp32"][1] == math.ceil(params / fp32.bucket_size)

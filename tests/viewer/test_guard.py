@@ -115,9 +115,15 @@ def test_sigterm_stops_the_server_mid_query(view_run):
         assert httpx.get(url + "/", headers={"Host": "evil.example"}, timeout=30).status_code == 400
         got = {}
         t = threading.Thread(target=lambda: got.setdefault("r", _get(url + "/sql", {"q": LONG})), daemon=True)
+        cpu0 = _cpu_seconds(p.pid)
         t.start()
-        time.sleep(2.0)                      # the query is running in the server
-        assert p.poll() is None
+        # the query is running in the server: its CPU time climbs (an idle server's stays put), the request waits
+        deadline = time.monotonic() + 60
+        while _cpu_seconds(p.pid) - cpu0 < 1.0:
+            assert time.monotonic() < deadline, "the query never started running in the server"
+            assert p.poll() is None and "r" not in got, (p.poll(), got)
+            time.sleep(0.1)
+        assert p.poll() is None and "r" not in got
         t0 = time.monotonic()
         os.kill(p.pid, signal.SIGTERM)
         p.wait(timeout=20)
@@ -126,6 +132,12 @@ def test_sigterm_stops_the_server_mid_query(view_run):
         if p.poll() is None:
             p.kill()
             p.wait(10)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc/PID/stat, fields 14 and 15)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _get(url, params):

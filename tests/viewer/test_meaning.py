@@ -5,66 +5,11 @@ Chromium session for the map (select a region → its samples and SQL), "more li
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 
-QUERY = "a handwritten receipt"
-
-
-@pytest.fixture(scope="module")
-def meaning_run(view_run, tmp_path_factory):
-    import open_clip
-    import torch
-
-    from curation.clip import register_configs
-    from curation.concepts import embed_texts
-    from curation.embed import EmbedImagesConfig
-    from manifests.io import write_part
-    from ovpipe.cli import main
-    from ovpipe.config import config_json
-
-    run = tmp_path_factory.mktemp("meaning") / "run"
-    shutil.copytree(view_run["run"], run)
-    ok = view_run["ok"]
-    register_configs()
-    torch.manual_seed(0)
-    net, _, _ = open_clip.create_model_and_transforms("ovpipe-tiny-clip", pretrained=None)
-    ckpt = run.parent / "tiny-clip.pt"
-    torch.save({"state_dict": net.state_dict()}, ckpt)
-    text = embed_texts([QUERY], ["{}"], net.eval(), open_clip.get_tokenizer("ovpipe-tiny-clip"), "cpu", 1)[0]
-
-    rng = np.random.default_rng(0)
-    d = len(text)
-    centres = rng.standard_normal((4, d))
-    x = centres[np.arange(len(ok)) % 4] + 0.8 * rng.standard_normal((len(ok), d))
-    kept, twin, planted = 0, 1, 2
-    x[twin] = x[kept] + 0.02 * rng.standard_normal(d)
-    x[planted] = text * np.linalg.norm(x[planted]) + 0.05 * rng.standard_normal(d)
-    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
-    emb = run / "embed-images"
-    (emb / "data").mkdir(parents=True)
-    (emb / "completions").mkdir()
-    (emb / "completions" / "finalized").touch()
-    np.save(emb / "data" / "emb-00000.npy", x)
-    write_part({"sample_id": ok, "file": ["embed-images/data/emb-00000.npy"] * len(ok), "row": list(range(len(ok))),
-                "status": ["ok"] * len(ok), "error": [None] * len(ok)},
-               emb / "image_embeddings" / "part-00000.parquet", "image_embeddings")
-    (emb / "config.json").write_text(config_json(EmbedImagesConfig(model="ovpipe-tiny-clip", pretrained=str(ckpt))))
-    (emb / "executor.json").write_text(json.dumps({"step": "embed-images", "tasks": 1, "config_hash": "x",
-                                                   "outputs": ["image_embeddings"]}))
-    cos = float(x[twin].astype(np.float32) @ x[kept].astype(np.float32))
-    dd = run / "dedup"
-    dd.mkdir()
-    write_part({"sample_id": ok, "cluster": [0] * len(ok),
-                "duplicate_of": [ok[kept] if i == twin else None for i in range(len(ok))],
-                "similarity": [cos if i == twin else None for i in range(len(ok))],
-                "status": ["near_duplicate" if i == twin else "ok" for i in range(len(ok))],
-                "error": [None] * len(ok)}, dd / "dedup" / "part-00000.parquet", "dedup")
-    np.save(run / "c.npy", centres.astype(np.float16))        # the concepts manifest names row k of c.npy
-    assert main(["index", "--run-dir", str(run), "--quiet"]) == 0
-    return {"run": run, "kept": ok[kept], "twin": ok[twin], "planted": ok[planted], "ok": ok}
+from tests.viewer.run_builder import QUERY
 
 
 @pytest.fixture(scope="module")
@@ -278,3 +223,40 @@ def _serve(run):
     from viewer.serve import serving_in_thread
 
     return serving_in_thread(create_app(run))
+
+
+def test_lasso_region_route_answers_400(client):
+    r = client.get("/map/region", params={"lasso": "0,0;1e308,1;-1e308,2"})
+    assert r.status_code == 400 and "outside" in r.json()["error"]
+
+
+@pytest.mark.parametrize("page,code", [("-1", 400), ("x", 400), ("1" + "0" * 12, 404), ("5", 404), ("0", 200)])
+def test_duplicates_pages_like_every_page(client, page, code):
+    assert client.get("/duplicates", params={"page": page}).status_code == code
+
+
+def test_the_maps_background_build_handles_its_own_error(meaning_run, monkeypatch):
+    """``/map`` starts building its bodies in a thread; a refused build there is the body route's 400 later,
+    never an exception that kills the thread unhandled."""
+    import threading
+
+    from starlette.testclient import TestClient
+
+    from viewer import similarity as sim
+    from viewer.app import create_app
+
+    def refuse(cat, *a):
+        raise sim.QueryError("no layout here")
+
+    monkeypatch.setattr(sim, "map_layout", refuse)
+    unhandled = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: unhandled.append(args.exc_value))
+    before = set(threading.enumerate())
+    client = TestClient(create_app(meaning_run["run"]), base_url="http://127.0.0.1")
+    assert client.get("/map").status_code == 200
+    for t in set(threading.enumerate()) - before:
+        if t.daemon:
+            t.join(10)
+    assert unhandled == []
+    r = client.get("/map/points")
+    assert r.status_code == 400 and "no layout here" in r.text

@@ -5,6 +5,7 @@ read-only; a refused query (``QueryError``) is a 400 page that says why.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 
@@ -13,11 +14,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from viewer import params
 from viewer import similarity as sim
 from viewer.catalog import RunCatalog
 from viewer.files import Refused
 
 NEIGHBOURS = 24
+log = logging.getLogger(__name__)
 
 
 def _k(request: Request, default: int = NEIGHBOURS) -> int:
@@ -68,9 +71,7 @@ def routes(cat: RunCatalog, roots: list[Path], page) -> list[Route]:
         colours = sorted(sim.colours(cat))
         first = "status" if "status" in colours else "cluster"
         # the bodies the page asks for next start building now, while the browser reads the page and its script
-        threading.Thread(target=lambda: [built("layout", lambda: sim.map_layout(cat)),
-                                         built("colour:" + first, lambda: sim.map_colours(cat, first))],
-                         daemon=True).start()
+        threading.Thread(target=prebuild, args=(first,), daemon=True).start()
         n_map = cat.one("SELECT count(*) FILTER (WHERE in_map) AS n FROM embedding_map")["n"]
         return page(request, "map.html", colours=colours, first=first, n_map=n_map, meta=meta)
 
@@ -88,6 +89,15 @@ def routes(cat: RunCatalog, roots: list[Path], page) -> list[Route]:
                 except sim.QueryError as e:
                     raise HTTPException(400, str(e)) from None
         return slot[1]
+
+    def prebuild(first: str) -> None:
+        """``/map``'s head start on its bodies. A build that fails here (refused, stopped, no index) is left
+        unbuilt: the body's own request builds it again and answers the error, so nothing is raised here."""
+        try:
+            built("layout", lambda: sim.map_layout(cat))
+            built("colour:" + first, lambda: sim.map_colours(cat, first))
+        except Exception as e:       # noqa: BLE001 — this thread has no request to answer
+            log.debug("map prebuild: %s", e)
 
     def map_points(request: Request):
         return Response(built("layout", lambda: sim.map_layout(cat))[0], media_type="application/octet-stream")
@@ -145,12 +155,14 @@ def routes(cat: RunCatalog, roots: list[Path], page) -> list[Route]:
 
     def duplicates(request: Request):
         sort = request.query_params.get("sort", "size")
+        pg = params.page(request)
         try:
-            pg = int(request.query_params.get("page", "0") or 0)
-            d = sim.duplicate_groups(cat, sort, max(0, pg))
-        except ValueError as e:
+            d = sim.duplicate_groups(cat, sort, pg)
+        except sim.QueryError as e:
             raise HTTPException(400, str(e)) from None
-        return page(request, "duplicates.html", d=d, sort=sort, page_no=max(0, pg))
+        if "totals" in d:
+            params.on_a_page(pg, -(-(d["totals"]["groups"] or 0) // sim.GROUPS_PER_PAGE))
+        return page(request, "duplicates.html", d=d, sort=sort, page_no=pg)
 
     def neighbours(request: Request):
         ix = index()

@@ -35,7 +35,7 @@ So the comparison (``compare``) sets the traced peak beside the estimate with th
 (what ``recompute: auto`` weighs) and without them (factors 1, no overhead: the same tensors, counted),
 and the traced matmul FLOPs beside ``flops.forward_flops``' non-attention terms.
 
-Run: ``python -m pretrain.trainer.fake_trace --recipe llava-ov-1.5-4b --stage 1.5 --tp 1 --pp 1 --cp 2
+Run: ``python -m bench.fake_trace --recipe llava-ov-1.5-4b --stage 1.5 --tp 1 --pp 1 --cp 2
 --dp 4 --recompute none --vision-recompute selective`` (one JSON line per role; docs/fake_trace.md).
 """
 from __future__ import annotations
@@ -309,7 +309,8 @@ def trace(spec: TraceSpec, steps: int = 2) -> dict:
     sizes = _setup(spec)
     dtype = torch.bfloat16 if spec.bf16 else torch.float32
     pad_id = recipe.llm.vocab_size - 1
-    tmp = Path(tempfile.mkdtemp(prefix="fake_trace_"))
+    scratch = tempfile.TemporaryDirectory(prefix="fake_trace_")     # the config's run folder and tokenizer: removed
+    tmp = Path(scratch.name)                                         # when the trace ends (or, on an error, at exit)
     (tmp / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"content": "<|image_pad|>", "id": pad_id}]}))
     cfg = TrainConfig(run_dir=tmp, stage=spec.stage, recipe=spec.recipe, steps=1, tp=spec.tp, pp=spec.pp,
                       cp=spec.cp, sequence_parallel=spec.sequence_parallel, bf16=spec.bf16,
@@ -356,7 +357,9 @@ def trace(spec: TraceSpec, steps: int = 2) -> dict:
                     step()
                 opt.step()
         peak = tracker.get_tracker_snapshot("peak")
-    dev = next(k for k in peak if str(k) != "cpu" or True)
+    scratch.cleanup()
+    # the accelerator the fake step ran on where the tracker saw one (the host's buffers count apart), else the host
+    dev = next((k for k in peak if str(k) != "cpu"), next(iter(peak)))
     by_kind = {str(k).split(".")[-1].lower(): v for k, v in peak[dev].items()}
     return {"spec": dataclasses.asdict(spec), "stage_index": ps.get_pipeline_model_parallel_rank(),
             "first_stage": ps.is_pipeline_first_stage(), "last_stage": ps.is_pipeline_last_stage(),
@@ -467,7 +470,7 @@ def main(argv=None) -> int:
         return 0
     print(HEADER)
     for r in roles(spec):
-        cmd = [sys.executable, "-m", "pretrain.trainer.fake_trace", *(argv if argv is not None else sys.argv[1:]),
+        cmd = [sys.executable, "-m", "bench.fake_trace", *(argv if argv is not None else sys.argv[1:]),
                "--rank", str(r)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         line = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
