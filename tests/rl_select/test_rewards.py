@@ -81,11 +81,26 @@ def test_svg_reward_and_external_refs():
         assert status == "bad_response" and reward == 0.0 and not correct   # an incorrect rollout, not a crash
 
 
-def test_format_reward():
-    assert R("format", "<think>a</think><answer>3</answer>", "")[0] == 1.0
-    assert R("format", "<think>a</think><think>b</think><answer>3</answer>", "")[0] == 0.0
-    assert R("format", "<answer>3</answer>", "")[0] == 0.0
-    assert R("format", "<think>" + "x" * 10 + "</think>\\boxed{" + "y" * 50 + "}", "")[0] == 0.0  # boxed > 20%
+def test_format_reward_is_the_recipes():
+    """LLaVA-OneVision-1.5-RL reward/format.py: one <think>…</think>, a \\boxed{} after it, <answer> blocks
+    (+9 characters each) at most 20% of the response."""
+    ok = "<think>" + "reasoning " * 5 + "</think> so the answer is \\boxed{3}"
+    assert R("format", ok, "")[0] == 1.0
+    assert R("format", "<think>a</think><answer>3</answer>", "")[0] == 0.0             # no \\boxed: the recipe's 0
+    assert R("format", "<think>a</think><think>b</think>\\boxed{3}", "")[0] == 0.0     # two <think>
+    assert R("format", "<think>x</think>\\boxed{3}<answer>" + "y" * 50 + "</answer>", "")[0] == 0.0   # > 20%
+    # the named variant beside it takes what the recipe's thinking prompt asks for
+    assert R("format-answer-or-boxed", "<think>a</think><answer>3</answer>", "")[0] == 1.0
+    assert R("format-answer-or-boxed", "<think>" + "x" * 10 + "</think>\\boxed{" + "y" * 50 + "}", "")[0] == 0.0
+
+
+def test_shuffle_r1_reward_mix():
+    """Shuffle-R1 §5.1: 0.9 · accuracy + 0.1 · format (<think> then \\boxed{})."""
+    mix = json.dumps({"reward_mix": "shuffle-r1"})
+    assert score_one(("math", "<think>x</think> \\boxed{4}", "4", mix))[:3] == (1.0, True, "ok")
+    assert score_one(("math", "\\boxed{4}", "4", mix))[0] == pytest.approx(0.9)
+    assert score_one(("math", "<think>x</think> \\boxed{5}", "4", mix))[0] == pytest.approx(0.1)
+    assert score_one(("math", "\\boxed{4}", "4", json.dumps({"reward_mix": "other"})))[2] == "error"
 
 
 def test_detection_through_the_registry():
