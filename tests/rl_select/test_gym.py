@@ -199,3 +199,29 @@ def test_rl_gym_writes_every_game_in_one_step(tmp_path):
         best = ans(extra["state"]["game"], a, extra["perception"])
         assert score_one((r["answer_type"], best, r["ground_truth"], r["extra"]))[:3] == (2.0, True, "ok")
         assert score_one((r["answer_type"], "<answer>none</answer>", r["ground_truth"], r["extra"]))[0] == -1.0
+
+
+def test_cold_start_conversations_hold_the_ground_truth_perception_and_ingest_for_stage_2(tmp_path):
+    """G1 §3.4: rl-gym → gym-cold-start → ingest (the instruct sets' LLaVA JSON): every conversation's answer is the
+    ground-truth perception in G1's structure with a +1 action, so the gym reward gives it GR + FR = 2 and PR = 1."""
+    from manifests import read_manifest
+    from ovpipe.cli import main
+    from rl_select.gym import components
+
+    args = ["--set", "states=2", "--set", "sizes={shisen-sho: 4, shisen-sho-cifar10: 4, swap: 5}",
+            "--set", "walk_steps={'2048': 30, shisen-sho: 20, shisen-sho-cifar10: 20, swap: 20}"]
+    assert main(["rl-gym", *args, "--run-dir", str(tmp_path), "--quiet"]) == 0
+    assert main(["gym-cold-start", "--run-dir", str(tmp_path), "--tasks", "2", "--quiet"]) == 0
+    prompts = {p["prompt_id"]: p for p in read_manifest(tmp_path, "rl_prompts").to_pylist() if p["status"] == "ok"}
+    records = [r for f in sorted((tmp_path / "gym-cold-start" / "llava").glob("part-*.json"))
+               for r in json.loads(f.read_text())]
+    assert sorted(r["id"] for r in records) == sorted(prompts)
+    for r in records:
+        state = json.loads(prompts[r["id"]]["extra"])["state"]
+        assert components(state, r["conversations"][1]["value"]) == {"game": 1.0, "format": 1.0, "perception": 1.0}
+    data = tmp_path / "gym-cold-start" / "llava"
+    assert main(["ingest", "--set", f"inputs=['{data}/part-*.json']", "--run-dir", str(tmp_path / "sft"),
+                 "--quiet"]) == 0
+    samples = read_manifest(tmp_path / "sft", "samples").to_pylist()
+    assert len(samples) == len(records) and {s["status"] for s in samples} == {"ok"}
+    assert all(s["conversation"][1]["text"].startswith("<perception>\n") and s["n_images"] == 1 for s in samples)
