@@ -157,9 +157,12 @@ def test_areal_reward_fn_matches_its_workflow_call(demo_run, trainers_site):
             got.append(reward_fn(prompt="p", completions=resp[key], prompt_ids=[1], completion_ids=[2], **row))
             want.append(rewards[key]["reward"])
     assert got == want and len(got) == 16 * len(kept)
-    parts = reward_parts(prompt="p", completions="<think>a</think><answer>x</answer>", prompt_ids=[], completion_ids=[],
-                         **rows[0])
+    # the recipe's format reward (reward/format.py): one <think>, a \\boxed{} after it
+    parts = reward_parts(prompt="p", completions="<think>a few words of reasoning</think> so \\boxed{x}",
+                         prompt_ids=[], completion_ids=[], **rows[0])
     assert set(parts) == {"reward", "acc_reward", "format_reward"} and parts["format_reward"] == 1.0
+    assert reward_parts(prompt="p", completions="<think>a</think><answer>x</answer>", prompt_ids=[], completion_ids=[],
+                        **rows[0])["format_reward"] == 0.0
 
 
 def test_roll_reward_worker_core_scores_like_ovpipe(demo_run):
