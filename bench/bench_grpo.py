@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             for st in env.states:
                 legal = games.legal_actions(st)
                 x = legal[0] if legal else None
-                acts.append("<answer>none</answer>" if x is None else f"<answer>{x}</answer>" if game == "2048"
-                            else f"<answer>({x[0][0]},{x[0][1]}),({x[1][0]},{x[1][1]})</answer>")
+                acts.append("<answer>none</answer>" if x is None else f"<answer>{games.format_action(game, x)}</answer>")
             env.step(acts)
             steps += len(acts)
         sps = steps / (time.perf_counter() - t0)
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         st = env.states[0]
         t0 = time.perf_counter()
         for _ in range(20):
-            score_actions(st, ["<answer>up</answer>", "<answer>(0,0),(0,1)</answer>"] * 8)
+            score_actions(st, ["<answer>0</answer>", "<answer>(0, 0) (0, 1)</answer>"] * 8)
         aps = 20 * 16 / (time.perf_counter() - t0)
         print(f"| {game} | {sps:,.0f} | {rps:,.0f} | {aps:,.0f} |")
     return 0

@@ -41,6 +41,7 @@ STEPS: dict[str, tuple[str, str]] = {
     "select": ("rl_select.select", "pass@k per prompt; keep a Pass@N − Pass@1 gap"),
     "export": ("rl_select.export", "kept prompts in GRPO trainers' layouts (verl, …)"),
     "rl-gym": ("rl_select.gym.step", "VLM-Gym game states as an rl_prompts manifest"),
+    "gym-cold-start": ("rl_select.gym.coldstart", "G1's perception cold start: states → LLaVA JSON"),
     # grpo
     "grpo": ("grpo.step", "GRPO on TRL over the export's splits → an HF folder"),
 }

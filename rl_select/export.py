@@ -8,8 +8,10 @@
   2000 rows per shard — ``id, images, problem, answer, problem_type, answer_type, source,
   prompt_type`` (``normal`` | ``thinking``, as the recipe's dataset reads it), ``reward_params``;
   images written once as PNG/JPEG files under ``areal/images/`` and referenced by path;
-* ``roll`` (ROLL VLM): parquet like verl plus ``reward_model.{accuracy_ratio, format_ratio, verifier,
-  verifier_parm}`` and ``tag``; ratios come from the prompt's ``extra`` (a ROLL input) else the config;
+* ``roll`` (ROLL VLM, its docs' schema): parquet like verl with images as the ``datasets`` ``Image`` feature,
+  ``reward_model.{answer, ground_truth, accuracy_ratio, format_ratio, verifier, verifier_parm {det_verifier_normalized,
+  det_reward_ratio}, reward_params}`` and ``tag`` (= ``data_source``, what ROLL routes by); ratios come from the
+  prompt's ``extra`` (a ROLL input) else the config;
 * ``openrlhf``: ``RUN/export/openrlhf/<split>.jsonl`` — ``{"id", "prompt", "label", "reward_label", "images":
   [paths], "datasource"}`` (``reward_label``: ground truth + answer type + reward parameters, JSON).
 
@@ -78,23 +80,58 @@ def reward_label(p: dict) -> str:
                        "reward_params": p["extra"] or "{}"}, sort_keys=True)
 
 
+DET_RATIO_KEYS = ("iou_max_label_first", "iou_max_iou_first", "iou_completeness", "map", "map50", "map75")
+
+
+def roll_reward_model(p: dict, cfg: ExportConfig) -> dict:
+    """ROLL's ``reward_model`` struct: ``answer``, ``ground_truth``, the ratios (a ROLL row's own, else the
+    config's), ``verifier`` (the answer type), ``verifier_parm`` (``det_verifier_normalized`` and the six
+    ``det_reward_ratio`` weights; nulls where the row has none, as ROLL's own math rows), and
+    ``reward_params``: every ovpipe reward parameter as JSON (ROLL hands a reward worker ``reward_model`` and
+    ``tag`` only, so ``rl_select.trainers.roll_reward`` reads them here)."""
+    extra = json.loads(p["extra"] or "{}")
+    vp = extra.get("verifier_parm") or {}
+    vp = json.loads(vp) if isinstance(vp, str) else vp
+    ratios = vp.get("det_reward_ratio") or {}
+    return {"answer": p["ground_truth"], "ground_truth": p["ground_truth"],
+            "accuracy_ratio": float(extra.get("accuracy_ratio", cfg.accuracy_ratio)),
+            "format_ratio": float(extra.get("format_ratio", cfg.format_ratio)),
+            "verifier": p["answer_type"],
+            "verifier_parm": {"det_verifier_normalized": vp.get("det_verifier_normalized"),
+                              "det_reward_ratio": {k: ratios.get(k) for k in DET_RATIO_KEYS}},
+            "reward_params": p["extra"] or "{}"}
+
+
 def _verl_row(i: int, p: dict, roll: bool, cfg: ExportConfig) -> dict:
-    rm = {"style": "rule", "ground_truth": p["ground_truth"]}
-    if roll:
-        extra = json.loads(p["extra"] or "{}")   # per-sample ratios ingested from a ROLL set win over the config's
-        rm.update({"accuracy_ratio": float(extra.get("accuracy_ratio", cfg.accuracy_ratio)),
-                   "format_ratio": float(extra.get("format_ratio", cfg.format_ratio)),
-                   "verifier": p["answer_type"], "verifier_parm": json.dumps(extra, sort_keys=True)})
+    rm = roll_reward_model(p, cfg) if roll else {"style": "rule", "ground_truth": p["ground_truth"]}
     row = {"data_source": p["source"], "prompt": [{"role": "user", "content": p["question"]}],
-           "images": [{"bytes": b} for b in p["images"]], "ability": p["category"], "reward_model": rm,
+           "images": [{"bytes": b, "path": None} if roll else {"bytes": b} for b in p["images"]],
+           "ability": p["category"], "reward_model": rm,
            # answer_type + reward_params (the prompt's `extra`, JSON) are what the verl adapter scores with
            "extra_info": {"index": i, "prompt_id": p["prompt_id"], "answer_type": p["answer_type"], "split": p["split"],
                           "reward_params": p["extra"] or "{}"},
            # EasyR1's defaults (data.prompt_key=problem, answer_key=answer, image_key=images) read the same file
            "problem": p["question"], "answer": p["ground_truth"]}
     if roll:
-        row["tag"] = p["category"]
+        row["tag"] = p["source"]        # ROLL's VLM loader routes by tag = data_source (vlm_dataset_utils.py)
     return row
+
+
+def _roll_features() -> dict:
+    """The ``datasets`` features of ROLL's VLM schema (its docs' ``Sequence(Image)``, ``reward_model`` struct),
+    as the ``huggingface`` schema metadata ``datasets`` writes, so ``load_dataset("parquet")`` decodes the
+    images as ``Image`` features. Written by hand: the export does not import ``datasets``."""
+    v = lambda t: {"dtype": t, "_type": "Value"}  # noqa: E731
+    return {"data_source": v("string"), "images": {"feature": {"_type": "Image"}, "_type": "Sequence"},
+            "prompt": [{"role": v("string"), "content": v("string")}], "ability": v("string"),
+            "reward_model": {"answer": v("string"), "ground_truth": v("string"), "accuracy_ratio": v("float32"),
+                             "format_ratio": v("float32"), "verifier": v("string"),
+                             "verifier_parm": {"det_verifier_normalized": v("bool"),
+                                               "det_reward_ratio": {k: v("float32") for k in DET_RATIO_KEYS}},
+                             "reward_params": v("string")},
+            "extra_info": {"index": v("int64"), "prompt_id": v("string"), "answer_type": v("string"),
+                           "split": v("string"), "reward_params": v("string")},
+            "problem": v("string"), "answer": v("string"), "tag": v("string")}
 
 
 def verl_schema(roll: bool):
@@ -102,16 +139,23 @@ def verl_schema(roll: bool):
     batch whose prompts carry no image must not make ``images`` a list of nulls."""
     import pyarrow as pa
 
-    s = pa.string()
-    rm = [("style", s), ("ground_truth", s)] + ([("accuracy_ratio", pa.float64()), ("format_ratio", pa.float64()),
-                                                  ("verifier", s), ("verifier_parm", s)] if roll else [])
+    s, f32 = pa.string(), pa.float32()
+    if roll:
+        rm = [("answer", s), ("ground_truth", s), ("accuracy_ratio", f32), ("format_ratio", f32), ("verifier", s),
+              ("verifier_parm", pa.struct([("det_verifier_normalized", pa.bool_()),
+                                           ("det_reward_ratio", pa.struct([(k, f32) for k in DET_RATIO_KEYS]))])),
+              ("reward_params", s)]
+        image = pa.struct([("bytes", pa.binary()), ("path", s)])
+    else:
+        rm, image = [("style", s), ("ground_truth", s)], pa.struct([("bytes", pa.binary())])
     fields = [("data_source", s), ("prompt", pa.list_(pa.struct([("role", s), ("content", s)]))),
-              ("images", pa.list_(pa.struct([("bytes", pa.binary())]))), ("ability", s),
+              ("images", pa.list_(image)), ("ability", s),
               ("reward_model", pa.struct(rm)),
               ("extra_info", pa.struct([("index", pa.int64()), ("prompt_id", s), ("answer_type", s), ("split", s),
                                         ("reward_params", s)])),
               ("problem", s), ("answer", s)] + ([("tag", s)] if roll else [])
-    return pa.schema(fields)
+    meta = {"huggingface": json.dumps({"info": {"features": _roll_features()}})} if roll else None
+    return pa.schema(fields, metadata=meta)
 
 
 class SplitWriter:
@@ -140,7 +184,7 @@ class SplitWriter:
 
     def add(self, p: dict) -> None:
         i, self.n = self.n, self.n + 1
-        self.tags.add(p["category"])
+        self.tags.add(p["source"] if self.fmt == "roll" else p["category"])   # ROLL routes by data_source
         if self.fmt in ("verl", "roll"):
             self.rows.append(_verl_row(i, p, self.fmt == "roll", self.cfg))
             if len(self.rows) == PROMPT_BATCH:

@@ -80,16 +80,18 @@ actor_train:
   data_args:
     file_name: [{root / 'roll' / f'{split}.parquet'}]
     messages: prompt
+    domain_interleave_probs:    # every domain under `rewards` draws its share of a rollout batch
+      ovpipe: 1.0
 rewards:
   ovpipe:
     worker_cls: rl_select.trainers.roll_reward.OvpipeRewardWorker
     model_args:
       model_name_or_path: ${{pretrain}}
-    tag_included: [{', '.join(tags)}]"""
+    tag_included: [{', '.join(tags)}]    # the data_source values of this split (ROLL's tag)"""
 
 
 def write_handoff(fmt: str, root: Path, splits: list[str], tags: dict[str, list[str]], timeout: float) -> Path:
-    """``HANDOFF.md`` of one format: a block per split; ``tags``: each split's categories (ROLL's tags)."""
+    """``HANDOFF.md`` of one format: a block per split; ``tags``: each split's routing values (ROLL's tags: the data sources)."""
     blocks = []
     for split in splits:
         cmd = {"verl": lambda: _verl(root, split, timeout), "openrlhf": lambda: _openrlhf(root, split, timeout),

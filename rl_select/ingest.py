@@ -96,7 +96,7 @@ def adapt(row: dict, layout: str, cfg: RLIngestConfig) -> dict:
         rm = row.get("reward_model") or {}
         extra = {k: v for k, v in (row.get("extra_info") or {}).items()}
         if layout == "roll":
-            extra.update({k: rm[k] for k in ("accuracy_ratio", "format_ratio", "verifier", "verifier_parm") if k in rm})
+            extra.update(roll_extra(rm))
         gt = rm.get("ground_truth")
         return {"question": _message_text(row.get("prompt")) or row.get("problem"),
                 "ground_truth": gt if isinstance(gt, str) or gt is None else json.dumps(gt),
@@ -110,6 +110,36 @@ def adapt(row: dict, layout: str, cfg: RLIngestConfig) -> dict:
             "images": row.get("images") or ([row["image"]] if row.get("image") is not None else []),
             "answer_type": row.get("answer_type"), "source": row.get("source"), "category": row.get("category"),
             "extra": {k: row[k] for k in ("id", "prompt_type") if k in row}}
+
+
+def _drop_nulls(v):
+    """ROLL's schema gives every row every ``verifier_parm`` field (nulls where a verifier has none)."""
+    if isinstance(v, dict):
+        return {k: _drop_nulls(x) for k, x in v.items() if x is not None and _drop_nulls(x) != {}}
+    return v
+
+
+def roll_extra(rm: dict) -> dict:
+    """A ROLL ``reward_model``'s reward parameters: ovpipe's own ``reward_params`` (JSON, where the row came from
+    ``export --format roll``), then the ratios, the verifier and ``verifier_parm`` (a struct, or its JSON text)."""
+    out = json.loads(rm["reward_params"]) if isinstance(rm.get("reward_params"), str) and rm["reward_params"] else {}
+    out.update({k: rm[k] for k in ("accuracy_ratio", "format_ratio", "verifier") if rm.get(k) is not None})
+    vp = rm.get("verifier_parm")
+    vp = json.loads(vp) if isinstance(vp, str) and vp.strip().startswith("{") else vp
+    if isinstance(vp, dict) and _drop_nulls(vp):
+        out["verifier_parm"] = _drop_nulls(vp)
+    return out
+
+
+def _input_size(image: bytes) -> list[int]:
+    """[W, H] of the first image: the frame a detection answer's boxes are in, which ``det_verifier_normalized``
+    rescales to 1000 (ROLL reads it from the processor's image grid)."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(image)) as im:
+        return list(im.size)
 
 
 def ingest_file(path: str, cfg: RLIngestConfig, stats) -> Iterator[dict]:
@@ -133,6 +163,11 @@ def ingest_file(path: str, cfg: RLIngestConfig, stats) -> Iterator[dict]:
         except Exception as e:
             status, error = "bad_image", f"{type(e).__name__}: {e}"[:300]
         n_ph = q.count(PLACEHOLDER)
+        if status == "ok" and images and (a["extra"].get("verifier_parm") or {}).get("det_verifier_normalized"):
+            try:
+                a["extra"].setdefault("input_size", _input_size(images[0]))
+            except Exception as e:
+                status, error = "bad_image", f"{type(e).__name__}: {e}"[:300]
         if status == "ok":
             if not q.strip():
                 status, error = "empty_question", "question is empty"

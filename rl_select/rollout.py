@@ -37,11 +37,14 @@ from ovpipe.config import check_range
 from inference.backends import check_backend_fields, check_backend_runtime
 from ovpipe.step import Step, TaskContext
 
+# the recipe's two prompts (LLaVA-OneVision-1.5-RL dataset/dataset.py: the instruction, a newline, the problem;
+# `prompt_type: normal` gets the answer-only one)
+THINKING_PROMPT = ("Think and solve the following question step by step. Please put your thinking and analysis "
+                   "procedure within <think></think>. Put ONLY your final answer within <answer></answer>.")
+ANSWER_ONLY_PROMPT = "Put ONLY your final answer within <answer></answer>."
 TEMPLATES = {
-    "answer_only": "{question}\nPut ONLY your final answer within <answer></answer>.",
-    "thinking": ("{question}\nYou FIRST think about the reasoning process as an internal monologue and then "
-                 "provide the final answer. The reasoning process MUST BE enclosed within <think> </think> tags. "
-                 "The final answer MUST BE put in <answer></answer>."),
+    "answer_only": ANSWER_ONLY_PROMPT + "\n{question}",
+    "thinking": THINKING_PROMPT + "\n{question}",
 }
 
 

@@ -114,6 +114,11 @@ SLOW: dict[str, float] = {
     "tests/packing/test_conversation_pack.py::test_mixed_copies_and_two_samples_steps": 2.5,
     "tests/curation/test_recaption.py::test_transformers_backend_bilingual_and_deterministic": 2.5,
     "tests/packing/test_caption_source.py::test_pack_uses_source_copies_and_encodes_the_recaption": 2.3,
+    # ROLL's two doc rows through rl-ingest → rollout → score → select → export (the module fixture: 6-9 s idle,
+    # 17 s loaded, on whichever of these runs first); the verifier's rule tests beside them stay fast
+    "tests/rl_select/test_roll_examples.py::test_both_example_rows_ingest_and_score_without_an_error_row": 9.5,
+    "tests/rl_select/test_roll_examples.py::test_a_perfect_detection_answer_gets_the_top_score": 9.5,
+    "tests/rl_select/test_roll_examples.py::test_export_round_trips_rolls_schema": 9.5,
     # the RL stage: GRPO runs on a tiny policy (loaded machine)
     "tests/grpo/test_grpo_step.py::test_a_few_steps_move_the_policy_toward_the_rewarded_answer": 20.0,
     "tests/grpo/test_grpo_step.py::test_sigkill_then_rerun_ends_with_the_uninterrupted_runs_metrics": 40.0,

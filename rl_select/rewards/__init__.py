@@ -23,8 +23,10 @@ from typing import Callable
 
 from rl_select.rewards.detection import detection_reward
 from rl_select.rewards.extract import MAX_RESPONSE_CHARS, BadResponse
-from rl_select.rewards.rules import (bbox_reward, bool_reward, choice_reward, exact_reward, format_reward, html_reward,
-                                     math_reward, number_reward, ocr_reward, string_reward)
+from rl_select.rewards.rules import (answer_or_boxed_format_reward, bbox_reward, bool_reward, choice_reward, exact_reward,
+                                     format_reward, html_reward, math_reward, number_reward, ocr_reward,
+                                     shuffle_r1_format, string_reward)
+from rl_select.rewards.roll import is_roll_row, mathverify_reward, weighted
 from rl_select.rewards.svg import svg_reward
 
 REWARDS: dict[str, Callable] = {
@@ -39,9 +41,11 @@ REWARDS: dict[str, Callable] = {
     "svg": svg_reward,
     "bool": bool_reward,
     "string": string_reward,
-    "format": format_reward,
+    "format": format_reward,                              # the recipe's (rules.format_reward)
+    "format-answer-or-boxed": answer_or_boxed_format_reward,   # named variant beside it
     "detection": detection_reward,
     "exact": exact_reward,
+    "mathverify": mathverify_reward,     # ROLL's `verifier: "mathverify"` (rl_select.rewards.roll)
 }
 # the published recipe's AnswerType names (its data ships with them), on the same rules
 REWARDS.update({"multiple-choice": choice_reward, "math-expressions": math_reward, "html-code": html_reward,
@@ -65,8 +69,8 @@ def resolve(answer_type: str) -> Callable:
 
 def reward_params(extra) -> dict:
     """A prompt's ``extra`` (JSON) as reward parameters; a ROLL ``verifier_parm`` (a JSON object or
-    its text) is merged on top, so e.g. ``{"match": "label_first", "schedule": "dynamic"}`` reaches
-    the detection verifier."""
+    its text) is merged on top, so e.g. ``{"det_reward_ratio": {…}, "det_verifier_normalized": true}``
+    reaches the detection verifier."""
     params = json.loads(extra) if isinstance(extra, str) and extra else dict(extra or {})
     vp = params.get("verifier_parm")
     if isinstance(vp, str) and vp.strip().startswith("{"):
@@ -91,6 +95,13 @@ def score_one(job: tuple) -> tuple[float, bool, str, str | None]:
         if params.get("require_answer_tag") and answer_type != "format" and not has_answer_tag(response):
             return 0.0, False, "ok", None      # the recipe's extraction: no <answer>…</answer>, no reward
         r, c = fn(response, gt, params)
+        if is_roll_row(params):                # ROLL's accuracy_ratio / format_ratio weighting, every verifier
+            r = weighted(answer_type, float(r), response or "", params)
+        mix = params.get("reward_mix")
+        if mix == "shuffle-r1":                # Shuffle-R1 §5.1: 0.9 · accuracy + 0.1 · format
+            r = 0.9 * float(r) + 0.1 * shuffle_r1_format(response or "")
+        elif mix is not None:
+            raise ValueError(f"reward_mix={mix!r}: the one named combination is 'shuffle-r1'")
         if "correct_threshold" in params:      # per-prompt override of a graded reward's notion of correct
             c = float(r) >= float(params["correct_threshold"])
         return float(r), bool(c), "ok", None

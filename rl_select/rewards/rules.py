@@ -222,12 +222,38 @@ def html_reward(response: str, gt: str, extra: dict):
 
 
 # -- format -------------------------------------------------------------------------------
+_RECIPE_FORMAT = re.compile(r".*<think>.*</think>.*\\boxed\{.*\}.*", re.S)
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
 def format_reward(response: str, gt: str = "", extra: dict | None = None):
-    """1 iff exactly one <think>…</think>, at least one <answer>…</answer> or \\boxed{}, and the
-    boxed content is at most 20% of the response."""
+    """The recipe's ``reward/format.py``: the response is ``…<think>…</think>…\\boxed{…}…`` with exactly one
+    ``<think>`` and one ``</think>``, and its ``<answer>`` blocks (each counted + 9 characters, as the recipe's
+    ``extract_boxed_content`` — which reads ``<answer>``, not ``\\boxed`` — does) are at most 20% of its length."""
+    r = (response or "")[:MAX_RESPONSE_CHARS]
+    if not _RECIPE_FORMAT.fullmatch(r) or r.count("<think>") != 1 or r.count("</think>") != 1:
+        return 0.0, False
+    ok = sum(len(b) + 9 for b in _ANSWER_BLOCK.findall(r)) / len(r) <= 0.2
+    return float(ok), ok
+
+
+def answer_or_boxed_format_reward(response: str, gt: str = "", extra: dict | None = None):
+    """Named variant ``format-answer-or-boxed`` (ovpipe's earlier rule, kept beside the recipe's): exactly one
+    ``<think>…</think>``, an ``<answer>…</answer>`` *or* a ``\\boxed{}``, the last boxed content at most 20% of the
+    response — it accepts what the recipe's own thinking prompt asks for (``<answer>``), which the recipe's
+    format reward (``\\boxed`` required) scores 0."""
     r = (response or "")[:MAX_RESPONSE_CHARS]
     thinks = re.findall(r"<think>.*?</think>", r, re.S)
     has_answer = bool(re.search(r"<answer>.*?</answer>", r, re.S)) or last_boxed(r) is not None
     boxed = last_boxed(r)
     ok = len(thinks) == 1 and r.count("<think>") == 1 and has_answer and (boxed is None or len(boxed) <= 0.2 * len(r))
     return float(ok), ok
+
+
+_SHUFFLE_R1_FORMAT = re.compile(r"\s*<think>.*?</think>.*\\boxed\{.*\}.*", re.S)
+
+
+def shuffle_r1_format(response: str) -> float:
+    """Shuffle-R1's format term: a ``<think>…</think>`` block, then the answer in ``\\boxed{}``."""
+    r = (response or "")[:MAX_RESPONSE_CHARS]
+    return 1.0 if _SHUFFLE_R1_FORMAT.fullmatch(r) and r.count("<think>") == 1 else 0.0

@@ -6,18 +6,17 @@ reads ``data.non_tensor_batch["reward_model"]`` (``ground_truth``, ``accuracy_ra
 ``format_ratio``, ``verifier``, ``verifier_parm``) and the step from ``data.meta_info`` (``global_step``,
 ``max_steps``), and returns a ``DataProto`` of ``token_level_rewards`` (zeros), ``response_level_rewards``
 and ``scores``. The export writes exactly that ``reward_model`` (``verifier`` = the answer type,
-``verifier_parm`` = the reward parameters as JSON, the detection verifier's ``match``/``schedule``
-among them).
+``verifier_parm`` = ROLL's struct of ``det_verifier_normalized`` and ``det_reward_ratio``, and
+``reward_params`` = every ovpipe reward parameter as JSON).
 
 ``score_roll`` is the framework-free core (tested here); ``OvpipeRewardWorker`` wraps it in ROLL's
 ``Worker`` where ROLL is installed (it is not on PyPI: the ``roll`` package there is an unrelated
 project; install ROLL from its repository). ``rewards.ovpipe.worker_cls:
 rl_select.trainers.roll_reward.OvpipeRewardWorker``.
 
-The score is our registry's reward, which for ``detection`` already mixes
-``accuracy_ratio · accuracy + format_ratio · format`` (rl_select/rewards/detection.py) — ROLL's own
-DetectionRewardWorker normalises by ``accuracy_ratio + format_ratio`` instead; with the exported
-defaults (1, 0) the two agree.
+The score is our registry's reward, which for every ROLL row is ROLL's
+``(accuracy_ratio · accuracy + format_ratio · format) / (accuracy_ratio + format_ratio)``
+(``rl_select/rewards/roll.py``), the combination ROLL's ``DetectionRewardWorker`` computes.
 """
 from __future__ import annotations
 
@@ -34,13 +33,13 @@ from rl_select.trainers import DEFAULT_TIMEOUT_S, DEFAULT_WORKERS, score_many  #
 
 
 def roll_params(reward_model: dict, step: int = 0, total_steps: int = 0) -> dict:
-    """The registry's parameters from a ROLL ``reward_model``: ``verifier_parm`` (JSON text or dict),
-    the ratios, and the training step for the detection verifier's dynamic IoU schedule."""
-    vp = reward_model.get("verifier_parm") or {}
-    params = json.loads(vp) if isinstance(vp, str) else dict(vp)
-    for k in ("accuracy_ratio", "format_ratio"):
-        if reward_model.get(k) is not None:
-            params[k] = float(reward_model[k])
+    """The registry's parameters from a ROLL ``reward_model``: ovpipe's ``reward_params`` (JSON) where the export
+    wrote it, ``verifier_parm`` (ROLL's struct or its JSON text, nulls dropped) on top, the ratios, and the
+    training step for the detection verifier's ``dynamic`` IoU threshold."""
+    from rl_select.ingest import roll_extra
+
+    params = roll_extra(reward_model)
+    params.pop("verifier", None)
     if total_steps:
         params.update(step=int(step), total_steps=int(total_steps))
     return params

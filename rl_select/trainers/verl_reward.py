@@ -6,7 +6,7 @@ verl (0.9.1, both the reward-loop and the legacy ``naive`` manager) calls
 ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=, **reward_kwargs)`` once per
 response; ``extra_info`` is the exported row's: ``answer_type`` picks the reward and ``reward_params``
 (the prompt's ``extra``, JSON) carries its parameters (tolerances, IoU threshold, the detection
-verifier's match/schedule, ``correct_threshold``, ``require_answer_tag``). ``reward_kwargs``
+verifier's ``det_reward_ratio``, ``correct_threshold``, ``require_answer_tag``). ``reward_kwargs``
 (``+reward.custom_reward_function.reward_kwargs.timeout_s=5``) may set ``timeout_s``, ``workers`` and
 ``format_weight``. Returns ``{"score", "accuracy", "format", "correct", "failed"}``, all floats (verl
 averages every key into its metrics). ``compute_score_batch`` is the same for verl's

@@ -4,7 +4,6 @@ import time
 import pytest
 
 from rl_select.rewards import RewardRunner, resolve, score_one
-from rl_select.rewards.detection import detection_accuracy, match
 from rl_select.rewards.safe_math import Unsafe, to_sympy
 
 
@@ -82,28 +81,40 @@ def test_svg_reward_and_external_refs():
         assert status == "bad_response" and reward == 0.0 and not correct   # an incorrect rollout, not a crash
 
 
-def test_format_reward():
-    assert R("format", "<think>a</think><answer>3</answer>", "")[0] == 1.0
-    assert R("format", "<think>a</think><think>b</think><answer>3</answer>", "")[0] == 0.0
-    assert R("format", "<answer>3</answer>", "")[0] == 0.0
-    assert R("format", "<think>" + "x" * 10 + "</think>\\boxed{" + "y" * 50 + "}", "")[0] == 0.0  # boxed > 20%
+def test_format_reward_is_the_recipes():
+    """LLaVA-OneVision-1.5-RL reward/format.py: one <think>…</think>, a \\boxed{} after it, <answer> blocks
+    (+9 characters each) at most 20% of the response."""
+    ok = "<think>" + "reasoning " * 5 + "</think> so the answer is \\boxed{3}"
+    assert R("format", ok, "")[0] == 1.0
+    assert R("format", "<think>a</think><answer>3</answer>", "")[0] == 0.0             # no \\boxed: the recipe's 0
+    assert R("format", "<think>a</think><think>b</think>\\boxed{3}", "")[0] == 0.0     # two <think>
+    assert R("format", "<think>x</think>\\boxed{3}<answer>" + "y" * 50 + "</answer>", "")[0] == 0.0   # > 20%
+    # the named variant beside it takes what the recipe's thinking prompt asks for
+    assert R("format-answer-or-boxed", "<think>a</think><answer>3</answer>", "")[0] == 1.0
+    assert R("format-answer-or-boxed", "<think>" + "x" * 10 + "</think>\\boxed{" + "y" * 50 + "}", "")[0] == 0.0
 
 
-def test_detection_matching_and_penalties():
-    gt = [{"bbox": [0, 0, 10, 10], "label": "cat"}, {"bbox": [20, 20, 30, 30], "label": "dog"}]
-    assert detection_accuracy(gt, gt) == 1.0
-    swapped = [{"bbox": [0, 0, 10, 10], "label": "dog"}, {"bbox": [20, 20, 30, 30], "label": "cat"}]
-    assert detection_accuracy(swapped, gt) < 0.5
-    # label_first: a same-label box with lower IoU is preferred over a better-overlapping wrong label
-    pred = [{"bbox": [0, 0, 10, 10], "label": "dog"}, {"bbox": [1, 1, 10, 10], "label": "cat"}]
-    one = [{"bbox": [0, 0, 10, 10], "label": "cat"}]
-    assert match(pred, one, 0.5, "label_first") == 1 and match(pred, one, 0.5, "iou_first") == 0
-    spam = gt + [{"bbox": [50 + i, 50, 60 + i, 60], "label": "cat"} for i in range(10)]
-    assert detection_accuracy(spam, gt) < detection_accuracy(gt, gt) / 2
-    resp = "<think>x</think><answer>" + json.dumps([{"bbox_2d": b["bbox"], "label": b["label"]} for b in gt]) + "</answer>"
-    gts = json.dumps([{"bbox_2d": b["bbox"], "label": b["label"]} for b in gt])
-    assert R("detection", resp, gts, {"accuracy_ratio": 0.8, "format_ratio": 0.2})[0] == pytest.approx(1.0)
-    assert score_one(("detection", "<answer>[{not json</answer>", gts, "{}"))[2] == "bad_response"
+def test_shuffle_r1_reward_mix():
+    """Shuffle-R1 §5.1: 0.9 · accuracy + 0.1 · format (<think> then \\boxed{})."""
+    mix = json.dumps({"reward_mix": "shuffle-r1"})
+    assert score_one(("math", "<think>x</think> \\boxed{4}", "4", mix))[:3] == (1.0, True, "ok")
+    assert score_one(("math", "\\boxed{4}", "4", mix))[0] == pytest.approx(0.9)
+    assert score_one(("math", "<think>x</think> \\boxed{5}", "4", mix))[0] == pytest.approx(0.1)
+    assert score_one(("math", "\\boxed{4}", "4", json.dumps({"reward_mix": "other"})))[2] == "error"
+
+
+def test_detection_through_the_registry():
+    """Rule-level checks against ROLL's text live in test_roll_examples.py; here the registry's statuses."""
+    gt = [{"bbox_2d": [0, 0, 10, 10], "label": "cat"}, {"bbox_2d": [20, 20, 30, 30], "label": "dog"}]
+    gts = json.dumps(gt)
+    ratios = {"det_reward_ratio": {"iou_max_label_first": 1.0, "iou_completeness": 0.3}}
+    resp = "<think>x</think><answer>" + gts + "</answer>"
+    assert R("detection", resp, gts, ratios) == (pytest.approx(1.0), True)
+    swapped = "<answer>" + json.dumps([{**gt[0], "label": "dog"}, {**gt[1], "label": "cat"}]) + "</answer>"
+    assert R("detection", swapped, gts, ratios)[0] < 0.5
+    spam = "<answer>" + json.dumps(gt + [{"bbox_2d": [50 + i, 50, 60 + i, 60], "label": "cat"} for i in range(10)]) + "</answer>"
+    assert R("detection", spam, gts, ratios)[0] < 0.01                       # 0.6 ** 10 size penalty
+    assert score_one(("detection", "<answer>[{not boxes</answer>", gts, json.dumps(ratios)))[:3] == (0.0, False, "ok")
     assert score_one(("detection", resp, "[{broken reference", "{}"))[2] == "error"     # the ground truth's fault
 
 
@@ -148,11 +159,13 @@ def test_roll_verifier_parm_reaches_the_detection_verifier():
 
     gt = json.dumps([{"bbox_2d": [0, 0, 10, 10], "label": "cat"}])
     resp = "<answer>" + json.dumps([{"bbox_2d": [0, 0, 10, 8], "label": "cat"}]) + "</answer>"   # IoU 0.8
-    late = json.dumps({"accuracy_ratio": 1.0, "verifier_parm": json.dumps({"schedule": "dynamic", "step": 10,
-                                                                          "total_steps": 10})})
-    assert reward_params(late)["schedule"] == "dynamic"
-    assert score_one(("detection", resp, gt, late))[0] == pytest.approx(0.5)       # τ = 0.95: no match
-    assert score_one(("detection", resp, gt, "{}"))[0] == pytest.approx(0.5 * 7 / 11 + 0.5)
+    vp = {"det_reward_ratio": {"iou_max_label_first": 1.0, "iou_completeness": 0.0}}
+    late = json.dumps({"accuracy_ratio": 1.0, "format_ratio": 0.0, "iou_threshold": "dynamic", "step": 10,
+                       "total_steps": 10, "verifier_parm": json.dumps(vp)})
+    assert reward_params(late)["det_reward_ratio"] == vp["det_reward_ratio"]
+    assert score_one(("detection", resp, gt, late))[0] == 0.0                       # τ = 0.99: no match
+    avg = json.dumps({"accuracy_ratio": 1.0, "format_ratio": 0.0, "verifier_parm": vp})
+    assert score_one(("detection", resp, gt, avg))[0] == pytest.approx(0.8 * 7 / 11)   # matched at τ ≤ 0.8
 
 
 def test_correct_threshold_override():

@@ -28,10 +28,10 @@ def test_ten_megabyte_responses(t, gt):
     ("number", "<answer>" + "1" * 5000 + "</answer>", "1", "ok"),
     ("bbox", '<answer>{"bbox_2d": [1, 2, "x", 4]}</answer>', "[0,0,4,4]", "ok"),  # malformed JSON box
     ("bbox", "<answer>" + "[" * 100_000 + "</answer>", "[0,0,4,4]", "ok"),        # JSON nesting bomb
-    ("detection", "<answer>" + "[" * 100_000 + "]" * 100_000 + "</answer>", BOXES, "bad_response"),
-    ("detection", '<answer>[{"bbox_2d": null}]</answer>', BOXES, "bad_response"),
-    ("detection", "<answer>[1, 2]</answer>", BOXES, "bad_response"),
-    ("detection", '<answer>{"a": 1}</answer>', BOXES, "bad_response"),
+    ("detection", "<answer>" + "[" * 100_000 + "]" * 100_000 + "</answer>", BOXES, "ok"),    # ROLL: no readable boxes scores 0
+    ("detection", '<answer>[{"bbox_2d": null}]</answer>', BOXES, "ok"),    # ROLL: no readable boxes scores 0
+    ("detection", "<answer>[1, 2]</answer>", BOXES, "ok"),    # ROLL: no readable boxes scores 0
+    ("detection", '<answer>{"a": 1}</answer>', BOXES, "ok"),    # ROLL: no readable boxes scores 0
     ("svg", "<svg xmlns='http://www.w3.org/2000/svg'>" + "<rect width='1' height='1'/>" * 20_000 + "</svg>", SVG,
      "bad_response"),                                                             # over the size cap
     ("svg", "<svg xmlns:xlink='http://www.w3.org/1999/xlink' xmlns='http://www.w3.org/2000/svg'>"
@@ -85,10 +85,10 @@ def test_math_pathologies_are_bounded_by_the_runner():
 
 
 def test_detection_dynamic_schedule():
-    gt = [{"bbox": [0, 0, 10, 10], "label": "cat"}]
-    pred = [{"bbox": [0, 0, 10, 8], "label": "cat"}]                         # IoU 0.8
-    early = detection_accuracy(pred, gt, schedule="dynamic", step=0, total_steps=100)     # τ = 0.5
-    late = detection_accuracy(pred, gt, schedule="dynamic", step=100, total_steps=100)    # τ = 0.95
-    assert early == 1.0 and late == pytest.approx(0.5 * 0 + 0.5 * 1.0)
-    avg = detection_accuracy(pred, gt)                                         # τ ∈ {.5, …, .95, .99}
-    assert avg == pytest.approx(0.5 * (7 / 11) + 0.5)                          # matched at τ ≤ 0.8
+    gt = [{"bbox_2d": [0.0, 0.0, 10.0, 10.0], "label": "cat"}]
+    pred = [{"bbox_2d": [0.0, 0.0, 10.0, 9.0], "label": "cat"}]                   # IoU 0.9
+    p = {"iou_threshold": "dynamic", "total_steps": 100,
+         "det_reward_ratio": {"iou_max_label_first": 1.0, "iou_completeness": 0.5}}
+    early = detection_accuracy(pred, gt, {**p, "step": 5})       # τ = 0.85: matched
+    late = detection_accuracy(pred, gt, {**p, "step": 100})      # τ = 0.99: no match, completeness 0
+    assert early == pytest.approx(0.5 * 0.9 + 0.5 * 1.0) and late == 0.0

@@ -69,8 +69,8 @@ def test_vllm_requests(monkeypatch):
     assert seen["sampling"][1]["seed"] == base + 4                         # the second template's offset
     assert len(seen["inputs"]) == 4                                        # 2 prompts × 2 templates
     first = seen["inputs"][0]
-    assert first["prompt"].startswith("<|image|>How many?") and "<image>" not in first["prompt"]
-    assert first["prompt"].endswith(TEMPLATES["answer_only"].split("\n", 1)[1])
+    assert "<|image|>How many?" in first["prompt"] and "<image>" not in first["prompt"]
+    assert TEMPLATES["answer_only"].split("\n", 1)[0] + "\n<|image|>How many?" in first["prompt"]   # recipe order
     assert len(first["multi_modal_data"]["image"]) == 1 and first["multi_modal_data"]["image"][0].size == (8, 8)
     assert "multi_modal_data" not in seen["inputs"][2]                     # text-only prompt
     assert len(rows) == 16

@@ -157,9 +157,12 @@ def test_areal_reward_fn_matches_its_workflow_call(demo_run, trainers_site):
             got.append(reward_fn(prompt="p", completions=resp[key], prompt_ids=[1], completion_ids=[2], **row))
             want.append(rewards[key]["reward"])
     assert got == want and len(got) == 16 * len(kept)
-    parts = reward_parts(prompt="p", completions="<think>a</think><answer>x</answer>", prompt_ids=[], completion_ids=[],
-                         **rows[0])
+    # the recipe's format reward (reward/format.py): one <think>, a \\boxed{} after it
+    parts = reward_parts(prompt="p", completions="<think>a few words of reasoning</think> so \\boxed{x}",
+                         prompt_ids=[], completion_ids=[], **rows[0])
     assert set(parts) == {"reward", "acc_reward", "format_reward"} and parts["format_reward"] == 1.0
+    assert reward_parts(prompt="p", completions="<think>a</think><answer>x</answer>", prompt_ids=[], completion_ids=[],
+                        **rows[0])["format_reward"] == 0.0
 
 
 def test_roll_reward_worker_core_scores_like_ovpipe(demo_run):
@@ -175,7 +178,7 @@ def test_roll_reward_worker_core_scores_like_ovpipe(demo_run):
     rm = {r["extra_info"]["prompt_id"]: r["reward_model"] for r in rows}
     out = score_roll([resp[k] for k in keys], [rm[k[0]] for k in keys], step=3, total_steps=10)
     assert [o["score"] for o in out] == [rewards[k]["reward"] for k in keys]
-    assert {r["tag"] for r in rows} == {prompts[p]["category"] for p in kept}
+    assert {r["tag"] for r in rows} == {prompts[p]["source"] for p in kept}      # ROLL routes by data_source
 
 
 def test_verl_adapter_loads_from_a_file_path_and_maps_statuses():
@@ -242,7 +245,7 @@ def test_handoff_snippets_wire_existing_data_to_existing_entry_points(demo_run):
     assert len(folders) == len(splits) and all(list(Path(f).glob("part-*.jsonl")) for f in folders)
     roll_text = (ex / "roll" / "HANDOFF.md").read_text()
     assert "rl_select.trainers.roll_reward.OvpipeRewardWorker" in roll_text
-    assert all(prompts[p]["category"] in roll_text for p in kept)
+    assert all(prompts[p]["source"] in roll_text for p in kept) and "domain_interleave_probs" in roll_text
 
 
 def test_areal_reward_fn_runs_in_a_process_pool_worker():
