@@ -114,6 +114,7 @@ SLOW: dict[str, float] = {
     # the RL stage: GRPO runs on a tiny policy (loaded machine)
     "tests/grpo/test_grpo_step.py::test_a_few_steps_move_the_policy_toward_the_rewarded_answer": 20.0,
     "tests/grpo/test_grpo_step.py::test_sigkill_then_rerun_ends_with_the_uninterrupted_runs_metrics": 40.0,
+    "tests/grpo/test_shuffle_r1.py::test_reshaper_selects_pixel_values_per_image_grid": 12.4,   # imports trl
 }
 
 
