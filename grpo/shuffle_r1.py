@@ -131,7 +131,7 @@ class ShuffleR1Config:
     variant: str = "shuffle_r1"
     alpha: float = 0.5
     S: int = 8
-    seed: int = 0
+    seed: int | None = None          # None: the step's seed
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -141,15 +141,19 @@ class ShuffleR1Config:
         if self.S < 1:
             raise ValueError(f"shuffle_r1.S={self.S}: the number of ABS sub-samplings, at least 1")
 
+    def pairs_per_group(self, num_generations: int) -> int:
+        K = pairs_kept_per_group(num_generations, self.alpha, VARIANTS[self.variant]["pts"])
+        if K < 1:
+            raise ValueError(f"shuffle_r1.alpha={self.alpha} keeps 0 pairs of num_generations={num_generations}")
+        return K
+
     def check_sizes(self, num_generations: int, prompts_per_generation: int, steps_per_generation: int) -> int:
         """Fail at load, naming the fields, when TRL's sizes cannot hold the paper's batch; returns the rows
         the update sees per generation batch (2·P)."""
         v = VARIANTS[self.variant]
         if num_generations % 2:
             raise ValueError(f"shuffle_r1 pairs rollouts: num_generations={num_generations} must be even")
-        K = pairs_kept_per_group(num_generations, self.alpha, v["pts"])
-        if K < 1:
-            raise ValueError(f"shuffle_r1.alpha={self.alpha} keeps 0 pairs of num_generations={num_generations}")
+        K = self.pairs_per_group(num_generations)
         P = prompts_per_generation * K
         if (v["abs"] or v["static"]) and P % self.S:
             raise ValueError(f"shuffle_r1.S={self.S} must divide the {P} kept pairs "
@@ -159,8 +163,10 @@ class ShuffleR1Config:
                              f"{steps_per_generation} mini-batches")
         return 2 * P
 
-    def reshaper(self) -> BatchReshaper:
-        return make_reshaper(alpha=self.alpha, S=self.S, seed=self.seed, **VARIANTS[self.variant])
+    def reshaper(self, seed: int = 0) -> BatchReshaper:
+        """The Hook-1 callable; ``seed`` is the step's, used when the config gives none."""
+        return make_reshaper(alpha=self.alpha, S=self.S, seed=seed if self.seed is None else self.seed,
+                             **VARIANTS[self.variant])
 
 
 def select_rows(batch: dict, idx: np.ndarray) -> dict:
