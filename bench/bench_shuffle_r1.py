@@ -183,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     from rl_select.rollout import TEMPLATES
 
     torch.set_num_threads(2)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    commit += " (with local changes)" if dirty else ""
     results, lm0 = [], {"train": [], "held_out": []}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_shuffle_r1-") as tmp:
@@ -202,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['wall_s']:.0f} s", file=sys.stderr, flush=True)
     lm0 = {k: float(np.mean(v)) for k, v in lm0.items()}
     summary = summarise(results, lm0)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cmd = "python -m bench.bench_shuffle_r1 " + " ".join(argv or [])
     head = (f"### Shuffle-R1 ablations (Tab. 5) with `ovpipe grpo`, word-copy demo task\n\n"
             f"Command: `{cmd.strip()}`; seeds {a.seeds}; {a.steps} optimizer steps a run; commit {commit}; "
