@@ -43,25 +43,11 @@ COMMON = ["micro_batch=8", "max_completion_length=1", "learning_rate=0.02", "sta
           "reward_workers=1", "save_every=1000"]
 
 
-def write_split(run: Path, split: str, rows: list[dict]) -> None:
-    """``RUN/export/verl/<split>.parquet`` in the export step's schema."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from rl_select.export import ExportConfig, _verl_row, verl_schema
-
-    out = run / "export" / "verl"
-    out.mkdir(parents=True, exist_ok=True)
-    table = [_verl_row(i, {"prompt_id": f"{i:016x}", "source": "bench", "question": r["question"], "images": [],
-                           "category": "words", "ground_truth": r["answer"], "answer_type": r["answer_type"],
-                           "extra": "{}", "split": split}, False, ExportConfig()) for i, r in enumerate(rows)]
-    pq.write_table(pa.Table.from_pylist(table, schema=verl_schema(False)), out / f"{split}.parquet")
-
-
 def one_run(name: str, seed: int, steps: int, lm: Path, work: Path) -> dict:
     import pyarrow.parquet as pq
 
     from demo.rl_words import HELD_OUT_WORDS, TRAIN_WORDS, pass_at_1, rows
+    from demo.word_lm import write_split
     from ovpipe.cli import main
     from rl_select.rollout import TEMPLATES
 

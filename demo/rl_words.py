@@ -13,44 +13,16 @@ from the model's logits — no sampling noise in the figure.
 """
 from __future__ import annotations
 
-from pathlib import Path
+from demo.word_lm import WORDS, word_lm  # noqa: F401  (the policy this task trains)
 
-WORDS = ["yes", "no", "red", "blue", "maybe", "cat", "dog", "one", "two", "three"]
 TRAIN_WORDS = ["yes", "no", "red", "blue", "cat", "dog"]
 HELD_OUT_WORDS = ["maybe", "one", "two", "three"]
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]"]
-CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+assert set(TRAIN_WORDS) | set(HELD_OUT_WORDS) == set(WORDS)
 
 
 def rows(words=TRAIN_WORDS) -> list[dict]:
     """``{question, answer, answer_type}`` rows, one per word."""
     return [{"question": f"say {w}", "answer": w, "answer_type": "string"} for w in words]
-
-
-def word_lm(out: Path, seed: int = 0, hidden: int = 32) -> Path:
-    """A random 1-layer Qwen3 over the word-level tokenizer, saved as an HF folder."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    vocab = {w: i for i, w in enumerate(SPECIAL + WORDS + ["user", "assistant"])}
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  unk_token="[UNK]", chat_template=CHAT)
-    out = Path(out)
-    tok.save_pretrained(out)
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
-                      eos_token_id=vocab["<|im_end|>"], pad_token_id=vocab["<|endoftext|>"], bos_token_id=None,
-                      tie_word_embeddings=True)
-    model = Qwen3ForCausalLM(cfg)
-    model.generation_config.eos_token_id = vocab["<|im_end|>"]
-    model.generation_config.pad_token_id = vocab["<|endoftext|>"]
-    model.save_pretrained(out)
-    return out
 
 
 def pass_at_1(model_dir, prompts: list[str], answers: list[str]) -> float:

@@ -4,15 +4,12 @@ both symptoms for every step."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fixtures import word_lm, write_split  # noqa: E402
+from demo.word_lm import word_lm, write_split
 
 ROWS = [{"question": "say yes", "answer": "yes"}, {"question": "say no", "answer": "no"}]
 # 2 prompts × 16 rollouts generated a step; PTS keeps 4 pairs a prompt (8 pairs, 16 rollouts), ABS: S = 4 × T = 2
