@@ -5,9 +5,9 @@
 SortedRL (``grpo.rollout_sim``): the paper's §4.4.1 workload (512 samples in 4 batches, at most 8K generated
 tokens, the same lengths in every mode) on an engine whose decode step takes a memory-bound engine's time
 (LLaMA-3.1-8B on one H100), beside the paper's figures; then each modelling choice varied alone from that
-row. ``--quick`` leaves out the variations. Shuffle-R1: a batch of 64 groups × 8 rollouts
-with binary rewards drawn per prompt from a Beta(0.4, 0.4) success rate (many flat groups, as in
-practice), before and after PTS + ABS.
+row. ``--quick`` leaves out the variations. Shuffle-R1: the paper's batch of 512 prompts × 16 rollouts with binary
+rewards drawn per prompt from a Beta(0.4, 0.4) success rate (many flat groups, as in practice), before and after
+each variant of the paper's Tab. 5 (``grpo.shuffle_r1.VARIANTS``).
 """
 from __future__ import annotations
 
@@ -65,28 +65,39 @@ def sortedrl_tables(quick: bool = False) -> None:
               f"{r['partial'].tokens_per_s / b - 1:+.1%} |")
 
 
-def main(argv: list[str] | None = None) -> int:
+def shuffle_r1_table() -> None:
     import torch
 
     from grpo.loss import group_advantages
-    from grpo.shuffle_r1 import reshape_batch, symptoms
+    from grpo.shuffle_r1 import VARIANTS, reshape_indices
+    from grpo.symptoms import nonzero_grad_rollout_share, small_advantage_share, token_utilization
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    a = ap.parse_args(argv or [])
-    sortedrl_tables(a.quick)
     rng = np.random.default_rng(0)
-    G, n = 64, 8
+    G, n = 512, 16                                  # the paper's batch: 512 prompts × 16 rollouts
     p = rng.beta(0.4, 0.4, G)
     rewards = (rng.random((G, n)) < p[:, None]).astype(np.float32).ravel()
     gid = np.repeat(np.arange(G), n)
     adv = group_advantages(torch.tensor(rewards), torch.tensor(gid)).numpy()
-    idx = reshape_batch(adv, gid, alpha=0.5, S=8, seed=0)
-    b, af = symptoms(adv), symptoms(adv[idx])
-    print("\n### Shuffle-R1 on a 64 × 8 batch")
-    print("| | advantage collapsing (|A| < 0.1) | rollouts with non-zero gradient |\n| --- | ---: | ---: |")
-    print(f"| before | {b['advantage_collapsing']:.1%} | {b['nonzero_gradient_share']:.1%} |")
-    print(f"| after PTS + ABS | {af['advantage_collapsing']:.1%} | {af['nonzero_gradient_share']:.1%} |")
+    tokens = rng.integers(64, 1024, len(adv))       # completion lengths, for the token share
+    print(f"\n### Shuffle-R1 on the paper's batch ({G} prompts × {n} rollouts, α = 0.5, S = 8)")
+    print("| batch | rollouts trained | pairs kept | S × T | distinct pairs | advantage collapsing (|A| < 0.1) "
+          "| rollouts with non-zero gradient | token utilization |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: "
+          "| ---: |")
+    print(f"| GRPO (all generated) | {len(adv):,} | | | | {small_advantage_share(adv):.1%} | "
+          f"{nonzero_grad_rollout_share(adv):.1%} | {token_utilization(adv, tokens):.1%} |")
+    for name, kw in VARIANTS.items():
+        idx, info = reshape_indices(adv, n, 0.5, 8, rng=np.random.default_rng(0), **kw)
+        print(f"| {name} | {len(idx):,} | {info['pairs_kept']:,} | {info['S']} × {info['T']} | "
+              f"{info['distinct_pair_share']:.1%} | {small_advantage_share(adv[idx]):.1%} | "
+              f"{nonzero_grad_rollout_share(adv[idx]):.1%} | {token_utilization(adv[idx], tokens[idx]):.1%} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv or [])
+    sortedrl_tables(a.quick)
+    shuffle_r1_table()
     import time
 
     from rl_select.gym import GAMES, VecEnv, games, score_actions

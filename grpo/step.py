@@ -132,7 +132,6 @@ class GRPOStepConfig:
         if self.batch_size % self.num_generations:
             raise ValueError(f"num_generations={self.num_generations} does not divide batch_size={self.batch_size} "
                              f"(rollouts per step = prompts per step × num_generations)")
-        self.check_world(1)
         for name in ("learning_rate", "weight_decay", "temperature", "epsilon", "epsilon_high", "beta",
                      "reward_timeout_s"):
             check_range(self, name, 0)
@@ -159,13 +158,54 @@ class GRPOStepConfig:
                 raise ValueError(f"lora: unknown keys {unknown}; known: r, alpha, dropout, target_modules")
         if self.shuffle_r1 and self.sortedrl:
             raise ValueError("shuffle_r1 and sortedrl: one batch-shaping algorithm at a time")
+        self.reshape_config()
+        self.check_world(1)
+
+    def reshape_config(self):
+        """``shuffle_r1`` as ``grpo.shuffle_r1.ShuffleR1Config`` (None when off), unknown keys refused."""
+        if not self.shuffle_r1:
+            return None
+        from dataclasses import fields
+
+        from grpo.shuffle_r1 import ShuffleR1Config
+
+        known = [f.name for f in fields(ShuffleR1Config)]
+        unknown = sorted(set(self.shuffle_r1) - set(known))
+        if unknown:
+            raise ValueError(f"shuffle_r1: unknown keys {unknown}; known: {', '.join(known)}")
+        return ShuffleR1Config(**self.shuffle_r1)
+
+    def generation_micro_batch(self) -> int:
+        """TRL's ``per_device_train_batch_size``: the rollouts a rank generates per micro-step. With ``shuffle_r1``
+        the update keeps 2⌊α·N⌋ of a group's ``num_generations`` (the paper: 16 generated, 8 kept), so a rank
+        generates ``micro_batch · num_generations / kept`` for each ``micro_batch`` it trains on."""
+        sr = self.reshape_config()
+        if sr is None:
+            return self.micro_batch
+        kept = 2 * sr.pairs_per_group(self.num_generations)
+        if (self.micro_batch * self.num_generations) % kept:
+            raise ValueError(f"micro_batch={self.micro_batch}: shuffle_r1 keeps {kept} of num_generations="
+                             f"{self.num_generations} rollouts a prompt, so micro_batch × {self.num_generations} "
+                             f"must be a multiple of {kept}")
+        return self.micro_batch * self.num_generations // kept
 
     def check_world(self, world: int) -> None:
-        """The batch splits evenly into micro-batches on ``world`` ranks (TRL's own rule, named by field)."""
-        per = self.micro_batch * world
+        """The batch splits evenly into micro-batches on ``world`` ranks (TRL's own rule, named by field); with
+        ``shuffle_r1``, each rank's share is whole groups whose kept pairs the paper's S × T holds."""
+        per = self.generation_micro_batch() * world
         if self.batch_size % per:
             raise ValueError(f"batch_size={self.batch_size} is not a multiple of micro_batch={self.micro_batch} × "
-                             f"{world} rank(s); choose micro_batch so that it divides batch_size / ranks")
+                             f"{world} rank(s)"
+                             + (f" × {per // (self.micro_batch * world)} (shuffle_r1 generates that many rollouts "
+                                f"for each one it trains on)" if per != self.micro_batch * world else "")
+                             + "; choose micro_batch so that it divides batch_size / ranks")
+        sr = self.reshape_config()
+        if sr is not None:
+            local = self.batch_size // world
+            if local % self.num_generations:
+                raise ValueError(f"batch_size={self.batch_size} on {world} rank(s) splits a group of "
+                                 f"num_generations={self.num_generations}: shuffle_r1 pairs within whole groups")
+            sr.check_sizes(self.num_generations, local // self.num_generations, self.batch_size // per)
 
     def split(self, stage: str) -> str:
         return self.splits.get(stage, STAGES[stage]["split"])
@@ -286,7 +326,8 @@ def bf16(cfg: GRPOStepConfig, device: str) -> bool:
 def trl_config(cfg: GRPOStepConfig, out: Path, stage: str, device: str, world: int):
     from trl import GRPOConfig
 
-    accum = cfg.batch_size // (cfg.micro_batch * world)
+    per_device = cfg.generation_micro_batch()
+    accum = cfg.batch_size // (per_device * world)
     kw: dict[str, Any] = {}
     if cfg.generation.startswith("vllm"):
         kw.update(use_vllm=True, vllm_mode=cfg.generation.split("-", 1)[1])
@@ -301,7 +342,7 @@ def trl_config(cfg: GRPOStepConfig, out: Path, stage: str, device: str, world: i
         output_dir=str(out / "checkpoints"), max_steps=cfg.steps, learning_rate=cfg.learning_rate,
         weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_ratio, lr_scheduler_type=cfg.lr_scheduler,
         optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999,
-        per_device_train_batch_size=cfg.micro_batch, gradient_accumulation_steps=accum, steps_per_generation=accum,
+        per_device_train_batch_size=per_device, gradient_accumulation_steps=accum, steps_per_generation=accum,
         num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
         temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
         beta=cfg.beta, loss_type=cfg.loss_type, seed=cfg.seed, data_seed=cfg.seed,
@@ -384,11 +425,8 @@ def train_stage(cfg: GRPOStepConfig, run_dir: Path, stage: str, start: str, out:
         peft_config = LoraConfig(r=int(cfg.lora.get("r", 64)), lora_alpha=int(cfg.lora.get("alpha", 16)),
                                  lora_dropout=float(cfg.lora.get("dropout", 0.05)),
                                  target_modules=cfg.lora.get("target_modules", "all-linear"), task_type="CAUSAL_LM")
-    reshaper = None
-    if cfg.shuffle_r1:
-        from grpo.shuffle_r1 import make_reshaper
-
-        reshaper = make_reshaper(**cfg.shuffle_r1)
+    sr = cfg.reshape_config()
+    reshaper = sr.reshaper(cfg.seed) if sr is not None else None
     rollout_func = None
     if cfg.sortedrl:
         from grpo.sortedrl import make_rollout_func

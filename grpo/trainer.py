@@ -8,7 +8,8 @@ the clipped loss (``loss_type``, ``epsilon`` / ``epsilon_high``, ``beta``), chec
 
 * **the batch hook** (``batch_reshaper``): TRL generates once per ``steps_per_generation`` micro-steps and buffers
   the result; the reshaper sees that whole buffer — the batch B that Shuffle-R1's Algorithm 1 reshapes — after the
-  rewards and advantages are in and before TRL shuffles and splits it into micro-batches;
+  rewards and advantages are in and before TRL shuffles and splits it into micro-batches (a reshaper whose
+  ``ordered`` is true — Shuffle-R1's sub-samplings — is split in its own order, unshuffled);
 * **the rollout hook** is TRL's own ``rollout_func`` (SortedRL's engine adapter), passed through by the step;
 * **processor outputs the model does not take** (a newer processor's ``mm_token_type_ids`` for the published
   LLaVA-OneVision-1.5 remote class) are dropped at the processor, for generation and for the loss's forward alike —
@@ -264,6 +265,14 @@ class OvpipeGRPOTrainer(GRPOTrainer):
                 self.step_stats[f"reward_{status}"] = float(n)
             if hasattr(f, "status"):
                 f.status = {}
+        if getattr(self.batch_reshaper, "ordered", False):
+            # the reshaper's row order is its method (Shuffle-R1's S sub-samplings one after another, the static
+            # reorder): split it into micro-batches in that order, as TRL does after its shuffle
+            from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
+
+            chunks = split_tensor_dict(split_pixel_values_by_grid(batch), self.args.steps_per_generation)
+            self._buffered_inputs = [unsplit_pixel_values_by_grid(c) for c in chunks]
+            return self._buffered_inputs[self._step % self.args.steps_per_generation]
         original = self._generate_and_score_completions
         self._generate_and_score_completions = lambda _inputs: batch
         try:
