@@ -21,30 +21,41 @@ log-probs, the completion flag, the policy version(s) and a lifecycle state
 (cached → running → paused (partial) or cached again (on-policy) → … → completed → consumed), with
 every transition kept in ``Entry.history`` so a test can check the lifecycle is complete.
 
-``grpo.rollout_sim`` drives this controller with a rollout engine whose decode step takes the time a
-memory-bound engine takes, and measures the bubble ratio and throughput of the paper's workload.
+``EngineDriver`` runs the controller on a real engine (``grpo.engines``: transformers' continuous batching on the
+CPU, vLLM on a GPU): it admits what the controller schedules, steps the engine, feeds the new tokens and their
+log-probs back, stops the running requests at each early termination and resumes the paused ones with their
+tokens as the prompt. Every engine step is logged (requests computed ``r_k``, wall time), which is what the bubble
+ratio (the paper's eq. 4) is computed from. ``synchronous_rollout`` is the baseline on the same engine.
+``make_rollout_func`` puts the driver behind TRL's ``rollout_func``. ``grpo.rollout_sim`` is the same controller
+on a modelled engine, the explanation of where the figures come from (bench/bench_sortedrl.py compares the two).
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 Mode = Literal["on_policy", "partial"]
+MODES = ("on_policy", "partial")
 
 
 @dataclass
 class Entry:
     prompt_id: int
-    target_len: int                   # the engine's business; the controller never reads it
+    target_len: int                   # the token budget (max new tokens); a real engine may stop earlier at EOS
     tokens: int = 0
     logprobs: list = field(default_factory=list)
     versions: list = field(default_factory=list)   # policy version of each generated chunk
+    prompt_ids: list = field(default_factory=list)
+    token_ids: list = field(default_factory=list)
+    token_versions: list = field(default_factory=list)   # the policy version that sampled each token
     done: bool = False
     state: str = "cached"
     restarts: int = 0
     finished_at: int = -1                          # completion order, so a batch takes the earliest finished
+    group: int = -1                                # the GRPO group (rollouts of one prompt); -1: its own
     history: list = field(default_factory=list)    # every state this entry entered, in order
 
     def move(self, state: str) -> None:
@@ -66,7 +77,16 @@ class RolloutBuffer:
 
 
 class SortedRLController:
-    def __init__(self, batch_size: int, mode: Mode = "on_policy", terminate_at: int | None = None):
+    def __init__(self, batch_size: int, mode: Mode = "on_policy", terminate_at: int | None = None,
+                 group_size: int = 1):
+        """``group_size``: a batch takes whole GRPO groups (``Entry.group``), a group being finished when its last
+        rollout is; 1 is the paper's per-rollout rule."""
+        if mode not in MODES:
+            raise ValueError(f"sortedrl.mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if batch_size < 1 or group_size < 1 or batch_size % group_size:
+            raise ValueError(f"sortedrl: batch_size={batch_size} must be a positive multiple of the GRPO group "
+                             f"size {group_size}")
+        self.group_size = group_size
         if terminate_at is not None and terminate_at < batch_size:
             raise ValueError(f"terminate_at={terminate_at} must be at least batch_size={batch_size}")
         self.batch_size = batch_size
@@ -96,10 +116,13 @@ class SortedRLController:
             e.move("running")
         return out
 
-    def on_step(self, e: Entry, n_tokens: int, logprobs=None) -> None:
+    def on_step(self, e: Entry, n_tokens: int, logprobs=None, token_ids=None) -> None:
         e.tokens += n_tokens
         if logprobs is not None:
             e.logprobs.extend(logprobs)
+        if token_ids is not None:
+            e.token_ids.extend(token_ids)
+            e.token_versions.extend([self.version] * n_tokens)
         if not e.versions or e.versions[-1] != self.version:
             e.versions.append(self.version)
 
@@ -110,6 +133,12 @@ class SortedRLController:
 
     def ready_batch(self, final: bool = False) -> list[Entry] | None:
         done = sorted(self.buffer.by_state("completed"), key=lambda e: e.finished_at)
+        if self.group_size > 1:
+            groups: dict[int, list[Entry]] = {}
+            for e in done:
+                groups.setdefault(e.group, []).append(e)
+            whole = sorted((g for g in groups.values() if len(g) == self.group_size), key=lambda g: g[-1].finished_at)
+            done = [e for g in whole for e in g]
         if len(done) >= self.terminate_at or (final and done):
             batch = done[: self.batch_size]
             for e in batch:
@@ -124,16 +153,193 @@ class SortedRLController:
         if self.mode == "on_policy":
             # finished under the old policy but not in the emitted batch: stale now, so regenerated too
             for e in self.buffer.by_state("completed"):
-                self.wasted_tokens += e.tokens
-                e.tokens, e.logprobs, e.versions, e.done, e.finished_at = 0, [], [], False, -1
-                e.restarts += 1
-                e.move("cached")
+                self._discard(e)
         for e in stopped:
             if self.mode == "on_policy":
-                self.wasted_tokens += e.tokens
-                e.tokens, e.logprobs, e.versions = 0, [], []
-                e.restarts += 1
-                e.move("cached")
+                self._discard(e)
             else:
                 e.move("paused")
         return stopped
+
+    def _discard(self, e: Entry) -> None:
+        self.wasted_tokens += e.tokens
+        e.tokens, e.logprobs, e.versions, e.token_ids, e.token_versions = 0, [], [], [], []
+        e.done, e.finished_at = False, -1
+        e.restarts += 1
+        e.move("cached")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The controller on a real engine
+
+
+@dataclass
+class StepLog:
+    running: int              # r_k: requests the step computed
+    seconds: float            # Δt_k
+    draining: bool            # nothing left to admit, ever: the final drain
+    prefill_tokens: int
+    context_tokens: int
+    new_tokens: int
+
+
+@dataclass
+class EngineRun:
+    """What one rollout run did on an engine: its steps and its emitted batches (entries, in emission order)."""
+    mode: str
+    slots: int
+    steps: list = field(default_factory=list)
+    batches: list = field(default_factory=list)
+    wasted_tokens: int = 0
+
+    @property
+    def time_s(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+    def _idle(self, drain_only: bool = False) -> float:
+        return sum((self.slots - s.running) * s.seconds for s in self.steps if s.draining or not drain_only)
+
+    @property
+    def bubble_ratio(self) -> float:
+        """The paper's eq. 4, Σ_k (Q − r_k)·Δt_k / (T·Q), over every step (the final drain included)."""
+        return self._idle() / (self.time_s * self.slots)
+
+    @property
+    def drain_bubble(self) -> float:
+        """The part of ``bubble_ratio`` accrued in the final drain (same denominator, as in ``rollout_sim``)."""
+        return self._idle(True) / (self.time_s * self.slots)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(s.new_tokens for s in self.steps)
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(e.tokens for b in self.batches for e in b)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.trained_tokens / self.time_s
+
+    @property
+    def schedule(self) -> list:
+        return [([e.prompt_id for e in b], [list(e.versions) for e in b]) for b in self.batches]
+
+
+class EngineDriver:
+    """The controller driving an engine, batch by batch: ``feed`` groups of entries (each a prompt, its token ids
+    and its budget), ``next_batch`` runs the engine until the controller emits a batch, and stops (on-policy:
+    discards) what is still running. ``close_source()`` says no group will follow the fed ones, so the steps
+    after the last admission count as the final drain. ``slots`` is Q, the requests the engine runs at once."""
+
+    def __init__(self, ctl: SortedRLController, engine, slots: int):
+        if slots < 1:
+            raise ValueError(f"sortedrl.slots={slots} must be at least 1")
+        self.ctl, self.engine, self.slots = ctl, engine, slots
+        self.groups: deque = deque()
+        self.running: dict[str, Entry] = {}
+        self.run = EngineRun(ctl.mode, slots)
+        self.source_closed = False
+        self._attempts: dict[int, int] = {}
+
+    def feed(self, group: list[Entry]) -> None:
+        self.groups.append(group)
+
+    def close_source(self) -> None:
+        self.source_closed = True
+
+    def _rid(self, e: Entry) -> str:
+        n = self._attempts.get(e.prompt_id, 0)
+        self._attempts[e.prompt_id] = n + 1
+        return f"{e.prompt_id}.{n}"
+
+    def _emit(self, batch: list[Entry]) -> list[Entry]:
+        self.run.batches.append(batch)
+        stopped = {id(e) for e in self.ctl.end_update()}
+        for rid, e in list(self.running.items()):
+            if id(e) in stopped:
+                partial = self.engine.stop(rid)
+                # partial mode: the engine's partial is the tail the buffer already holds (nothing unseen is lost)
+                if e.state == "paused" and partial.token_ids != e.token_ids[len(e.token_ids) - len(partial.token_ids):]:
+                    raise RuntimeError(f"request {rid}: the engine's partial tokens disagree with the buffer's")
+                del self.running[rid]
+        self.run.wasted_tokens = self.ctl.wasted_tokens
+        return batch
+
+    def next_batch(self) -> list[Entry] | None:
+        ctl = self.ctl
+        while True:
+            if ctl.needs_group():
+                if not self.groups:
+                    return None
+                ctl.load_group(self.groups.popleft())
+            for e in ctl.schedule(self.slots - len(self.running)):
+                rid = self._rid(e)
+                if e.tokens:                                   # a paused partial: its tokens become the prompt
+                    self.engine.resume(rid, e.prompt_ids, e.token_ids, e.target_len - e.tokens)
+                else:
+                    self.engine.admit(rid, e.prompt_ids, e.target_len)
+                self.running[rid] = e
+            if not self.running:
+                batch = ctl.ready_batch(final=True)
+                if batch:
+                    return self._emit(batch)
+                continue                                       # the group is consumed: load the next one
+            waiting = any(e.state in ("cached", "paused") for e in ctl.buffer.entries.values())
+            rep = self.engine.step()
+            self.run.steps.append(StepLog(rep.running, rep.seconds, not waiting and not self.groups and
+                                          self.source_closed, rep.prefill_tokens, rep.context_tokens,
+                                          sum(len(p.token_ids) for p in rep.new.values())))
+            for rid, p in rep.new.items():
+                ctl.on_step(self.running[rid], len(p.token_ids), p.logprobs, p.token_ids)
+            for rid in rep.finished:
+                ctl.on_finish(self.running.pop(rid))
+            remaining = sum(1 for e in ctl.buffer.entries.values() if e.state in ("cached", "paused", "running"))
+            batch = ctl.ready_batch(final=remaining == 0)
+            if batch:
+                return self._emit(batch)
+
+
+def run_sorted(engine, groups: list[list[Entry]], slots: int, batch_size: int, mode: Mode,
+               terminate_at: int | None = None, measure_batches: int | None = None, group_size: int = 1) -> EngineRun:
+    """The controller over ``groups`` on ``engine`` until every entry is trained (or ``measure_batches``)."""
+    drv = EngineDriver(SortedRLController(batch_size, mode, terminate_at, group_size), engine, slots)
+    for g in groups:
+        drv.feed(g)
+    drv.close_source()
+    while measure_batches is None or len(drv.run.batches) < measure_batches:
+        if drv.next_batch() is None:
+            break
+    for rid in list(drv.running):                             # measure_batches: the rest is left unfinished
+        engine.stop(rid)
+    return drv.run
+
+
+def synchronous_rollout(engine, entries: list[Entry], slots: int, batch_size: int) -> EngineRun:
+    """The baseline on the same engine: a batch's prompts fill the slots (refilled while the batch has prompts
+    left), and the update waits for the batch's longest rollout."""
+    run = EngineRun("baseline", slots)
+    for b in range(0, len(entries), batch_size):
+        batch = entries[b:b + batch_size]
+        pending, running = deque(batch), {}
+        while pending or running:
+            while pending and len(running) < slots:
+                e = pending.popleft()
+                rid = f"{e.prompt_id}.0"
+                engine.admit(rid, e.prompt_ids, e.target_len)
+                running[rid] = e
+            rep = engine.step()
+            run.steps.append(StepLog(rep.running, rep.seconds, not pending, rep.prefill_tokens, rep.context_tokens,
+                                     sum(len(p.token_ids) for p in rep.new.values())))
+            for rid, p in rep.new.items():
+                e = running[rid]
+                e.tokens += len(p.token_ids)
+                e.token_ids += p.token_ids
+                e.logprobs += p.logprobs
+                e.token_versions += [len(run.batches)] * len(p.token_ids)
+            for rid in rep.finished:
+                e = running.pop(rid)
+                e.done, e.versions = True, [len(run.batches)]
+                e.move("consumed")
+        run.batches.append(batch)
+    return run
