@@ -343,3 +343,162 @@ def synchronous_rollout(engine, entries: list[Entry], slots: int, batch_size: in
                 e.move("consumed")
         run.batches.append(batch)
     return run
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inside `ovpipe grpo`: the controller as TRL's rollout_func
+
+
+@dataclass(frozen=True)
+class SortedRLConfig:
+    """``grpo``'s ``sortedrl: {...}``. ``mode``: on_policy | partial. ``group_batches``: generation batches of
+    prompts cached per group (grouped loading; 1 leaves early termination nothing to cut). ``slots``: requests the
+    engine runs at once (0: one generation batch, the paper's Q). ``terminate_at``: early termination after this
+    many batches' worth of finished rollouts (≥ 1). ``engine``: transformers (continuous batching over the policy
+    being trained, weights shared) or vllm."""
+    mode: str = ""
+    group_batches: int = 2
+    slots: int = 0
+    terminate_at: float = 1.0
+    engine: str = "transformers"
+
+    def __post_init__(self):
+        from grpo.engines import ENGINES
+
+        if self.mode not in MODES:
+            raise ValueError(f"sortedrl.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.group_batches < 1:
+            raise ValueError(f"sortedrl.group_batches={self.group_batches}: a group holds at least one batch of "
+                             f"prompts (a batch larger than the group could never be filled)")
+        if self.slots < 0:
+            raise ValueError(f"sortedrl.slots={self.slots} must be >= 0 (0: one generation batch)")
+        if self.terminate_at < 1:
+            raise ValueError(f"sortedrl.terminate_at={self.terminate_at} must be >= 1 (batches of completions)")
+        if self.engine != "transformers":
+            raise ValueError(f"sortedrl.engine={self.engine!r}: inside `ovpipe grpo` only the transformers engine "
+                             f"shares the trained weights (known engines: {', '.join(ENGINES)})")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SortedRLConfig":
+        known = {f.name for f in cls.__dataclass_fields__.values()}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"sortedrl: unknown keys {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+
+class SortedRLRollouts:
+    """TRL's ``rollout_func(prompts, trainer)`` with SortedRL as the rollout source.
+
+    TRL hands each call the generation batch's prompts (``num_generations`` copies of each, contiguous) and expects
+    as many completions. SortedRL owns prompt loading (grouped loading is half the algorithm), so the controller
+    caches ``group_batches`` batches of prompts of the training set — its own seeded order, epoch after epoch — and
+    each call returns the first batch of *whole groups* to finish (a GRPO group's advantages need all of its
+    rollouts), which need not be the prompts TRL passed. Each returned row therefore carries its own prompt's
+    reward columns (``ground_truth``, ``answer_type``, …) as extra fields, which TRL writes over the dataset row's
+    before the rewards run, plus ``token_versions`` (the policy version that sampled each completion token: the
+    optimizer step, one generation per step) and ``policy_version`` (the oldest). One call is one policy update:
+    the rollouts still running are stopped, kept with their tokens and log-probs (partial) or discarded and counted
+    as waste (on-policy). The engine is transformers' continuous batching over the trained model itself (the same
+    parameters, so an update reaches the engine with no copy). Text prompts only: the engine runs a causal LM.
+    Engine figures of the call go in ``trainer.rollout_stats``."""
+
+    def __init__(self, cfg: SortedRLConfig, processor):
+        self.cfg, self.processor = cfg, processor
+        self.tok = getattr(processor, "tokenizer", processor)
+        self.driver: EngineDriver | None = None
+        self.rows: dict[int, dict] = {}
+        self._order: list[int] = []
+        self._epoch = self._next = self._uid = self._group = 0
+        self.calls = 0
+
+    def _setup(self, trainer, per_call: int) -> None:
+        from grpo.engines.cb import ContinuousBatchingEngine
+
+        ds = trainer.train_dataset
+        if "images" in ds.column_names:
+            raise ValueError("sortedrl: the continuous-batching engine generates text only; this split has images")
+        G = trainer.num_generations
+        if per_call % G:
+            raise ValueError(f"sortedrl: {per_call} prompts a call is not whole groups of num_generations={G}")
+        self.G, self.batch, self.ds, self.seed = G, per_call, ds, trainer.args.seed
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        slots = self.cfg.slots or per_call
+        self.engine = ContinuousBatchingEngine(model, slots=slots, max_len=self._max_prompt() +
+                                               trainer.max_completion_length, seed=trainer.args.seed,
+                                               temperature=trainer.temperature)
+        ctl = SortedRLController(per_call, self.cfg.mode, max(per_call, round(self.cfg.terminate_at * per_call)), G)
+        self.driver = EngineDriver(ctl, self.engine, slots)
+        self.max_new = trainer.max_completion_length
+
+    def _max_prompt(self) -> int:
+        return max(len(self._encode(p)) for p in self.ds["prompt"])
+
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, list):                              # chat messages
+            text = self.tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            return self.tok(text, add_special_tokens=False)["input_ids"]
+        return self.tok(prompt)["input_ids"]
+
+    def _next_group(self) -> list[Entry]:
+        n = self.cfg.group_batches * self.batch // self.G
+        out = []
+        for _ in range(n):
+            if self._next >= len(self._order):                   # a new epoch, its own seeded order
+                self._order = list(np.random.default_rng(self.seed + self._epoch).permutation(len(self.ds)))
+                self._epoch, self._next = self._epoch + 1, 0
+            row = self.ds[int(self._order[self._next])]
+            self._next += 1
+            ids = self._encode(row["prompt"])
+            for _ in range(self.G):
+                self.rows[self._uid] = row
+                out.append(Entry(self._uid, self.max_new, prompt_ids=list(ids), group=self._group))
+                self._uid += 1
+            self._group += 1
+        return out
+
+    def __call__(self, prompts: list, trainer) -> dict:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training                # the engine runs the policy in eval mode; training resumes
+        if self.driver is None:
+            self._setup(trainer, len(prompts))
+        if len(prompts) != self.batch:
+            raise ValueError(f"sortedrl: TRL passed {len(prompts)} prompts, the first call {self.batch}")
+        drv = self.driver
+        first_step = len(drv.run.steps)
+        model.eval()
+        try:
+            while True:
+                if drv.ctl.needs_group() and not drv.groups:
+                    drv.feed(self._next_group())
+                batch = drv.next_batch()
+                if batch is not None:
+                    break
+        finally:
+            model.train(was_training)
+        self.calls += 1
+        for e in batch:                                          # emitted: its row will not be needed again
+            e.row = self.rows.pop(e.prompt_id)
+        batch = sorted(batch, key=lambda e: (e.group, e.prompt_id))      # groups contiguous, as TRL's sampler
+        steps = drv.run.steps[first_step:]
+        t = sum(s.seconds for s in steps)
+        idle = sum((drv.slots - s.running) * s.seconds for s in steps)
+        stale = sum(sum(1 for v in e.token_versions if v < drv.ctl.version - 1) for e in batch)
+        tokens = sum(e.tokens for e in batch)
+        trainer.rollout_stats = {
+            "engine_s": t, "engine_steps": float(len(steps)), "bubble_ratio": idle / (t * drv.slots) if t else 0.0,
+            "tokens_per_s": tokens / t if t else 0.0, "wasted_tokens": float(drv.ctl.wasted_tokens),
+            "stale_token_share": stale / tokens if tokens else 0.0,
+            "resumed_rollout_share": sum(len(e.versions) > 1 for e in batch) / len(batch)}
+        keys = [k for k in batch[0].row if k not in ("prompt", "images")]
+        out = {"prompt_ids": [list(e.prompt_ids) for e in batch], "completion_ids": [list(e.token_ids) for e in batch],
+               "logprobs": [list(e.logprobs) for e in batch],
+               "token_versions": [list(e.token_versions) for e in batch],
+               "policy_version": [min(e.token_versions) if e.token_versions else drv.ctl.version - 1 for e in batch]}
+        out.update({k: [e.row[k] for e in batch] for k in keys})
+        return out
+
+
+def make_rollout_func(cfg: dict, processor) -> SortedRLRollouts:
+    """``grpo``'s ``sortedrl: {mode, …}`` as TRL's ``rollout_func`` (see ``SortedRLRollouts``)."""
+    return SortedRLRollouts(SortedRLConfig.from_dict(dict(cfg)), processor)

@@ -153,6 +153,10 @@ class GRPOStepConfig:
                 raise ValueError(f"lora: unknown keys {unknown}; known: r, alpha, dropout, target_modules")
         if self.shuffle_r1 and self.sortedrl:
             raise ValueError("shuffle_r1 and sortedrl: one batch-shaping algorithm at a time")
+        if self.sortedrl:
+            from grpo.sortedrl import SortedRLConfig
+
+            SortedRLConfig.from_dict(dict(self.sortedrl))     # mode, group, slots: named and checked before any work
 
     def check_world(self, world: int) -> None:
         """The batch splits evenly into micro-batches on ``world`` ranks (TRL's own rule, named by field)."""
