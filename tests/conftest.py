@@ -114,6 +114,10 @@ SLOW: dict[str, float] = {
     # the RL stage: GRPO runs on a tiny policy (loaded machine)
     "tests/grpo/test_grpo_step.py::test_a_few_steps_move_the_policy_toward_the_rewarded_answer": 20.0,
     "tests/grpo/test_grpo_step.py::test_sigkill_then_rerun_ends_with_the_uninterrupted_runs_metrics": 40.0,
+    # SortedRL inside `ovpipe grpo`: 4 GRPO steps through the rollout_func, per mode (the first pays TRL's import)
+    "tests/grpo/test_sortedrl_grpo.py::test_grpo_steps_run_through_sortedrl": 14.0,
+    # three controller runs on the CPU engine (~3 s)
+    "tests/grpo/test_engines.py::test_the_same_seed_gives_the_same_schedule_and_tokens": 3.2,
 }
 
 

@@ -13,8 +13,9 @@ stand-in ``vllm`` module, tests/grpo/test_engines.py).
 
 ``running`` of a step is the number of live requests (admitted, not finished or stopped): vLLM's scheduler
 computes all of them each step while they fit in ``max_num_seqs`` and the KV cache, which the controller keeps
-by never admitting more than ``slots``. vLLM's log-probs are the raw model's (``logprobs_mode`` ``raw_logprobs``,
-before temperature), which is the policy's log-prob the decoupled loss wants.
+by never admitting more than ``slots``. vLLM's default ``logprobs_mode`` (``raw_logprobs``) returns the model's
+log-probs before any logits processing; at temperature 1 with no top-k/top-p they are the sampling distribution's,
+the behaviour log-probs the decoupled loss wants.
 """
 from __future__ import annotations
 
