@@ -5,13 +5,9 @@ sampled them, and in on-policy mode every trained token is of the current versio
 work, naming the field."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fixtures import word_lm, write_split  # noqa: E402
+from demo.word_lm import word_lm, write_split
 
 ROWS = [{"question": f"say {w}", "answer": w} for w in ("yes", "no", "red", "blue")]
 # 16 rollouts a step = 2 prompts × 8; the controller caches 2 steps' prompts (32 rollouts) on 16 slots; up to 6
