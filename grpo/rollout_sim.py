@@ -43,6 +43,7 @@ class EngineTime:
     flops_s_per_seq: float          # one sequence's decode FLOPs (the compute bound)
     prefill_s_per_token: float
     overhead_s: float = 0.0         # per decode step: scheduling, sampling, launches
+    seq_s: float = 0.0              # per running sequence and step, added (a compute-bound CPU engine's matmuls)
 
     @classmethod
     def unit(cls) -> "EngineTime":
@@ -57,10 +58,21 @@ class EngineTime:
     def decode(self, r: int, context: int, steps: int) -> float:
         """Seconds of ``steps`` decode steps of ``r`` sequences holding ``context`` tokens in all at the first."""
         if self.kv_s_per_token == 0 and self.flops_s_per_seq == 0:
-            return steps * (self.fixed_s + self.overhead_s)
+            return steps * (self.fixed_s + self.overhead_s + r * self.seq_s)
         growth = r * steps * (steps - 1) / 2            # the contexts grow by one token a step
         memory = steps * (self.fixed_s + self.kv_s_per_token * context) + self.kv_s_per_token * growth
-        return max(memory, steps * r * self.flops_s_per_seq) + steps * self.overhead_s
+        return max(memory, steps * r * self.flops_s_per_seq) + steps * (self.overhead_s + r * self.seq_s)
+
+    @classmethod
+    def fit(cls, name: str, running, context, prefill, seconds) -> "EngineTime":
+        """Calibrated on an engine's measured steps: Δt = fixed + seq·r + kv·context + prefill·tokens, a
+        non-negative least-squares fit over the steps (``running`` r_k, ``context`` KV tokens at the step's start,
+        ``prefill`` prompt tokens computed in the step). The result plugs into the simulation unchanged."""
+        from scipy.optimize import nnls
+
+        A = np.column_stack([np.ones(len(seconds)), running, context, prefill]).astype(np.float64)
+        (fixed, seq, kv, pre), _ = nnls(A, np.asarray(seconds, dtype=np.float64))
+        return cls(name, float(fixed), float(kv), 0.0, float(pre), 0.0, float(seq))
 
     def prefill(self, tokens: int) -> float:
         return tokens * self.prefill_s_per_token

@@ -160,6 +160,10 @@ class GRPOStepConfig:
             raise ValueError("shuffle_r1 and sortedrl: one batch-shaping algorithm at a time")
         self.reshape_config()
         self.check_world(1)
+        if self.sortedrl:
+            from grpo.sortedrl import SortedRLConfig
+
+            SortedRLConfig.from_dict(dict(self.sortedrl))     # mode, group, slots: named and checked before any work
 
     def reshape_config(self):
         """``shuffle_r1`` as ``grpo.shuffle_r1.ShuffleR1Config`` (None when off), unknown keys refused."""

@@ -125,6 +125,11 @@ SLOW: dict[str, float] = {
     "tests/grpo/test_shuffle_r1.py::test_reshaper_selects_pixel_values_per_image_grid": 12.4,   # imports trl
     "tests/grpo/test_shuffle_r1_step.py::test_an_ordered_reshaper_is_split_in_its_order": 12.0,   # imports trl
     "tests/grpo/test_shuffle_r1_step.py::test_a_shuffle_r1_run_trains_the_kept_half_and_logs_both_symptoms": 15.0,
+    # SortedRL inside `ovpipe grpo`: 4 GRPO steps through the rollout_func, per mode (the first pays TRL's import)
+    "tests/grpo/test_sortedrl_grpo.py::test_grpo_steps_run_through_sortedrl": 14.0,
+    # controller runs on the CPU engine: three, and a grouped run beside the baseline (~3 s each, loaded machine)
+    "tests/grpo/test_engines.py::test_the_same_seed_gives_the_same_schedule_and_tokens": 4.2,
+    "tests/grpo/test_engines.py::test_whole_groups_per_batch_and_the_baseline": 3.5,
 }
 
 

@@ -1,0 +1,221 @@
+"""SortedRL on a real engine: the controller (grpo/sortedrl.py) driving transformers' continuous batching on the CPU,
+beside ``rollout_sim``'s prediction for the same workload.
+
+    python -m bench.bench_sortedrl --model demo     [--n 128 --batches 4 --slots 32 --max-len 256]
+    python -m bench.bench_sortedrl --model qwen3-0.1b [--n 32 --batches 4 --slots 8 --max-len 64]
+
+The workload is the paper's §4.4.1 shape (SortedRL, arXiv 2603.23414: 512 samples in 4 batches, Q = one batch,
+at most 8K tokens) scaled to run in minutes: ``n`` samples in ``batches`` batches, ``slots`` running requests,
+output lengths from the lognormal ``bench_grpo`` fitted to the paper's baseline (median 1,200, σ 1.2, capped at
+8,192) scaled by ``max_len`` / 8,192. Each length is imposed as the request's ``max_new_tokens`` with EOS off, so
+every mode generates the same samples to the same lengths; prompts are ``prompt_len`` random token ids.
+
+Runs, each on a fresh engine over the same model, one after the other: baseline (synchronous: a batch fills the
+slots, the update waits for its longest rollout), on-policy and partial (one group of all samples: grouped loading,
+oversubscription, early termination at ``batch`` completions). Per run: the bubble ratio (eq. 4) over every step
+and the part of it accrued in the final drain (the simulation's two figures), output tokens/s (trained tokens over
+the engine's wall time), wasted tokens. The simulation's step-time model is fitted (``EngineTime.fit``) on a
+separate calibration sweep (steps at r = 1, Q/4, Q/2, Q), not on any of the three runs, so all three of its rows
+are predictions. The sweep's step time against the batch is printed too, because it decides the throughput: on a
+CPU a step's matmuls grow with the batch, on a memory-bound GPU they do not. The machine is shared: modes run
+interleaved over ``repeats`` rounds and each row is its mode's least-disturbed (minimum-time) round.
+
+Models: ``demo`` is the RL demo's tiny Qwen3 (``demo.rl.build_tiny_model``'s class and shape, 2 layers × 64);
+``qwen3-0.1b`` is a Qwen3 of realistic shape with random weights (12 layers × 768, 12 heads, 4 KV heads,
+vocab 32K: 100M parameters). One torch thread (``--threads``): on a shared 2-core machine two threads spin
+against the other jobs and a step runs ~25× slower.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+import numpy as np
+
+MODELS = {
+    "demo": dict(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+    "qwen3-0.1b": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                       num_attention_heads=12, num_key_value_heads=4, head_dim=64, tie_word_embeddings=True),
+}
+
+
+def build_model(name: str, max_len: int, seed: int = 0):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(**MODELS[name], max_position_embeddings=max(1024, 2 * max_len), eos_token_id=1, pad_token_id=0)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def workload_lengths(n: int, max_len: int, seed: int) -> np.ndarray:
+    from grpo.rollout_sim import Workload, sample_lengths
+
+    w = Workload()
+    full = sample_lengths(n, w.max_len, seed, w.median, w.sigma)
+    return np.maximum(1, np.ceil(full * max_len / w.max_len)).astype(np.int64)
+
+
+def entries(lengths, prompt_len: int, vocab: int, seed: int):
+    from grpo.sortedrl import Entry
+
+    rng = np.random.default_rng(seed + 1)
+    return [Entry(i, int(n), prompt_ids=[int(t) for t in rng.integers(2, vocab, prompt_len)])
+            for i, n in enumerate(lengths)]
+
+
+def run_mode(model, mode: str, lengths, a) -> "EngineRun":
+    from grpo.engines.cb import ContinuousBatchingEngine
+    from grpo.sortedrl import run_sorted, synchronous_rollout
+
+    eng = ContinuousBatchingEngine(model, slots=a.slots, max_len=a.prompt_len + a.max_len, seed=a.seed,
+                                   ignore_eos=True, max_batch_tokens=a.slots * (a.prompt_len + a.max_len))
+    eng.admit("warmup", [2, 3, 4], 2)                  # the first forward pays one-off allocations
+    while eng.has_work():
+        eng.step()
+    es = entries(lengths, a.prompt_len, model.config.vocab_size, a.seed)
+    bs = a.n // a.batches
+    run = synchronous_rollout(eng, es, a.slots, bs) if mode == "baseline" else run_sorted(eng, [es], a.slots, bs, mode)
+    eng.close()
+    return run
+
+
+def calibration_sweep(model, a) -> list:
+    """Engine steps at fixed running counts (1, Q/4, Q/2, Q) and two context sizes, apart from the three runs:
+    what the simulation's step-time model is fitted on, and the table of Δt against the batch."""
+    from grpo.engines.cb import ContinuousBatchingEngine
+    from grpo.sortedrl import StepLog
+
+    eng = ContinuousBatchingEngine(model, slots=a.slots, max_len=a.prompt_len + a.max_len, seed=a.seed,
+                                   ignore_eos=True, max_batch_tokens=a.slots * (a.prompt_len + a.max_len))
+    rng = np.random.default_rng(a.seed + 2)
+    steps, k = [], 0
+    for extra in (0, a.max_len // 2):
+        for r in sorted({1, max(1, a.slots // 4), max(1, a.slots // 2), a.slots}):
+            for _ in range(r):
+                eng.admit(f"cal{k}", [int(t) for t in rng.integers(2, model.config.vocab_size, a.prompt_len + extra)],
+                          a.sweep_tokens)
+                k += 1
+            while eng.has_work():
+                rep = eng.step()
+                steps.append(StepLog(rep.running, rep.seconds, False, rep.prefill_tokens, rep.context_tokens,
+                                     sum(len(p.token_ids) for p in rep.new.values())))
+    eng.close()
+    return steps[1:]                                   # the first forward pays one-off allocations
+
+
+def step_growth(steps) -> list[tuple[int, float, int]]:
+    """Median step time per running count (steps without prefill), for the table of Δt against the batch."""
+    by = {}
+    for s in steps:
+        if s.prefill_tokens == 0:
+            by.setdefault(s.running, []).append(s.seconds)
+    return [(r, float(np.median(v)), len(v)) for r, v in sorted(by.items())]
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from grpo.rollout_sim import EngineTime, simulate_baseline, simulate_sorted
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=list(MODELS), default="demo")
+    ap.add_argument("--n", type=int, default=None)
+    ap.add_argument("--batches", type=int, default=4)
+    ap.add_argument("--slots", type=int, default=None)
+    ap.add_argument("--max-len", type=int, default=None)
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sweep-tokens", type=int, default=16, help="tokens per request in the calibration sweep")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3 demo, 1 qwen3-0.1b)")
+    ap.add_argument("--json", default=None, help="write the figures here too")
+    a = ap.parse_args(argv)
+    small = a.model != "demo"
+    a.n = a.n or (32 if small else 128)
+    a.slots = a.slots or a.n // a.batches
+    a.max_len = a.max_len or (64 if small else 256)
+    a.repeats = a.repeats or (1 if small else 3)
+    if a.n % a.batches:
+        raise SystemExit(f"--n={a.n} must be a multiple of --batches={a.batches}")
+    torch.set_num_threads(a.threads)
+    model = build_model(a.model, a.prompt_len + a.max_len, a.seed)
+    lengths = workload_lengths(a.n, a.max_len, a.seed)
+    bs = a.n // a.batches
+    params = sum(p.numel() for p in model.parameters())
+    print(f"### SortedRL on transformers' continuous batching (CPU, {a.threads} thread, shared machine)\n"
+          f"Model {a.model} ({params / 1e6:.1f}M parameters, random weights, fp32). Workload: {a.n} samples in "
+          f"{a.batches} batches of {bs}, Q = {a.slots} slots, prompts of {a.prompt_len} tokens, output lengths the "
+          f"fitted lognormal scaled to ≤ {a.max_len} (mean {lengths.mean():.1f}, max {lengths.max()}, "
+          f"{lengths.sum():,} tokens), imposed as max_new_tokens with EOS off.")
+    t0 = time.perf_counter()
+    # the modes interleaved, `repeats` rounds (the schedule, steps and tokens are the same in every round: only the
+    # machine's load moves the times)
+    rounds = {m: [] for m in ("baseline", "on_policy", "partial")}
+    sweeps = []
+    for _ in range(a.repeats):
+        sweeps.append(calibration_sweep(model, a))
+        for m in rounds:
+            rounds[m].append(run_mode(model, m, lengths, a))
+    # the least-disturbed round of each (min time): other jobs only ever add time on a shared machine
+    runs = {m: min(rs, key=lambda r: r.time_s) for m, rs in rounds.items()}
+    spread = {m: (min(r.time_s for r in rs), max(r.time_s for r in rs)) for m, rs in rounds.items()}
+    sweep = min(sweeps, key=lambda st: sum(x.seconds for x in st))
+    wall = time.perf_counter() - t0
+    b = runs["baseline"]
+    st = np.array([(s.running, s.context_tokens, s.prefill_tokens, s.seconds) for s in sweep])
+    cal = EngineTime.fit(f"fitted on a calibration sweep of {len(sweep)} steps", *st.T)
+    prompts = np.full(a.n, a.prompt_len, dtype=np.int64)
+    sims = {"baseline": simulate_baseline(lengths, prompts, a.slots, bs, cal)}
+    for m in ("on_policy", "partial"):
+        sims[m] = simulate_sorted(lengths, prompts, a.slots, bs, m, engine=cal, terminate_at=bs, reprefill=True)
+    print(f"\nStep-time model fitted on a separate calibration sweep ({len(sweep)} steps at r = 1, Q/4, Q/2, Q; Δt = fixed + seq·r + kv·context + prefill·tokens): fixed "
+          f"{cal.fixed_s * 1e3:.2f} ms, {cal.seq_s * 1e3:.3f} ms a running sequence, {cal.kv_s_per_token * 1e6:.3f} µs "
+          f"a context token, {cal.prefill_s_per_token * 1e3:.3f} ms a prefill token.")
+    print("\n| mode | steps | bubble (eq. 4, all steps) | sim | of it in the final drain | sim | bubble before the "
+          "drain | sim | output tokens/s | × baseline | sim × baseline | wasted tokens | sim |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    out = {"args": vars(a), "params": params, "wall_s": wall, "fit": dataclasses.asdict(cal), "rows": {}}
+    for m, r in runs.items():
+        s = sims[m]
+        gain, sgain = r.tokens_per_s / b.tokens_per_s, s.tokens_per_s / sims["baseline"].tokens_per_s
+        print(f"| {m} | {len(r.steps):,} | {r.bubble_ratio:.1%} | {s.bubble_ratio:.1%} | {r.drain_bubble:.1%} | "
+              f"{s.drain_bubble:.1%} | {r.bubble_ratio - r.drain_bubble:.1%} | {s.bubble_ratio - s.drain_bubble:.1%} | "
+              f"{r.tokens_per_s:,.0f} | {gain:.2f} | {sgain:.2f} | {r.wasted_tokens:,} | {s.wasted_tokens:,} |")
+        out["rows"][m] = dict(steps=len(r.steps), bubble=r.bubble_ratio, drain_bubble=r.drain_bubble,
+                              tokens_per_s=r.tokens_per_s, gain=gain, wasted=r.wasted_tokens, time_s=r.time_s,
+                              trained=r.trained_tokens, generated=r.generated_tokens,
+                              sim=dict(bubble=s.bubble_ratio, drain_bubble=s.drain_bubble,
+                                       tokens_per_s=s.tokens_per_s, gain=sgain, wasted=s.wasted_tokens,
+                                       time_s=s.time_s))
+    print("\nPrediction error of the simulation (calibrated on the sweep, not on these runs; sim / engine − 1):")
+    print("| mode | engine time | bubble | output tokens/s | wasted tokens |\n| --- | ---: | ---: | ---: | ---: |")
+    for m, r in runs.items():
+        s = sims[m]
+        rel = lambda x, y: f"{x / y - 1:+.1%}" if y else ("0" if x == 0 else "—")  # noqa: E731
+        print(f"| {m} | {rel(s.time_s, r.time_s)} | {rel(s.bubble_ratio, r.bubble_ratio)} | "
+              f"{rel(s.tokens_per_s, r.tokens_per_s)} | {rel(s.wasted_tokens, r.wasted_tokens)} |")
+    growth = step_growth(sweep)
+    print("\nThe CPU engine's decode step against the batch (calibration sweep, steps without prefill; median):")
+    print("| running requests r | step time | × r = 1 | steps |\n| ---: | ---: | ---: | ---: |")
+    ref = growth[0][1]
+    for r, t, k in growth:
+        print(f"| {r} | {t * 1e3:.1f} ms | {t / ref:.2f} | {k} |")
+    out["growth"] = growth
+    print(f"\nEach row is its mode's least-disturbed round (the minimum engine time of {a.repeats}, modes interleaved); "
+          f"engine time min–max: " +
+          ", ".join(f"{m} {lo:.1f}–{hi:.1f} s" for m, (lo, hi) in spread.items()))
+    out["spread"] = spread
+    print(f"\n(wall {wall:.0f} s for the runs; `python -m bench.bench_sortedrl {' '.join(argv or sys.argv[1:])}`)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

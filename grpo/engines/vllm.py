@@ -1,0 +1,100 @@
+"""SortedRL's engine operations over vLLM's ``LLMEngine`` (GPU; request building is tested on the CPU against a
+stand-in ``vllm`` module, tests/grpo/test_engines.py).
+
+* ``admit``  ``engine.add_request(rid, {"prompt_token_ids": ids}, SamplingParams(max_tokens=n, logprobs=0,
+             output_kind=DELTA, ...))``: ``logprobs=0`` returns the sampled token's log-prob alone, ``DELTA``
+             makes each ``step()`` return only the tokens appended in that step;
+* ``step``   ``engine.step()``; a ``RequestOutput`` per request that advanced, ``finished`` when it hit its budget;
+* ``stop``   ``engine.abort_request([rid])``; the tokens are the ones the adapter collected from the deltas, so
+             nothing is lost (vLLM frees the KV blocks; the paper patched SGLang for the same state);
+* ``resume`` a new request with ``prompt + partial`` as its prompt token ids and the remaining budget (a
+             re-prefill; with ``enable_prefix_caching`` vLLM finds the stopped request's full blocks still cached
+             and skips most of it).
+
+``running`` of a step is the number of live requests (admitted, not finished or stopped): vLLM's scheduler
+computes all of them each step while they fit in ``max_num_seqs`` and the KV cache, which the controller keeps
+by never admitting more than ``slots``. vLLM's default ``logprobs_mode`` (``raw_logprobs``) returns the model's
+log-probs before any logits processing; at temperature 1 with no top-k/top-p they are the sampling distribution's,
+the behaviour log-probs the decoupled loss wants.
+"""
+from __future__ import annotations
+
+import time
+
+from grpo.engines import Partial, StepReport
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(self, model: str, *, slots: int = 128, max_len: int = 8192, seed: int = 0,
+                 temperature: float = 1.0, ignore_eos: bool = False, prefix_caching: bool = True,
+                 engine_args: dict | None = None):
+        from vllm import EngineArgs, LLMEngine
+
+        self.slots, self.seed, self.temperature, self.ignore_eos = slots, seed, temperature, ignore_eos
+        args = dict(model=model, seed=seed, max_num_seqs=slots, max_model_len=max_len,
+                    enable_prefix_caching=prefix_caching)
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**{**args, **(engine_args or {})}))
+        self._seen: dict[str, Partial] = {}
+        self._context: dict[str, int] = {}
+        self._admitted = 0
+
+    def sampling_params(self, max_new_tokens: int):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        # a seed per admission: the same schedule samples the same tokens, whatever else runs beside it
+        self._admitted += 1
+        return SamplingParams(max_tokens=max_new_tokens, temperature=self.temperature, top_p=1.0, top_k=-1,
+                              ignore_eos=self.ignore_eos, logprobs=0, seed=self.seed + self._admitted,
+                              output_kind=RequestOutputKind.DELTA)
+
+    def admit(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> None:
+        if rid in self._seen:
+            raise ValueError(f"request id {rid!r} is live already")
+        if max_new_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_new_tokens={max_new_tokens} must be at least 1")
+        self.engine.add_request(rid, {"prompt_token_ids": list(prompt_ids)}, self.sampling_params(max_new_tokens))
+        self._seen[rid] = Partial()
+        self._context[rid] = len(prompt_ids)
+
+    def resume(self, rid: str, prompt_ids: list[int], partial: list[int], max_new_tokens: int) -> None:
+        self.admit(rid, list(prompt_ids) + list(partial), max_new_tokens)
+
+    def stop(self, rid: str) -> Partial:
+        self.engine.abort_request([rid])
+        self._context.pop(rid, None)
+        return self._seen.pop(rid, Partial())
+
+    def has_work(self) -> bool:
+        return bool(self._context)
+
+    def step(self) -> StepReport:
+        t0 = time.perf_counter()
+        running, context = len(self._context), sum(self._context.values())
+        fresh = sum(n for rid, n in self._context.items() if not self._seen[rid].token_ids)
+        new, finished = {}, []
+        for out in self.engine.step():
+            rid = out.request_id
+            if rid not in self._seen:
+                continue
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            # logprobs=0: one {token id: Logprob} per generated token, holding the sampled token
+            lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
+            if len(lps) != len(ids):
+                raise RuntimeError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens of {rid}")
+            seen = self._seen[rid]
+            seen.token_ids += ids
+            seen.logprobs += lps
+            self._context[rid] += len(ids)
+            new[rid] = Partial(ids, lps)
+            if out.finished:
+                finished.append(rid)
+                self._seen.pop(rid)
+                self._context.pop(rid)
+        return StepReport(new, finished, running, fresh, context, time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.engine = None
