@@ -7,11 +7,11 @@
 It trains an HF folder — the stage-2 export, a released LLaVA-OneVision-1.5 folder, or any VLM or LM that TRL
 loads — on the ``export`` step's verl splits, in the recipe's two stages, each from the one before:
 
-* ``answer_only`` (stage 1) on split ``stage1-answer-only``, the user turn ending in "Put ONLY your final answer
-  within <answer></answer>." (``rl_select.rollout``'s ``answer_only`` template, so a re-selection asks the trained
-  model exactly what it was trained on), rewarded by the prompt's answer type;
-* ``cot`` (stage 2) on split ``stage2-cot`` with the recipe's chain-of-thought suffix, rewarded by the answer type
-  plus the recipe's format reward (one ``<think>`` block, an answer, the boxed content at most 20% of the whole).
+* ``answer_only`` (stage 1) on split ``stage1-answer-only``, the user turn "Put ONLY your final answer within
+  <answer></answer>." then the question (``rl_select.rollout``'s ``answer_only`` template, so a re-selection asks
+  the trained model exactly what it was trained on), rewarded by the prompt's answer type;
+* ``cot`` (stage 2) on split ``stage2-cot`` with the recipe's chain-of-thought instruction (``thinking``), rewarded
+  by the answer type plus the recipe's format reward.
 
 Defaults are the published settings (LLaVA-OneVision-1.5-RL): Adam, lr 2e-6, weight decay 0.01, constant after a
 0.1% warm-up; 512 rollouts a step = 32 prompts × 16; at most 4,096 new tokens at temperature 1.0; clip ε 0.2 /
@@ -41,13 +41,11 @@ from ovpipe.step import Step, Stopped, TaskContext, save_json
 
 _RUN = dict(metadata=NOT_HASHED)        # how the stage runs, not what it makes
 
-COT_SUFFIX = ("Think and solve the following question step by step. Please put your thinking and analysis procedure "
-              "within <think></think>. Put ONLY your final answer within <answer></answer>.")
-# The recipe's two stages: the export split each reads, the suffix of its user turn, its rewards.
+# The recipe's two stages: the export split each reads, the template of its user turn (``rl_select.rollout``'s own:
+# the recipe's instruction, then the question, so a re-selection asks what was trained), its rewards.
 STAGES: dict[str, dict[str, Any]] = {
-    "answer_only": {"split": "stage1-answer-only", "template": "{question}\nPut ONLY your final answer within "
-                                                               "<answer></answer>.", "rewards": ["accuracy"]},
-    "cot": {"split": "stage2-cot", "template": "{question}\n" + COT_SUFFIX, "rewards": ["accuracy", "format"]},
+    "answer_only": {"split": "stage1-answer-only", "prompt_type": "answer_only", "rewards": ["accuracy"]},
+    "cot": {"split": "stage2-cot", "prompt_type": "thinking", "rewards": ["accuracy", "format"]},
 }
 REWARD_KINDS = ("accuracy", "format")
 METRICS_FILE = "metrics.jsonl"
@@ -261,7 +259,9 @@ def stage_dataset(cfg: GRPOStepConfig, run_dir: Path, stage: str):
 
     t = pq.read_table(Path(run_dir) / cfg.export_step / "verl" / f"{cfg.split(stage)}.parquet")
     rows = []
-    template = STAGES[stage]["template"]
+    from rl_select.rollout import TEMPLATES
+
+    template = TEMPLATES[STAGES[stage]["prompt_type"]]
     for prompt, images, rm, info in zip(*(t.column(c).to_pylist() for c in ("prompt", "images", "reward_model",
                                                                             "extra_info"))):
         question = next(m["content"] for m in prompt if m["role"] == "user")
