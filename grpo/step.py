@@ -464,8 +464,11 @@ def train_stage(cfg: GRPOStepConfig, run_dir: Path, stage: str, start: str, out:
 
 def save_policy(trainer, processor, start: str, dest: Path, cfg: GRPOStepConfig) -> None:
     """The trained policy as an HF folder in the layout it came in (a LoRA run is merged first): the weights from
-    ``save_pretrained``, the processor, and every other file of the start folder (the published remote code,
-    ``ovpipe_export.json``) copied beside them. Written as ``dest.partial`` and renamed when whole."""
+    ``save_pretrained``, and every other file — config, tokenizer, processor, the published remote code,
+    ``ovpipe_export.json`` — copied from the start folder as it was. RL changes the weights only; a re-saved
+    config or tokenizer is not the same file (transformers 5 writes ``use_cache: false`` from training, expands the
+    text config, renames the tokenizer's special-token lists), so the start folder's own are kept. Written as
+    ``dest.partial`` and renamed when whole."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     if cfg.lora:
         model = model.merge_and_unload()
@@ -473,19 +476,14 @@ def save_policy(trainer, processor, start: str, dest: Path, cfg: GRPOStepConfig)
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(str(tmp), safe_serialization=True)
-    processor.save_pretrained(str(tmp))
-    written = {p.name for p in tmp.iterdir()}
+    weights = {p.name for p in tmp.iterdir() if p.name.endswith(".safetensors") or
+               p.name == "model.safetensors.index.json"}
+    for p in list(tmp.iterdir()):
+        if p.name not in weights:
+            p.unlink()
     for p in Path(start).iterdir():
-        if p.is_file() and p.name not in written and not p.name.endswith((".safetensors", ".bin")) \
-                and p.name != "model.safetensors.index.json":
+        if p.is_file() and not p.name.endswith((".safetensors", ".bin")) and p.name != "model.safetensors.index.json":
             shutil.copy2(p, tmp / p.name)
-    if (Path(start) / "config.json").exists():       # keep the published config (auto_map, names) as it came
-        src = json.loads((Path(start) / "config.json").read_text())
-        new = json.loads((tmp / "config.json").read_text())
-        for k in ("auto_map", "architectures", "model_type"):
-            if k in src:
-                new[k] = src[k]
-        (tmp / "config.json").write_text(json.dumps(new, indent=2) + "\n")
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)
