@@ -528,6 +528,7 @@ def run(cfg: GRPOStepConfig, task: TaskContext) -> None:
     task.stats.inc("rollouts", int(sum(r.get("generated_rollouts") or 0 for r in records)))
     task.stats.info.update({"model": str(final), "stages": list(cfg.stages), "device": device, "world": world})
     save_json(sdir / "grpo.json", {"model": str(final), "stages": list(cfg.stages),
+                                   "splits": [cfg.split(s) for s in cfg.stages],
                                    "last": {k: v for k, v in (records[-1] if records else {}).items()}})
 
 

@@ -101,6 +101,71 @@ def _pretrain_lines(run_dir) -> list[str]:
     return lines
 
 
+def _pass_at_1(folder: Path) -> dict:
+    """{prompt_id: (reason, pass_at_1)} of a select step folder's selection parts."""
+    import pyarrow.parquet as pq
+
+    out = {}
+    for part in sorted((folder / "selection").glob("part-*.parquet")):
+        t = pq.read_table(part, columns=["prompt_id", "reason", "pass_at_1"])
+        out.update({pid: (r, p) for pid, r, p in zip(*(t.column(c).to_pylist() for c in t.column_names))})
+    return out
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def rl_loop_lines(run_dir) -> list[str]:
+    """The loop closed: pass@1 before and after ``grpo``, on the prompts it trained and on the held-out ones.
+
+    *Before* is the selection the export read (its ``selection_step``, else ``select``); *after* is every other
+    select step folder (a re-selection on the trained model's rollouts). Trained = the prompts of the export splits
+    the grpo step's stages read; held out = the before-selection's ``held_out`` prompts. Empty without a grpo step."""
+    import pyarrow.parquet as pq
+
+    run_dir = Path(run_dir)
+    folders = dict((f.name, m) for f, m in step_folders(run_dir, depth=1))
+    grpo = next((n for n, m in folders.items() if m.get("step") == "grpo" and (run_dir / n / "stats.json").exists()),
+                None)
+    if grpo is None:
+        return []
+    gcfg = json.loads((run_dir / grpo / "config.json").read_text())
+    export = gcfg.get("export_step", "export")
+    ecfg = json.loads((run_dir / export / "config.json").read_text()) if (run_dir / export / "config.json").exists() \
+        else {}
+    before = ecfg.get("selection_step") or "select"
+    afters = [n for n, m in folders.items() if m.get("step") == "select" and n != before
+              and (run_dir / n / "stats.json").exists()]
+    if before not in folders or not afters:
+        return []
+    splits = json.loads((run_dir / grpo / "grpo.json").read_text()).get("splits", []) \
+        if (run_dir / grpo / "grpo.json").exists() else []
+    trained = set()
+    for split in splits:
+        path = run_dir / export / "verl" / f"{split}.parquet"
+        if path.exists():
+            trained |= {r["prompt_id"] for r in pq.read_table(path, columns=["extra_info"]).column("extra_info")
+                        .to_pylist()}
+    b = _pass_at_1(run_dir / before)
+    groups = {"trained": sorted(trained & set(b)),
+              "held-out": sorted(pid for pid, (reason, _) in b.items() if reason == "held_out")}
+    lines = []
+    for after in afters:
+        a = _pass_at_1(run_dir / after)
+        for name, ids in groups.items():
+            ids = [i for i in ids if i in a]
+            if not ids:
+                continue
+            p0, p1 = _mean(b[i][1] for i in ids), _mean(a[i][1] for i in ids)
+            if p0 is None or p1 is None:
+                continue
+            lines.append(f"{name} prompts ({len(ids)}): pass@1 {p0:.3f} ({before}) → {p1:.3f} ({after}), "
+                         f"{100 * (p1 - p0):+.1f} points")
+    return lines
+
+
 def run_summary(run_dir) -> str:
     """The end of ``make demo``: per stage, the steps that ran with their key figures, the pretraining
     losses first → last, and where the run folder is."""
@@ -124,5 +189,9 @@ def run_summary(run_dir) -> str:
         if by_stage.get(stage):
             out.append(f"  {stage}")
             out += [f"    {ln}" for ln in by_stage[stage]]
+    loop = rl_loop_lines(run_dir)
+    if loop:
+        out.append("  rl loop (grpo, then rollout → score → select on the trained model)")
+        out += [f"    {ln}" for ln in loop]
     out.append(f"run folder: {run_dir}   (query it: ovpipe sql {run_dir} \"SELECT ...\"; ovpipe report {run_dir})")
     return "\n".join(out)

@@ -32,6 +32,8 @@ FORMATS = ("verl", "areal", "roll", "openrlhf")
 
 @dataclass
 class ExportConfig:
+    # the select step folder read; "": every folder holding a selection
+    selection_step: str = ""
     # the trainers' layouts written: verl, areal, roll, openrlhf
     formats: list[str] = field(default_factory=lambda: list(FORMATS))
     areal_shard_rows: int = 2000  # prompts per AReaL JSONL part
@@ -254,5 +256,5 @@ def run(cfg: ExportConfig, task: TaskContext) -> None:
     task.stats.inc("exported", n)
 
 
-STEP = Step("export", ExportConfig, run, inputs={"selection": None, "rl_prompts": None}, max_tasks=1,
+STEP = Step("export", ExportConfig, run, inputs={"selection": "selection_step", "rl_prompts": None}, max_tasks=1,
             description="kept prompts → verl / AReaL / ROLL / OpenRLHF")

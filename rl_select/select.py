@@ -54,6 +54,8 @@ from ovpipe.step import Stats, Step, TaskContext, slice_bounds
 @dataclass
 class SelectConfig:
     rollouts_step: str = "rollout"  # the rollout step folder (its rewards are the score step's)
+    # the score step folder read; "": every folder holding rewards (a re-selection after grpo names its own)
+    rewards_step: str = ""
     # gap: keep Pass@N - Pass@1 >= min_gap; mean_band: keep a mean reward inside the band
     rule: Literal["gap", "mean_band"] = "gap"
     min_pass_at_n: float = 0.5  # gap rule: the fewest Pass@N kept
@@ -77,6 +79,8 @@ class SelectConfig:
         if any(k < 1 for k in self.ks):
             raise ValueError(f"ks must be >= 1, got {self.ks}")
         check_step_folder("rollouts_step", self.rollouts_step)
+        if self.rewards_step:
+            check_step_folder("rewards_step", self.rewards_step)
 
 
 def aggregate(rewards, rollouts=None, timeouts_as_incorrect: bool = False):
@@ -313,7 +317,7 @@ def finalize(cfg: SelectConfig, task: TaskContext) -> None:
 
 
 STEP = Step("select", SelectConfig,
-            inputs={"rewards": None, "rl_prompts": None,
+            inputs={"rewards": "rewards_step", "rl_prompts": None,
                     # the only split rule that needs each rollout's template
                     "rollouts": Input("rollouts_step", when=lambda c: c.split_rule == "prompt_type")}, outputs=("selection",),
             reduce=cut_ranges, apply=select_range, finalize=finalize,
