@@ -76,11 +76,12 @@ def _scene(rng: np.random.Generator, k: int) -> list[tuple[str, str]]:
     return [(colors[int(rng.integers(len(colors)))], SHAPES[int(s)]) for s in shapes]
 
 
-def _render(scene: list[tuple[str, str]], rng: np.random.Generator) -> bytes:
+def _render(scene: list[tuple[str, str]], rng: np.random.Generator, sides: tuple[int, int] = (64, 256)) -> bytes:
     """The scene drawn by the demo's renderer: objects in reading order on a near-square grid."""
     names = concept_names()
     ids = [names.index(f"{c} {s}") for c, s in scene]
-    return render_image(ids, names, rng, int(rng.integers(64, 257)), int(rng.integers(64, 257)))
+    lo, hi = sides
+    return render_image(ids, names, rng, int(rng.integers(lo, hi + 1)), int(rng.integers(lo, hi + 1)))
 
 
 def make_sample(category: str, rng: np.random.Generator) -> tuple[list[tuple[str, str]], list[bytes]]:
@@ -132,16 +133,18 @@ def make_sample(category: str, rng: np.random.Generator) -> tuple[list[tuple[str
 # of them near each other — teal/cyan/green, navy/blue, magenta/pink/purple; count: 1–5 shapes on the
 # renderer's grid), so a small model learns some of each and its sampled answers spread.
 ANSWER_SKILLS = {"color": "What color is the shape?", "count": "How many shapes are there?"}
+# Small images (4–25 image tokens after the 2×2 merge): many answers per pack, so stage 2's steps teach them.
+ANSWER_SIDES = (56, 140)
 
 
 def answer_question(skill: str, rng: np.random.Generator) -> tuple[str, str, bytes]:
     """(question without placeholder or suffix, short answer, image) of one draw of an answer-only skill."""
     if skill == "color":
         scene = _scene(rng, 1)
-        return ANSWER_SKILLS[skill], scene[0][0], _render(scene, rng)
+        return ANSWER_SKILLS[skill], scene[0][0], _render(scene, rng, ANSWER_SIDES)
     if skill == "count":
         scene = _scene(rng, int(rng.integers(1, 6)))
-        return ANSWER_SKILLS[skill], str(len(scene)), _render(scene, rng)
+        return ANSWER_SKILLS[skill], str(len(scene)), _render(scene, rng, ANSWER_SIDES)
     raise ValueError(f"unknown answer-only skill {skill!r}; known: {sorted(ANSWER_SKILLS)}")
 
 

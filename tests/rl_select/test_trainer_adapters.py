@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -101,6 +102,29 @@ def test_demo_selection_has_no_zero_rates_for_unscored_prompts(demo_run):
     con = connect(run)
     assert con.sql("SELECT count(*) FROM selection WHERE n = 0 AND pass_at_1 IS NOT NULL").fetchall()[0][0] == 0
     assert con.sql("SELECT count(*) FROM selection WHERE n = 0").fetchall()[0][0] >= 1     # the mismatch row
+
+
+def test_demo_output_check_reads_the_spread_selection_saw(demo_run, tmp_path):
+    """`make demo`'s output check passes a selection with prompts solved sometimes and kept, and names a run
+    whose rollouts never spread (here: the same run with every reward 0)."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("check_demo_output", REPO / "scripts" / "check_demo_output.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    run = demo_run[0]
+    assert check.selection_problems(run) == []
+    dead = tmp_path / "dead"
+    shutil.copytree(run, dead)
+    for f in (dead / "score").glob("part-*.parquet"):
+        t = pq.read_table(f)
+        t = t.set_column(t.schema.get_field_index("reward"), "reward", pa.array([0.0] * t.num_rows))
+        t = t.set_column(t.schema.get_field_index("correct"), "correct", pa.array([False] * t.num_rows))
+        pq.write_table(t, f)
+    assert main(["select", "--config", "configs/demo/select.yaml", "--run-dir", str(dead), "--quiet", "--overwrite"]) == 0
+    (problem,) = check.selection_problems(dead)
+    assert problem.startswith("select: 0 prompt(s) with 0 < pass@1 < 1 and 0 kept")
 
 
 @pytest.mark.slow
