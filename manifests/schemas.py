@@ -274,6 +274,35 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("fwd_bwd_s", pa.float64()),        # forward + backward (GPU: CUDA events; CPU: host time)
         ("optimizer_s", pa.float64()),      # the optimizer step
     ]),
+    # grpo: one row per optimizer step of an RL stage (RUN/grpo/grpo_metrics/); NULL where a figure is undefined
+    # for the step (a hook that did not run, a batch with no finished completion)
+    "grpo_metrics": pa.schema([
+        ("stage", pa.string()),             # "answer_only" | "cot"
+        ("step", pa.int64()),
+        ("reward_mean", pa.float64()),      # the summed, scaled reward over the step's generated rollouts
+        ("reward_std", pa.float64()),
+        ("zero_std_group_share", pa.float64()),        # groups whose rollouts all scored the same: no signal
+        ("small_advantage_share", pa.float64()),       # trained rollouts with |A| < 0.1 (advantage collapsing)
+        ("nonzero_grad_rollout_share", pa.float64()),  # trained rollouts with A != 0
+        ("token_utilization", pa.float64()),           # generated tokens that carry a non-zero gradient
+        ("completion_len_mean", pa.float64()),
+        ("completion_len_min", pa.float64()),
+        ("completion_len_max", pa.float64()),
+        ("clip_ratio_low", pa.float64()),
+        ("clip_ratio_high", pa.float64()),
+        ("clip_ratio_region", pa.float64()),
+        ("truncated_share", pa.float64()),  # completions that hit max_completion_length
+        ("loss", pa.float64()),
+        ("lr", pa.float64()),
+        ("grad_norm", pa.float64()),
+        ("generated_tokens", pa.float64()),
+        ("generate_s", pa.float64()),
+        ("generate_tokens_per_s", pa.float64()),
+        ("step_time_s", pa.float64()),
+        ("reward_timeout", pa.float64()),   # rewards of the step that timed out / raised (scored 0)
+        ("reward_error", pa.float64()),
+        ("extras", pa.string()),            # JSON: TRL's other logged figures, the reshape_* / rollout_* columns
+    ]),
     # eval: one row per lmms-eval task × metric × filter over an exported model (RUN/eval/eval/)
     "eval": pa.schema([
         ("task", pa.string()),
@@ -310,6 +339,7 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
     "rewards": ("prompt_id", "rollout_idx", "reward_type"),
     "selection": ("prompt_id",),
     "train_metrics": ("stage", "step"),
+    "grpo_metrics": ("stage", "step"),
     "eval": ("task", "metric", "filter"),
 }
 

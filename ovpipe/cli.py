@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ovpipe.registry import COMMANDS, all_steps, command_help, step_help
+from ovpipe.registry import COMMANDS, DISTRIBUTED_STEPS, all_steps, command_help, step_help
 
 
 # Commands with their own argument parser (the stage's layout and launch options, an export's, a plan's):
@@ -84,6 +84,15 @@ def cmd_step(args) -> int:
         cfg = load_config(step.config, args.config, _parse_set(args.set))
     except ConfigError as e:
         raise UsageError(f"invalid config: {e}") from e
+    if step.distributed and hasattr(args, "nproc"):
+        if args.tasks_per_node is None:
+            args.tasks_per_node = args.gpus_per_node or 1
+        world = args.nodes * args.tasks_per_node if args.executor == "slurm" else args.nproc
+        if hasattr(cfg, "check_world"):        # the batch against the ranks, before any work
+            try:
+                cfg.check_world(world)
+            except ValueError as e:
+                raise UsageError(f"invalid config: {e}") from e
     return execute(step, cfg, args)
 
 
@@ -341,6 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "exit 1 naming the failed ranks and their logs if it did not finish")
         g.add_argument("--wait-timeout", type=float, metavar="SECONDS",
                        help="with --wait: give up waiting (the jobs keep running) after this long")
+        if name in DISTRIBUTED_STEPS:
+            d = sp.add_argument_group("ranks (the task is a group of processes)")
+            d.add_argument("--nproc", type=_positive_int, default=1, help="local: processes under torchrun")
+            d.add_argument("--nodes", type=_positive_int, default=1, help="slurm: nodes, srun starting each rank")
+            d.add_argument("--gpus-per-node", type=int, default=0, help="slurm: GPUs per node (0: CPU processes)")
+            d.add_argument("--tasks-per-node", type=_positive_int,
+                           help="slurm: processes per node (default --gpus-per-node, or 1 on a CPU node)")
         sp.set_defaults(func=cmd_step)
 
     sp = sub.add_parser("sql", help="SQL over a run folder's manifests (DuckDB)")

@@ -38,8 +38,9 @@ from typing import Any, Callable, Mapping
 
 
 # Inputs that are folders of their own format rather than Parquet manifests: a step holds one when the
-# folder has an entry that is not a temp file (a training stage's megatron checkpoints, ``dist_ckpt/``).
-ARTIFACTS = frozenset({"dist_ckpt"})
+# folder has an entry that is not a temp file (a training stage's megatron checkpoints, ``dist_ckpt/``; the
+# export step's verl splits, ``verl/<split>.parquet``, which ``grpo`` trains on).
+ARTIFACTS = frozenset({"dist_ckpt", "verl"})
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,13 @@ STEPS: dict[str, tuple[str, str]] = {
     "select": ("rl_select.select", "pass@k per prompt; keep a Pass@N − Pass@1 gap"),
     "export": ("rl_select.export", "kept prompts in GRPO trainers' layouts (verl, …)"),
     "rl-gym": ("rl_select.gym.step", "VLM-Gym game states as an rl_prompts manifest"),
+    # grpo
+    "grpo": ("grpo.step", "GRPO on TRL over the export's splits → an HF folder"),
 }
+# Steps whose one task is a group of processes (``Step.distributed``) and that go through the generic command
+# line: it gives them the launch flags (--nproc here; --nodes, --gpus-per-node, --tasks-per-node on Slurm).
+# Listed here, not read off the step, so that building the parser imports no step module.
+DISTRIBUTED_STEPS = frozenset({"grpo"})
 STEP_MODULES: dict[str, str] = {name: module for name, (module, _) in STEPS.items()}
 
 

@@ -107,6 +107,9 @@ SLOW: dict[str, float] = {
     "tests/packing/test_conversation_pack.py::test_mixed_copies_and_two_samples_steps": 2.5,
     "tests/curation/test_recaption.py::test_transformers_backend_bilingual_and_deterministic": 2.5,
     "tests/packing/test_caption_source.py::test_pack_uses_source_copies_and_encodes_the_recaption": 2.3,
+    # the RL stage: GRPO runs on a tiny policy (loaded machine)
+    "tests/grpo/test_grpo_step.py::test_a_few_steps_move_the_policy_toward_the_rewarded_answer": 20.0,
+    "tests/grpo/test_grpo_step.py::test_sigkill_then_rerun_ends_with_the_uninterrupted_runs_metrics": 40.0,
 }
 
 
