@@ -7,9 +7,9 @@
 # scratch), where a real run first imports Qwen3 + RICE-ViT as stage 0 (`ovpipe import-model`, docs/pretrain.md).
 DEMO_TARGETS += pretrain
 PRETRAIN_STEPS ?= 30
-# Stage 2 runs three times as long: it is what teaches the answer-only skills the demo's RL prompts ask
+# Stage 2 runs six times as long: it is what teaches the answer-only skills the demo's RL prompts ask
 # (docs/rl_select.md); at PRETRAIN_STEPS its rollouts are at chance and selection has nothing to keep.
-INSTRUCT_STEPS ?= $(shell expr 3 \* $(PRETRAIN_STEPS))
+INSTRUCT_STEPS ?= $(shell expr 6 \* $(PRETRAIN_STEPS))
 PRETRAIN_LR ?= 3e-3
 ALIGN_EPOCHS ?= 1
 HF_EXPORT ?= $(RUN)/pretrain/hf-stage-2
