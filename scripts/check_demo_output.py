@@ -39,7 +39,7 @@ def selection_problems(run_dir: Path) -> list[str]:
     from manifests.catalog import connect
 
     between, kept = connect(run_dir).sql("SELECT count(*) FILTER (pass_at_1 > 0 AND pass_at_1 < 1), "
-                                         "count(*) FILTER (kept) FROM selection").fetchone()
+                                         "count(*) FILTER (kept) FROM selection").fetchall()[0]
     if between and kept:
         return []
     return [f"select: {between} prompt(s) with 0 < pass@1 < 1 and {kept} kept — the demo model's rollouts do not "

@@ -117,7 +117,9 @@ def test_demo_output_check_reads_the_spread_selection_saw(demo_run, tmp_path):
     assert check.selection_problems(run) == []
     dead = tmp_path / "dead"
     shutil.copytree(run, dead)
-    for f in (dead / "score").glob("part-*.parquet"):
+    parts = sorted((dead / "score" / "rewards").glob("part-*.parquet"))
+    assert parts
+    for f in parts:
         t = pq.read_table(f)
         t = t.set_column(t.schema.get_field_index("reward"), "reward", pa.array([0.0] * t.num_rows))
         t = t.set_column(t.schema.get_field_index("correct"), "correct", pa.array([False] * t.num_rows))
