@@ -1,5 +1,5 @@
-"""The embedded demo: the synthetic corpus (`corpus`, `conversations`), the RL prompt set and simulated
-policy (`rl`), and the tiny random models the demo and the tests generate with (`tiny_vlm`). Nothing here
+"""The embedded demo: the synthetic corpus (`corpus`, `conversations`), the RL prompt set
+(`rl`), and the tiny random models the demo and the tests generate with (`tiny_vlm`). Nothing here
 is imported by a stage; it sits on top of them."""
 
 

@@ -19,8 +19,14 @@
   ``<image>`` in the text), bad_last_turn (null last assistant), empty assistant turn, missing
   image, corrupt image. The first FineVision row is the first LLaVA conversation over the same
   image bytes: ingest gives both the same ``sample_id`` and marks one ``duplicate``.
+- ``instruct/llava/short_answer.json`` (images beside the others, ``images/answer-*.jpg``) — the
+  answer-only skills the RL stage verifies (``ANSWER_SKILLS``): ``answer_color`` ("What color is the
+  shape?" on one shape → ``<answer>teal</answer>``) and ``answer_count`` ("How many shapes are there?" on
+  1–5 shapes → ``<answer>4</answer>``), the user turn ending in the recipe's answer-only suffix exactly as
+  ``rollout``'s ``answer_only`` template writes it. ``demo.rl`` draws the RL prompts from the same
+  skills (``answer_question``), so what stage 2 teaches is what the rollouts are scored on.
 
-Independent RNG streams (``[seed, 558]``, ``[seed, 2]``), so the caption corpus of
+Independent RNG streams (``[seed, 558]``, ``[seed, 2]``, ``[seed, 62]``), so the caption corpus of
 ``write_demo_corpus`` stays byte-identical; everything here is deterministic for a seed.
 """
 from __future__ import annotations
@@ -70,11 +76,12 @@ def _scene(rng: np.random.Generator, k: int) -> list[tuple[str, str]]:
     return [(colors[int(rng.integers(len(colors)))], SHAPES[int(s)]) for s in shapes]
 
 
-def _render(scene: list[tuple[str, str]], rng: np.random.Generator) -> bytes:
+def _render(scene: list[tuple[str, str]], rng: np.random.Generator, sides: tuple[int, int] = (64, 256)) -> bytes:
     """The scene drawn by the demo's renderer: objects in reading order on a near-square grid."""
     names = concept_names()
     ids = [names.index(f"{c} {s}") for c, s in scene]
-    return render_image(ids, names, rng, int(rng.integers(64, 257)), int(rng.integers(64, 257)))
+    lo, hi = sides
+    return render_image(ids, names, rng, int(rng.integers(lo, hi + 1)), int(rng.integers(lo, hi + 1)))
 
 
 def make_sample(category: str, rng: np.random.Generator) -> tuple[list[tuple[str, str]], list[bytes]]:
@@ -120,6 +127,52 @@ def make_sample(category: str, rng: np.random.Generator) -> tuple[list[tuple[str
             qa.append(TRIVIA[int(rng.integers(len(TRIVIA)))])
         return qa, []
     raise ValueError(f"unknown demo category {category!r}")
+
+
+# The answer-only skills: one short, checkable answer about one rendered image (colour: 15 answers, some
+# of them near each other — teal/cyan/green, navy/blue, magenta/pink/purple; count: 1–5 shapes on the
+# renderer's grid), so a small model learns some of each and its sampled answers spread.
+ANSWER_SKILLS = {"color": "What color is the shape?", "count": "How many shapes are there?"}
+# Small images (4–25 image tokens after the 2×2 merge): many answers per pack, so stage 2's steps teach them.
+ANSWER_SIDES = (56, 140)
+
+
+def answer_question(skill: str, rng: np.random.Generator) -> tuple[str, str, bytes]:
+    """(question without placeholder or suffix, short answer, image) of one draw of an answer-only skill."""
+    if skill == "color":
+        scene = _scene(rng, 1)
+        return ANSWER_SKILLS[skill], scene[0][0], _render(scene, rng, ANSWER_SIDES)
+    if skill == "count":
+        scene = _scene(rng, int(rng.integers(1, 6)))
+        return ANSWER_SKILLS[skill], str(len(scene)), _render(scene, rng, ANSWER_SIDES)
+    raise ValueError(f"unknown answer-only skill {skill!r}; known: {sorted(ANSWER_SKILLS)}")
+
+
+def answer_only_turn(question: str) -> str:
+    """The user turn's text after the image: the question and the recipe's answer-only suffix, the same
+    template ``rollout`` applies to an RL prompt (``prompt_types: [answer_only]``)."""
+    from rl_select.rollout import TEMPLATES
+
+    return TEMPLATES["answer_only"].format(question=question)
+
+
+def write_short_answer(out: Path, seed: int = 0, n: int = 400) -> dict:
+    """The answer-only instruction set, LLaVA JSON (see the module docstring); skills alternate."""
+    rng = np.random.default_rng([seed, 62])
+    root = out / "instruct" / "llava"
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    skills = list(ANSWER_SKILLS)
+    records = []
+    for i in range(n):
+        skill = skills[i % len(skills)]
+        question, answer, image = answer_question(skill, rng)
+        rel = f"images/answer-{i:06d}.jpg"
+        (root / rel).write_bytes(image)
+        records.append({"id": f"answer-{i:06d}", "category": f"answer_{skill}", "image": rel, "conversations": [
+            {"from": "human", "value": "<image>\n" + answer_only_turn(question)},
+            {"from": "gpt", "value": f"<answer>{answer}</answer>"}]})
+    (root / "short_answer.json").write_text(json.dumps(records, indent=1, ensure_ascii=False) + "\n")
+    return {"samples": n, "skills": skills}
 
 
 def _jpeg_truncated(data: bytes) -> bytes:
@@ -260,7 +313,8 @@ def write_instruct(out: Path, seed: int = 0, n_llava: int = 300, n_finevision: i
 
 
 def write_demo_conversations(out: Path, seed: int = 0, n_caption: int = 300, n_llava: int = 300,
-                             n_finevision: int = 200) -> dict:
+                             n_finevision: int = 200, n_answer: int = 400) -> dict:
     out = Path(out)
     return {"llava_558k": write_llava_558k(out, seed, n_caption),
-            "instruct": write_instruct(out, seed, n_llava, n_finevision)}
+            "instruct": write_instruct(out, seed, n_llava, n_finevision),
+            "short_answer": write_short_answer(out, seed, n_answer)}

@@ -252,7 +252,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("mean_reward", pa.float64()),
         ("pass_at_k", pa.map_(pa.int32(), pa.float64())),   # {k: pass@k} for the configured k set; NULL when n = 0
         ("kept", pa.bool_()),
-        ("reason", pa.string()),            # "kept" | "too_easy" | "too_hard" | "no_gap" | "error"
+        ("reason", pa.string()),            # "kept" | "too_easy" | "too_hard" | "no_gap" | "held_out" | "error"
         ("split", pa.string()),             # "stage1-answer-only" | "stage2-cot" | null
     ]),
     # pretrain: one row per optimizer step of a stage (RUN/pretrain/train_metrics/part-<stage idx>.parquet)

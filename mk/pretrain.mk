@@ -7,6 +7,9 @@
 # scratch), where a real run first imports Qwen3 + RICE-ViT as stage 0 (`ovpipe import-model`, docs/pretrain.md).
 DEMO_TARGETS += pretrain
 PRETRAIN_STEPS ?= 30
+# Stage 2 runs six times as long: it is what teaches the answer-only skills the demo's RL prompts ask
+# (docs/rl_select.md); at PRETRAIN_STEPS its rollouts are at chance and selection has nothing to keep.
+INSTRUCT_STEPS ?= $(shell expr 6 \* $(PRETRAIN_STEPS))
 PRETRAIN_LR ?= 3e-3
 ALIGN_EPOCHS ?= 1
 HF_EXPORT ?= $(RUN)/pretrain/hf-stage-2
@@ -23,7 +26,7 @@ pretrain:
 	$(OVPIPE) pretrain --recipe tiny --stage 1 --init scratch --run-dir $(RUN) --epochs $(ALIGN_EPOCHS) --lr $(PRETRAIN_LR) \
 	  $(PRETRAIN_SLURM)
 	$(OVPIPE) pretrain --recipe tiny --stage 1.5 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR) $(PRETRAIN_SLURM)
-	$(OVPIPE) pretrain --recipe tiny --stage 2 --run-dir $(RUN) --steps $(PRETRAIN_STEPS) --lr $(PRETRAIN_LR) \
+	$(OVPIPE) pretrain --recipe tiny --stage 2 --run-dir $(RUN) --steps $(INSTRUCT_STEPS) --lr $(PRETRAIN_LR) \
 	  $(PRETRAIN_SLURM) $(PRETRAIN_WAIT)
 	$(OVPIPE) export-model --run-dir $(RUN) --stage 2 --out $(HF_EXPORT)
 

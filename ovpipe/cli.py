@@ -334,7 +334,8 @@ def cmd_demo_data(args) -> int:
                                                               indent=2) + "\n")   # no path: byte-identical per seed
     conv = info.get("conversations", {})
     extra = (f", {conv['llava_558k']['samples']} LLaVA-558K-style, "
-             f"{conv['instruct']['llava'] + conv['instruct']['finevision']} instruction conversations" if conv else "")
+             f"{conv['instruct']['llava'] + conv['instruct']['finevision']} instruction conversations, "
+             f"{conv['short_answer']['samples']} answer-only" if conv else "")
     print(f"demo-data: {info['samples']} caption samples in {info['shards']} shards ({info['concepts']} concepts, "
           f"top 1% of concepts in {info['top1pct_share']:.0%} of samples){extra}; broken on purpose: "
           f"{', '.join(info['broken'])} → {args.out} (details: demo-data.json)")

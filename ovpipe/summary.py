@@ -24,6 +24,7 @@ KEY_COUNTERS: dict[str, tuple[tuple[str, str], ...]] = {
     "rl-ingest": (("duplicates", "duplicates"),),
     "rollout": (("prompts", "prompts"), ("rollouts", "rollouts")),
     "score": (("rollouts", "rollouts"),),
+    "select": (("pass1_zero", "pass@1 = 0"), ("pass1_between", "in (0, 1)"), ("pass1_one", "= 1")),
     "export": (("exported", "exported"),),
     "pretrain": (("steps", "steps"), ("packs", "packs"), ("samples", "samples")),
 }

@@ -13,6 +13,10 @@ so ``avg(pass_at_1)`` in SQL counts only what was measured. Rules (``rule``):
   that order;
 * ``mean_band`` (the published code): keep iff ``low < mean reward < high`` (0, 0.6).
 
+A prompt whose source is in ``held_out_sources`` is ``held_out`` whatever its rates: measured like the
+others (its pass@k is in the table), never kept, so it never reaches ``export`` or a trainer — the
+prompts of the same skills on which a trained policy's pass@1 shows whether what it learned carries over.
+
 A prompt with any reward ``timeout``/``error`` (or none at all) is dropped as ``error``; a
 ``bad_response`` (unparseable answer) is an ordinary incorrect rollout, and so is a ``timeout``
 with ``timeouts_as_incorrect: true`` (a response built to stall the verifier then costs only itself).
@@ -69,6 +73,7 @@ class SelectConfig:
     cot_below_pass_at_1: float = 0.25  # split pass_at_1: below this pass@1, a chain-of-thought prompt
     # split category: these categories go to the chain-of-thought stage
     cot_categories: list[str] = field(default_factory=list)
+    held_out_sources: list[str] = field(default_factory=list)   # measured, never kept (reason `held_out`)
     timeouts_as_incorrect: bool = False   # True: a reward timeout is a wrong rollout, not an `error` prompt
 
     def __post_init__(self):
@@ -106,7 +111,7 @@ def aggregate(rewards, rollouts=None, timeouts_as_incorrect: bool = False):
     ).sort("prompt_id")
 
 
-def decide(n, c, errors, mean, n_ao, c_ao, categories, cfg: SelectConfig) -> dict:
+def decide(n, c, errors, mean, n_ao, c_ao, categories, cfg: SelectConfig, sources=None) -> dict:
     from rl_select.passk import pass_at_k
 
     n = np.asarray(n)
@@ -125,6 +130,8 @@ def decide(n, c, errors, mean, n_ao, c_ao, categories, cfg: SelectConfig) -> dic
     else:
         reason[mean >= cfg.band_high] = "too_easy"
         reason[mean <= cfg.band_low] = "too_hard"
+    if cfg.held_out_sources and sources is not None:
+        reason[np.isin(np.asarray(sources, dtype=object), cfg.held_out_sources)] = "held_out"
     reason[(np.asarray(errors) > 0) | ~valid] = "error"
     kept = reason == "kept"
     if cfg.split_rule == "pass_at_1":
@@ -179,7 +186,8 @@ def selection_table(rewards, rollouts, prompts, cfg: SelectConfig, stats: Stats 
     with stats.timer("decide"):
         d = decide(col("n"), col("c"), np.where(missing, 1, col("errors")),
                    df["mean_reward"].fill_null(np.nan).to_numpy(), col("n_ao"), col("c_ao"),
-                   df["category"].to_list() if cfg.split_rule == "category" else [None] * df.height, cfg)
+                   df["category"].to_list() if cfg.split_rule == "category" else [None] * df.height, cfg,
+                   df["source"].to_list())
     reasons, counts = np.unique(d["reason"].astype(str), return_counts=True)
     undefined = ~d["valid"]
     rate = lambda a: pa.array(a, pa.float64(), mask=undefined)  # noqa: E731
@@ -284,6 +292,11 @@ def select_range(cfg: SelectConfig, task: TaskContext) -> None:
                            f"the reduce counted {rows} — an input changed since the reduce; rerun the step")
     for reason, count in reasons.items():
         task.stats.inc(f"reason/{reason}", count)
+    # the spread selection saw (the summary line): prompts never, sometimes and always solved at pass@1
+    p1 = table.column("pass_at_1").drop_null().to_numpy()
+    task.stats.inc("pass1_zero", int((p1 == 0).sum()))
+    task.stats.inc("pass1_between", int(((p1 > 0) & (p1 < 1)).sum()))
+    task.stats.inc("pass1_one", int((p1 == 1).sum()))
     task.write_part("selection", table)
 
 
@@ -312,8 +325,27 @@ def finalize(cfg: SelectConfig, task: TaskContext) -> None:
              "| source | category | reason | prompts |", "| --- | --- | --- | ---: |"]
     lines += [f"| {r['source']} | {r['category']} | {r['reason']} | {r['len']} |" for r in by.to_dicts()]
     lines += ["", "| split | prompts |", "| --- | ---: |"] + [f"| {r['split']} | {r['len']} |" for r in splits.to_dicts()]
+    lines += ["", *spread_lines(scored)]
     lines.append("\nPlot: pass1_vs_passn.png")
     (task.step_dir / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def spread_lines(scored) -> list[str]:
+    """Per source, how the scored prompts' pass@1 and pass@N spread — at 0, strictly between, at 1 — and
+    their means: the prompts selection can keep are the ones between (at pass@1) that some rollout solves."""
+    import polars as pl
+
+    cols = ("pass_at_1", "pass_at_n")
+    bands = {"zero": lambda c: c == 0, "mid": lambda c: (c > 0) & (c < 1), "one": lambda c: c == 1}
+    t = scored.group_by("source").agg(pl.len(), *[f(pl.col(c)).sum().alias(f"{c}:{b}") for c in cols
+                                                  for b, f in bands.items()],
+                                      *[pl.col(c).mean().alias(f"{c}:mean") for c in cols])
+    out = ["| source | prompts | pass@1 = 0 | 0 < pass@1 < 1 | pass@1 = 1 | pass@N = 0 | 0 < pass@N < 1 | pass@N = 1 "
+           "| mean pass@1 | mean pass@N |", "| --- " + "| ---: " * 9 + "|"]
+    for r in t.sort("source").to_dicts():
+        counts = " | ".join(str(r[f"{c}:{b}"]) for c in cols for b in bands)
+        out.append(f"| {r['source']} | {r['len']} | {counts} | {r['pass_at_1:mean']:.3f} | {r['pass_at_n:mean']:.3f} |")
+    return out
 
 
 STEP = Step("select", SelectConfig,

@@ -1,5 +1,7 @@
 """Check what `make demo` printed: no Python warnings or tracebacks reached the terminal, and every
-step the demo ran printed its one summary line. `python scripts/check_demo_output.py LOG RUN`.
+step the demo ran printed its one summary line; and that `select` decided on a model that learned
+something: some of the demo model's own prompts are solved sometimes but not always (pass@1 strictly
+between 0 and 1) and some are kept. `python scripts/check_demo_output.py LOG RUN`.
 
 The demo's terminal output is teed to LOG by the Makefile; this runs right after it, so a warning that
 escapes a task's log (a new third-party notice, a print in a step) fails `make demo` with the lines.
@@ -27,7 +29,21 @@ def problems(text: str, run_dir: Path) -> list[str]:
         names = "|".join(re.escape(n) for n in (folder.relative_to(run_dir).as_posix(), folder.name))
         if not any(re.match(rf"(?:{names}): .* → ", ln) for ln in lines):
             out.append(f"no summary line for step {folder.relative_to(run_dir)}")
-    return out
+    return out + selection_problems(run_dir)
+
+
+def selection_problems(run_dir: Path) -> list[str]:
+    """A model at chance (every rollout wrong) leaves selection nothing to keep and GRPO no signal."""
+    if not (run_dir / "select" / "stats.json").exists():
+        return []
+    from manifests.catalog import connect
+
+    between, kept = connect(run_dir).sql("SELECT count(*) FILTER (pass_at_1 > 0 AND pass_at_1 < 1), "
+                                         "count(*) FILTER (kept) FROM selection").fetchall()[0]
+    if between and kept:
+        return []
+    return [f"select: {between} prompt(s) with 0 < pass@1 < 1 and {kept} kept — the demo model's rollouts do not "
+            "spread (did stage 2 learn the answer-only skills? docs/rl_select.md)"]
 
 
 def main(argv: list[str]) -> int:

@@ -26,8 +26,9 @@ def instruct_run(tmp_path_factory):
 
     data = tmp_path_factory.mktemp("demo-data")
     run = tmp_path_factory.mktemp("instruct-run")
-    write_demo_conversations(data, seed=0, n_caption=10, n_llava=80, n_finevision=40)
-    inputs = json.dumps([str(data / "instruct/llava/instruct.json"), str(data / "instruct/finevision/train-00000.parquet")])
+    write_demo_conversations(data, seed=0, n_caption=10, n_llava=80, n_finevision=40, n_answer=40)
+    inputs = json.dumps([str(data / "instruct/llava/instruct.json"), str(data / "instruct/llava/short_answer.json"),
+                         str(data / "instruct/finevision/train-00000.parquet")])
     cli("ingest", "--name", "ingest-instruct", "--config", "configs/demo/ingest-instruct.yaml", "--set", f"inputs={inputs}",
         "--run-dir", str(run), "--tasks", "2")
     assert build_tok(["--out", str(run / "tokenizer"), "--run-dir", str(run)]) == 0
@@ -46,7 +47,7 @@ def test_sql_join_of_lengths_and_samples(instruct_run, capsys):
     assert main(["sql", str(instruct_run), q, "--format", "csv"]) == 0
     out = capsys.readouterr().out.splitlines()
     cats = {line.split(",")[0] for line in out[1:]}
-    assert {"counting", "color", "position", "comparison", "text"} <= cats
+    assert {"counting", "color", "position", "comparison", "text", "answer_color", "answer_count"} <= cats
     assert any(line.split(",")[1] == "2" for line in out[1:])       # two-image comparisons
     assert any(line.split(",")[1] == "0" for line in out[1:])       # text-only
 

@@ -56,3 +56,22 @@ def test_pass_at_k_map_is_typed_and_null_when_unscored():
     m = pass_at_k_map({1: np.array([0.0, 0.25]), 4: np.array([0.0, 0.75])}, np.array([True, False]))
     assert m.type == pa.map_(pa.int32(), pa.float64())
     assert m.to_pylist() == [None, [(1, 0.25), (4, 0.75)]]
+
+
+def test_held_out_sources_are_measured_and_never_kept():
+    """A held-out prompt keeps its rates (what a trained policy is compared on) and is never kept, however it
+    scores; an error still names it an error; the spread table counts it under its own source."""
+    import polars as pl
+
+    from rl_select.select import spread_lines
+
+    n, c = np.full(4, 8), np.array([3, 3, 0, 8])
+    src = ["train", "held", "held", "held"]
+    d = decide(n, c, [0, 0, 0, 1], c / 8, n, c, ["a"] * 4, SelectConfig(held_out_sources=["held"]), src)
+    assert list(d["reason"]) == ["kept", "held_out", "held_out", "error"] and list(d["kept"]) == [True] + [False] * 3
+    assert d["pass_at_1"][1] == 3 / 8 and d["pass_at_n"][1] == 1.0 and d["split"][1] is None
+    assert list(decide(n, c, np.zeros(4), c / 8, n, c, ["a"] * 4, SelectConfig(), src)["reason"])[:2] == ["kept"] * 2
+    scored = pl.DataFrame({"source": src, "pass_at_1": c / 8, "pass_at_n": [1.0, 1.0, 0.0, 1.0]})
+    rows = spread_lines(scored)[2:]
+    assert rows == ["| held | 3 | 1 | 1 | 1 | 1 | 0 | 2 | 0.458 | 0.667 |",
+                    "| train | 1 | 0 | 1 | 0 | 0 | 0 | 1 | 0.375 | 1.000 |"]

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -50,17 +51,19 @@ def trainers_site() -> Path:
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    """The demo RL recipe (`make rl` without the tiny-model rollout): prompts → rl-ingest → the
-    simulated policy's 8 + 8 rollouts → score → select → export; plus the exported rollouts as JSONL."""
+    """The demo RL recipe with the simulated policy's 8 + 8 rollouts (tests/rl_select/simulated_policy.py) in
+    place of the demo model's: prompts → rl-ingest → rollouts → score → select → export; plus the exported
+    rollouts as JSONL."""
     from demo.rl import main as demo_main
+    from tests.rl_select.simulated_policy import simulate_rollouts
 
     run = tmp_path_factory.mktemp("rlhandoff")
     data = run / "rl-data"
-    assert demo_main(["prompts", "--out", str(data)]) == 0
+    assert demo_main(["prompts", "--out", str(data), "--n", "16", "--n-heldout", "8"]) == 0
     args = ["--run-dir", str(run), "--quiet", "--tasks", "2"]
     assert main(["rl-ingest", "--config", "configs/demo/rl-ingest.yaml", "--set",
                  f"inputs=['{data}/prompts.parquet']", *args]) == 0
-    assert demo_main(["simulate", "--run-dir", str(run), "--out", str(data / "rollouts.jsonl"), "--n", "8"]) == 0
+    simulate_rollouts(run, data / "rollouts.jsonl", n=8)
     assert main(["rollout", "--config", "configs/demo/rollout.yaml", "--set", "backend=file", "--set",
                  f"file={data}/rollouts.jsonl", "--set", "model=simulated-policy", "--set", "n=8", "--set",
                  "prompt_types=[answer_only, thinking]", *args]) == 0
@@ -101,6 +104,31 @@ def test_demo_selection_has_no_zero_rates_for_unscored_prompts(demo_run):
     assert con.sql("SELECT count(*) FROM selection WHERE n = 0").fetchall()[0][0] >= 1     # the mismatch row
 
 
+def test_demo_output_check_reads_the_spread_selection_saw(demo_run, tmp_path):
+    """`make demo`'s output check passes a selection with prompts solved sometimes and kept, and names a run
+    whose rollouts never spread (here: the same run with every reward 0)."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("check_demo_output", REPO / "scripts" / "check_demo_output.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    run = demo_run[0]
+    assert check.selection_problems(run) == []
+    dead = tmp_path / "dead"
+    shutil.copytree(run, dead)
+    parts = sorted((dead / "score" / "rewards").glob("part-*.parquet"))
+    assert parts
+    for f in parts:
+        t = pq.read_table(f)
+        t = t.set_column(t.schema.get_field_index("reward"), "reward", pa.array([0.0] * t.num_rows))
+        t = t.set_column(t.schema.get_field_index("correct"), "correct", pa.array([False] * t.num_rows))
+        pq.write_table(t, f)
+    assert main(["select", "--config", "configs/demo/select.yaml", "--run-dir", str(dead), "--quiet", "--overwrite"]) == 0
+    (problem,) = check.selection_problems(dead)
+    assert problem.startswith("select: 0 prompt(s) with 0 < pass@1 < 1 and 0 kept")
+
+
 @pytest.mark.slow
 def test_verl_dataset_and_reward_managers_score_like_ovpipe(demo_run, trainer_checks):
     """verl's RLHFDataset (Qwen2-VL processor) reads every exported row with its image as a content
@@ -109,7 +137,7 @@ def test_verl_dataset_and_reward_managers_score_like_ovpipe(demo_run, trainer_ch
     score a batch of every kept prompt's 16 rollouts exactly as the rewards manifest."""
     run, kept, prompts, rewards = demo_run
     out = trainer_checks["verl"]
-    assert out["rows"] == len(kept) and out["answer_types"] == ["math"]
+    assert out["rows"] == len(kept) and out["answer_types"] == sorted({prompts[p]["answer_type"] for p in kept})
     exported = [r for f in sorted((run / "export" / "verl").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert out["image_parts"] == [len(r["images"]) for r in exported] and min(out["image_parts"]) >= 1
     assert out["roundtrip"]                        # the response text verl decodes is the rollout's, byte for byte
