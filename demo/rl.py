@@ -74,13 +74,29 @@ def build_tiny_model(out: Path, texts: list[str] | None = None) -> Path:
     return out
 
 
+def grpo_stages(run_dir: Path, export_step: str = "export") -> list[str]:
+    """The recipe's stages whose split the export wrote (a demo whose model kept no prompt of a split trains only
+    the other; none kept: nothing to train)."""
+    from grpo.step import STAGES
+
+    verl = Path(run_dir) / export_step / "verl"
+    return [s for s, d in STAGES.items() if (verl / f"{d['split']}.parquet").exists()]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["prompts", "tiny-model"])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("what", choices=["prompts", "tiny-model", "grpo-stages"])
+    ap.add_argument("--out")
+    ap.add_argument("--run-dir", help="grpo-stages: the run whose export is read")
     ap.add_argument("--n", type=int, default=48, help="prompts: how many selection may keep")
     ap.add_argument("--n-heldout", type=int, default=24, help="prompts: how many are held out")
     a = ap.parse_args(argv)
+    if a.what == "grpo-stages":          # `[answer_only, cot]` for --set stages=…, or nothing
+        stages = grpo_stages(Path(a.run_dir))
+        print(f"[{', '.join(stages)}]" if stages else "")
+        return 0
+    if not a.out:
+        ap.error(f"{a.what} needs --out")
     if a.what == "prompts":
         print(write_prompts(Path(a.out), a.n, a.n_heldout))
     else:
