@@ -151,3 +151,18 @@ def test_sigkill_then_rerun_ends_with_the_uninterrupted_runs_metrics(tmp_path, l
     assert beside.wait() == 0
     assert _metrics(drill) == _metrics(ref)
     assert [m["step"] for m in _metrics(drill)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_lora_trains_an_adapter_and_saves_it_merged(tmp_path, lm):
+    """`lora: {r, alpha}` (the official path's lora_enable): peft wraps the policy, the base weights stay frozen
+    during training, and the saved folder is a plain model with the adapter merged into its weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    run = _run(tmp_path)
+    assert _grpo(run, lm, "--set", "steps=2", "--set", "lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}") == 0
+    out = run / "grpo" / "model"
+    assert not list(out.glob("adapter_*")), "the adapter is merged, not saved beside the model"
+    before, after = load_file(str(lm / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("q_proj" in k or "v_proj" in k for k in changed), changed
