@@ -200,8 +200,9 @@ def pack(cat: RunCatalog, step: str, pack_id: int, roots: list[Path]) -> dict | 
 
 
 def training(cat: RunCatalog) -> dict:
+    out = {"grpo": grpo_training(cat)}
     if not cat.has("train_metrics"):
-        return {"missing": "train_metrics (run `ovpipe pretrain`)"}
+        return {**out, "missing": "train_metrics (run `ovpipe pretrain`)"}
     rows = cat.rows("SELECT stage, step, loss, lr, mfu, CASE WHEN step_s > 0 THEN data_wait_s / step_s END AS wait "
                     "FROM train_metrics ORDER BY stage, step")
     stages = sorted({r["stage"] for r in rows}, key=lambda s: float(s) if s.replace(".", "").isdigit() else 1e9)
@@ -213,11 +214,35 @@ def training(cat: RunCatalog) -> dict:
     summary = cat.rows("SELECT stage, count(*) AS steps, min(loss) AS min_loss, arg_max(loss, step) AS last_loss, "
                        "avg(mfu) AS mfu, sum(data_wait_s) / nullif(sum(step_s), 0) AS wait, sum(packs) AS packs "
                        "FROM train_metrics GROUP BY stage ORDER BY stage")
-    return {"summary": summary, "charts": [
+    return {**out, "summary": summary, "charts": [
         charts.lines("Loss", series("loss"), "step", "loss"),
         charts.lines("Learning rate", series("lr"), "step", "lr"),
         charts.lines("MFU", series("mfu"), "step", "MFU"),
         charts.lines("Data-wait share of the step", series("wait"), "step", "data wait / step time")]}
+
+
+def grpo_training(cat: RunCatalog) -> dict | None:
+    """The RL stage's curves (``grpo_metrics``), one line per grpo step folder and stage; None without it."""
+    if not cat.has("grpo_metrics"):
+        return None
+    rows = cat.rows("SELECT folder, stage, step, reward_mean, zero_std_group_share, token_utilization, "
+                    "completion_len_mean, step_time_s FROM grpo_metrics ORDER BY folder, stage, step")
+    keys = sorted({(r["folder"], r["stage"]) for r in rows})
+
+    def series(col):
+        return {f"{f} {s}": ([r["step"] for r in rows if (r["folder"], r["stage"]) == (f, s)],
+                             [r[col] for r in rows if (r["folder"], r["stage"]) == (f, s)]) for f, s in keys}
+
+    summary = cat.rows("SELECT folder, stage, count(*) AS steps, arg_min(reward_mean, step) AS first_reward, "
+                       "arg_max(reward_mean, step) AS last_reward, avg(zero_std_group_share) AS zero_std, "
+                       "avg(token_utilization) AS util, avg(step_time_s) AS step_s FROM grpo_metrics "
+                       "GROUP BY ALL ORDER BY folder, stage")
+    return {"summary": summary, "charts": [
+        charts.lines("GRPO reward (mean of the step's rollouts)", series("reward_mean"), "step", "reward"),
+        charts.lines("Groups with zero reward spread", series("zero_std_group_share"), "step", "share"),
+        charts.lines("Token utilization", series("token_utilization"), "step", "share"),
+        charts.lines("Completion length", series("completion_len_mean"), "step", "tokens"),
+        charts.lines("Step time", series("step_time_s"), "step", "s")]}
 
 
 def rl(cat: RunCatalog, page: int) -> dict:
