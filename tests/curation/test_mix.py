@@ -255,11 +255,17 @@ def test_missing_group_fails_at_task_time_naming_the_groups(tmp_path):
 def test_cli_with_the_demo_config_writes_report_png_and_canned_query(tmp_path):
     from manifests.catalog import run_report
 
+    import yaml
+
     rows = write_fixture(tmp_path)
+    # the fixture holds the instruction categories, not the demo's answer-only set (answer_color / answer_count)
+    props = {k: v for k, v in yaml.safe_load(DEMO_CONFIG.read_text())["proportions"].items()
+             if not k.startswith("answer_")}
+    sets = {"inputs": ["ingest-a", "ingest-b"], "size": 300, "proportions": props}
     rc = main(["mix", "--config", str(DEMO_CONFIG), "--set", "inputs=[ingest-a, ingest-b]", "--set", "size=300",
-               "--run-dir", str(tmp_path), "--tasks", "2", "--quiet"])
+               "--set", f"proportions={props}", "--run-dir", str(tmp_path), "--tasks", "2", "--quiet"])
     assert rc == 0
-    cfg = load_config(MixConfig, DEMO_CONFIG, {"inputs": ["ingest-a", "ingest-b"], "size": 300})
+    cfg = load_config(MixConfig, DEMO_CONFIG, sets)
     assert _manifest(tmp_path) == reference_mix(rows, cfg)
     report = (tmp_path / "mix" / "report.md").read_text()
     for cat in ("counting", "color", "position", "comparison", "text", "caption"):

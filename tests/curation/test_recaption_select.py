@@ -80,7 +80,7 @@ def _write_samples(path, rows, sort):
     addr = [[{"file": "/nowhere/x.tar", "container": "tar", "offset": 512 * i, "size": 4096, "column": None,
               "index": -1, "format": "jpeg", "width": 64, "height": 64}] * n for i, n in enumerate(n_images)]
     write_part(pa.table({
-        "sample_id": sid, "source": source, "shard": shard, "key": key,
+        "sample_id": sid, "source": source, "lang": [None] * m, "shard": shard, "key": key,
         "shard_format": ["tar"] * m, "offset": [0] * m, "size": [4096] * m, "image_format": ["jpeg"] * m,
         "width": pa.array([64] * m, pa.int32()), "height": pa.array([64] * m, pa.int32()),
         "caption": ["c"] * m, "category": ["caption"] * m, "n_images": pa.array(n_images, pa.int32()),
