@@ -6,8 +6,9 @@ pass@1 before and after on the trained prompts and on the held-out ones, GRPO's 
 ``--run`` is a run folder where ``make demo`` finished (its ``export``, ``select`` and the exported model). Seed
 0's folders are the demo's own (``grpo``, ``rollout-grpo``, ``score-grpo``, ``select-grpo``), reused when they
 are there; every other seed trains and re-selects in its own folders (``grpo-s1``, ``rollout-grpo-s1``, …) with
-``configs/demo/grpo.yaml`` and ``--set seed=S``. The rollout seeds stay the demo's, so the before/after difference
-is the policy's alone.
+``configs/demo/grpo.yaml`` and ``--set seed=S``. Before and after are two fresh draws with the same rollout seeds
+(``LOOP_SEED`` 1, as ``make demo``: ``select-base`` is the start model, ``select-grpo*`` the trained one), so the
+difference is the policy's alone and free of the first selection's upward bias on the prompts it kept.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def loop(run: Path, seed: int, model: str, stages: str) -> dict:
         ["grpo", "--name", f"grpo{sfx}", "--config", "configs/demo/grpo.yaml", "--set", f"model={model}",
          "--set", f"stages={stages}", "--set", f"seed={seed}"],
         ["rollout", "--name", f"rollout-grpo{sfx}", "--config", "configs/demo/rollout.yaml",
-         "--set", f"model={run.resolve()}/grpo{sfx}/model", "--tasks", "2", "--workers", "2"],
+         "--set", f"model={run.resolve()}/grpo{sfx}/model", "--set", "seed=1", "--tasks", "2", "--workers", "2"],
         ["score", "--name", f"score-grpo{sfx}", "--config", "configs/demo/score.yaml",
          "--set", f"rollouts_step=rollout-grpo{sfx}", "--tasks", "2", "--workers", "2"],
         ["select", "--name", f"select-grpo{sfx}", "--config", "configs/demo/select.yaml",
@@ -48,8 +49,8 @@ def figures(run: Path, grpo: str, after: str) -> dict:
     for s in splits:
         trained |= {r["prompt_id"] for r in pq.read_table(run / "export" / "verl" / f"{s}.parquet",
                                                           columns=["extra_info"]).column("extra_info").to_pylist()}
-    b, a = _pass_at_1(run / "select"), _pass_at_1(run / after)
-    held = [p for p, (reason, _) in b.items() if reason == "held_out"]
+    b, a = _pass_at_1(run / "select-base"), _pass_at_1(run / after)
+    held = [p for p, (reason, _) in _pass_at_1(run / "select").items() if reason == "held_out"]
     out = {}
     for name, ids in (("trained", sorted(trained)), ("held_out", held)):
         out[name] = {"n": len(ids), "before": _mean(b[i][1] for i in ids), "after": _mean(a[i][1] for i in ids)}

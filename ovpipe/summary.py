@@ -121,9 +121,13 @@ def _mean(values) -> float | None:
 def rl_loop_lines(run_dir) -> list[str]:
     """The loop closed: pass@1 before and after ``grpo``, on the prompts it trained and on the held-out ones.
 
-    *Before* is the selection the export read (its ``selection_step``, else ``select``); *after* is every other
-    select step folder (a re-selection on the trained model's rollouts). Trained = the prompts of the export splits
-    the grpo step's stages read; held out = the before-selection's ``held_out`` prompts. Empty without a grpo step."""
+    *Before* is ``select-base`` where the run has it — the start model re-rolled with the seeds the re-selection
+    uses — else the selection the export read (its ``selection_step``, else ``select``). The selection the export
+    read is biased upward on the prompts it kept (they were kept *because* their rollouts happened to score: a
+    prompt whose 1 of 8 scored by luck regresses to its mean on any re-roll), so a fair before/after compares two
+    fresh rollouts with the same seeds. *After* is every other select step folder (a re-selection on the trained
+    model's rollouts). Trained = the prompts of the export splits the grpo step's stages read; held out = the
+    export's selection's ``held_out`` prompts. Empty without a grpo step."""
     import pyarrow.parquet as pq
 
     run_dir = Path(run_dir)
@@ -136,8 +140,9 @@ def rl_loop_lines(run_dir) -> list[str]:
     export = gcfg.get("export_step", "export")
     ecfg = json.loads((run_dir / export / "config.json").read_text()) if (run_dir / export / "config.json").exists() \
         else {}
-    before = ecfg.get("selection_step") or "select"
-    afters = [n for n, m in folders.items() if m.get("step") == "select" and n != before
+    selected = ecfg.get("selection_step") or "select"
+    before = "select-base" if "select-base" in folders else selected
+    afters = [n for n, m in folders.items() if m.get("step") == "select" and n not in (before, selected)
               and (run_dir / n / "stats.json").exists()]
     if before not in folders or not afters:
         return []
@@ -150,8 +155,9 @@ def rl_loop_lines(run_dir) -> list[str]:
             trained |= {r["prompt_id"] for r in pq.read_table(path, columns=["extra_info"]).column("extra_info")
                         .to_pylist()}
     b = _pass_at_1(run_dir / before)
+    sel = _pass_at_1(run_dir / selected) if selected in folders else b
     groups = {"trained": sorted(trained & set(b)),
-              "held-out": sorted(pid for pid, (reason, _) in b.items() if reason == "held_out")}
+              "held-out": sorted(pid for pid, (reason, _) in sel.items() if reason == "held_out" and pid in b)}
     lines = []
     for after in afters:
         a = _pass_at_1(run_dir / after)
