@@ -54,7 +54,7 @@ def _corpus(run: Path, n: int) -> Path:
         addr = [[{"file": f"/nowhere/shard-{k}.tar", "container": "tar", "offset": 512 * i, "size": 4096,
                   "column": None, "index": -1, "format": "jpeg", "width": 64, "height": 64}] for i in range(m)]
         write_part(pa.table({
-            "sample_id": mine, "source": ["s"] * m, "shard": [f"shard-{k}.tar"] * m, "key": mine,
+            "sample_id": mine, "source": ["s"] * m, "lang": [None] * m, "shard": [f"shard-{k}.tar"] * m, "key": mine,
             "shard_format": ["tar"] * m, "offset": [0] * m, "size": [4096] * m, "image_format": ["jpeg"] * m,
             "width": pa.array([64] * m, pa.int32()), "height": pa.array([64] * m, pa.int32()),
             "caption": ["c"] * m, "category": ["caption"] * m, "n_images": pa.array([1] * m, pa.int32()),

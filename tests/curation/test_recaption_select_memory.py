@@ -46,7 +46,7 @@ def _corpus(run: Path, n: int, parts: int = 4) -> None:
         def const(v, t=pa.string()):
             return pa.array([v], t).take(np.zeros(m, np.int64))
         write_part(pa.table({
-            "sample_id": s, "source": const("s"), "shard": const(f"shard-{k}.tar"), "key": s,
+            "sample_id": s, "source": const("s"), "lang": const(None), "shard": const(f"shard-{k}.tar"), "key": s,
             "shard_format": const("tar"), "offset": const(0, pa.int64()), "size": const(4096, pa.int64()),
             "image_format": const("jpeg"), "width": const(64, pa.int32()), "height": const(64, pa.int32()),
             "caption": const("c"), "category": const("caption"), "n_images": const(1, pa.int32()),
