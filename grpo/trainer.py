@@ -40,8 +40,7 @@ try:                                     # the trainer only exists where TRL is 
 except ImportError as e:                 # pragma: no cover - the lock installs TRL
     raise ImportError(f"`ovpipe grpo` needs TRL: install the `grpo` extra (make install) — {e}") from None
 
-SMALL_ADVANTAGE = 0.1       # Shuffle-R1's "advantage collapsing": |A| below this carries almost no signal
-ZERO = 1e-8
+ZERO = 1e-8                 # a reward std at or under this: the group's rollouts all scored the same
 
 
 # ----------------------------------------------------------------------------------------------- rewards
@@ -119,15 +118,14 @@ def batch_stats(batch: dict, num_generations: int, rewards: torch.Tensor | None)
     * ``token_utilization`` — generated tokens that carry a non-zero gradient (Shuffle-R1 Fig. 5c);
     * ``zero_std_group_share`` — groups whose rewards are all equal (no gradient from that prompt);
     * completion lengths, the reward's mean and std."""
-    adv = batch["advantages"].detach().float().reshape(-1).cpu()
-    mask = batch["completion_mask"].detach().cpu()
-    lengths = mask.sum(dim=1).float()
-    live = adv.abs() > ZERO
-    out = {"small_advantage_share": float((adv.abs() < SMALL_ADVANTAGE).float().mean()),
-           "nonzero_grad_rollout_share": float(live.float().mean()),
-           "token_utilization": float(lengths[live].sum() / lengths.sum()) if lengths.sum() > 0 else math.nan,
-           "completion_len_mean": float(lengths.mean()), "completion_len_min": float(lengths.min()),
-           "completion_len_max": float(lengths.max()), "rollouts": float(len(adv))}
+    from grpo.symptoms import batch_symptoms
+
+    lengths = batch["completion_mask"].detach().cpu().sum(dim=1).float()
+    out = batch_symptoms(batch)
+    if lengths.sum() == 0:                 # no token generated: utilization is undefined, not 0
+        out["token_utilization"] = math.nan
+    out.update(completion_len_mean=float(lengths.mean()), completion_len_min=float(lengths.min()),
+               completion_len_max=float(lengths.max()), rollouts=float(len(lengths)))
     if rewards is not None and len(rewards) and len(rewards) % num_generations == 0:
         r = rewards.detach().double().cpu()
         g = r.view(-1, num_generations)
