@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ovpipe.config import NOT_HASHED, check_range, check_step_folder
+from ovpipe.inputs import Input
 from ovpipe.step import Step, Stopped, TaskContext, save_json
 
 _RUN = dict(metadata=NOT_HASHED)        # how the stage runs, not what it makes
@@ -55,6 +56,8 @@ METRICS_FILE = "metrics.jsonl"
 class GRPOStepConfig:
     model: str = ""                              # the HF folder trained by the first stage
     export_step: str = "export"                  # its verl/<split>.parquet are the prompts
+    # or: a select step's kept prompts read directly (its selection + rl_prompts), no export step; "": the export
+    selection_step: str = ""
     # the stages trained in order: answer_only, then cot (chain of thought)
     stages: list[str] = field(default_factory=lambda: ["answer_only", "cot"])
     splits: dict[str, str] = field(default_factory=dict)     # {stage: split}; unset: STAGES' split
@@ -106,6 +109,8 @@ class GRPOStepConfig:
         if not self.model:
             raise ValueError("model: give the HF folder to train (e.g. --set model=RUN/pretrain/hf-stage-2)")
         check_step_folder("export_step", self.export_step)
+        if self.selection_step:
+            check_step_folder("selection_step", self.selection_step)
         if not self.stages:
             raise ValueError(f"stages: give at least one of {list(STAGES)}")
         bad = [s for s in self.stages if s not in STAGES]
@@ -221,21 +226,20 @@ class GRPOStepConfig:
 def check(cfg: GRPOStepConfig, run_dir: Path) -> None:
     """Before any work: the model folder, each stage's export split, every answer type in it against the
     registry, and the batch at the launch's world size."""
-    import pyarrow.parquet as pq
-
     from rl_select.rewards import resolve
 
     model = Path(cfg.model)
     if not (model / "config.json").exists():
         raise ValueError(f"model: {cfg.model!r} is not an HF folder (no config.json)")
+    have = sorted(prompt_splits(cfg, run_dir))
     for stage in cfg.stages:
-        path = Path(run_dir) / cfg.export_step / "verl" / f"{cfg.split(stage)}.parquet"
-        if not path.exists():
-            have = sorted(p.stem for p in path.parent.glob("*.parquet"))
-            raise ValueError(f"stages: stage {stage!r} reads split {cfg.split(stage)!r}, which the export step "
-                             f"{cfg.export_step!r} did not write ({path}); its splits: {have or 'none'} — set "
-                             f"splits.{stage}, or leave {stage!r} out of stages")
-        types = {r["answer_type"] for r in pq.read_table(path, columns=["extra_info"]).column("extra_info").to_pylist()}
+        if cfg.split(stage) not in have:
+            source = (f"the select step {cfg.selection_step!r} kept no prompt in" if cfg.selection_step else
+                      f"the export step {cfg.export_step!r} did not write "
+                      f"({Path(run_dir) / cfg.export_step / 'verl' / (cfg.split(stage) + '.parquet')})")
+            raise ValueError(f"stages: stage {stage!r} reads split {cfg.split(stage)!r}, which {source}; its splits: "
+                             f"{have or 'none'} — set splits.{stage}, or leave {stage!r} out of stages")
+        types = {r["extra_info"]["answer_type"] for r in split_rows(cfg, run_dir, cfg.split(stage), images=False)}
         for t in sorted(types):
             try:
                 resolve(t)
@@ -246,24 +250,63 @@ def check(cfg: GRPOStepConfig, run_dir: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------- data
 
+def prompt_splits(cfg: GRPOStepConfig, run_dir: Path) -> set[str]:
+    """The splits there are prompts for: the export's verl files, or the select step's kept prompts' splits."""
+    if not cfg.selection_step:
+        return {p.stem for p in (Path(run_dir) / cfg.export_step / "verl").glob("*.parquet")}
+    return set(_kept_splits(cfg, run_dir).values())
+
+
+def _kept_splits(cfg: GRPOStepConfig, run_dir: Path) -> dict[str, str]:
+    from manifests.io import iter_parts, manifest_files
+    from ovpipe.inputs import resolve as resolve_inputs
+
+    files = manifest_files(run_dir, "selection", resolve_inputs(STEP, cfg, Path(run_dir))["selection"])
+    return {pid: split for b in iter_parts(files, "selection", ["prompt_id", "kept", "split"])
+            for pid, kept, split in zip(*(b.column(c).to_pylist() for c in ("prompt_id", "kept", "split"))) if kept}
+
+
+def split_rows(cfg: GRPOStepConfig, run_dir: Path, split: str, images: bool = True) -> list[dict]:
+    """The split's prompts as verl rows (``rl_select.export``'s schema): the export's file, or — with
+    ``selection_step`` — the select step's kept ``ok`` prompts built by the export's own row function, in the
+    canonical order the export writes them, so both sources train on the same rows. ``images=False`` leaves the
+    image bytes out (the pre-start check reads only the answer types)."""
+    import pyarrow.parquet as pq
+
+    if not cfg.selection_step:
+        path = Path(run_dir) / cfg.export_step / "verl" / f"{split}.parquet"
+        cols = None if images else [c for c in pq.read_schema(path).names if c != "images"]
+        return pq.read_table(path, columns=cols).to_pylist()
+    from manifests.io import iter_parts, manifest_files
+    from ovpipe.inputs import resolve as resolve_inputs
+    from rl_select.export import PROMPT_BATCH, ExportConfig, _verl_row
+
+    kept = {pid for pid, s in _kept_splits(cfg, run_dir).items() if s == split}
+    files = manifest_files(run_dir, "rl_prompts", resolve_inputs(STEP, cfg, Path(run_dir))["rl_prompts"])
+    rows, ecfg = [], ExportConfig()
+    for b in iter_parts(files, "rl_prompts", batch_rows=PROMPT_BATCH):
+        for p in b.to_pylist():
+            if p["prompt_id"] in kept and p["status"] == "ok":
+                rows.append(_verl_row(len(rows), {**p, "split": split, **({} if images else {"images": []})},
+                                      False, ecfg))
+    return rows
+
+
 def stage_dataset(cfg: GRPOStepConfig, run_dir: Path, stage: str):
     """The stage's export split as TRL's prompt dataset: ``prompt`` (the chat turn, ``<image>`` placeholders as
     image parts, the stage's template applied), ``images`` (PIL), and the columns the reward reads."""
     import io
 
-    import pyarrow.parquet as pq
     from datasets import Dataset
     from PIL import Image
 
     from manifests.conversation import to_messages
-
-    t = pq.read_table(Path(run_dir) / cfg.export_step / "verl" / f"{cfg.split(stage)}.parquet")
-    rows = []
     from rl_select.rollout import TEMPLATES
 
+    rows = []
     template = TEMPLATES[STAGES[stage]["prompt_type"]]
-    for prompt, images, rm, info in zip(*(t.column(c).to_pylist() for c in ("prompt", "images", "reward_model",
-                                                                            "extra_info"))):
+    for r in split_rows(cfg, run_dir, cfg.split(stage)):
+        prompt, images, rm, info = r["prompt"], r["images"], r["reward_model"], r["extra_info"]
         question = next(m["content"] for m in prompt if m["role"] == "user")
         row = {"prompt": to_messages([("user", template.format(question=question))]),
                "ground_truth": rm["ground_truth"], "answer_type": info["answer_type"],
@@ -272,7 +315,7 @@ def stage_dataset(cfg: GRPOStepConfig, run_dir: Path, stage: str):
             row["images"] = [Image.open(io.BytesIO(im["bytes"])).convert("RGB") for im in images]
         rows.append(row)
     if not rows:
-        raise ValueError(f"stages: split {cfg.split(stage)!r} of {cfg.export_step!r} has no prompts")
+        raise ValueError(f"stages: split {cfg.split(stage)!r} of {cfg.selection_step or cfg.export_step!r} has no prompts")
     if any("images" in r for r in rows) and not all("images" in r for r in rows):
         raise ValueError(f"split {cfg.split(stage)!r} mixes prompts with and without images, which TRL's "
                          f"VLM batches cannot; export them as separate splits")
@@ -527,8 +570,11 @@ def run(cfg: GRPOStepConfig, task: TaskContext) -> None:
     task.stats.inc("steps", len(records))
     task.stats.inc("rollouts", int(sum(r.get("generated_rollouts") or 0 for r in records)))
     task.stats.info.update({"model": str(final), "stages": list(cfg.stages), "device": device, "world": world})
+    # the prompts each split trained on, by id: what `ovpipe summary` compares before and after, whichever source
+    prompts = {cfg.split(s): [r["extra_info"]["prompt_id"] for r in split_rows(cfg, task.run_dir, cfg.split(s), False)]
+               for s in cfg.stages}
     save_json(sdir / "grpo.json", {"model": str(final), "stages": list(cfg.stages),
-                                   "splits": [cfg.split(s) for s in cfg.stages],
+                                   "splits": [cfg.split(s) for s in cfg.stages], "prompts": prompts,
                                    "last": {k: v for k, v in (records[-1] if records else {}).items()}})
 
 
@@ -545,6 +591,9 @@ def metrics_row(r: dict) -> dict:
     return row
 
 
-STEP = Step("grpo", GRPOStepConfig, run, max_tasks=1, distributed=True, inputs={"verl": "export_step"},
+STEP = Step("grpo", GRPOStepConfig, run, max_tasks=1, distributed=True,
+            inputs={"verl": Input("export_step", when=lambda c: not c.selection_step),
+                    "selection": Input("selection_step", when=lambda c: bool(c.selection_step)),
+                    "rl_prompts": Input(via="selection_step", when=lambda c: bool(c.selection_step))},
             outputs=("grpo_metrics",), check=check,
-            description="GRPO on TRL over the export's splits → an HF folder (RUN/grpo/model)")
+            description="GRPO on TRL over the export's splits (or a selection) → an HF folder (RUN/grpo/model)")

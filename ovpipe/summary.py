@@ -122,12 +122,12 @@ def rl_loop_lines(run_dir) -> list[str]:
     """The loop closed: pass@1 before and after ``grpo``, on the prompts it trained and on the held-out ones.
 
     *Before* is ``select-base`` where the run has it — the start model re-rolled with the seeds the re-selection
-    uses — else the selection the export read (its ``selection_step``, else ``select``). The selection the export
-    read is biased upward on the prompts it kept (they were kept *because* their rollouts happened to score: a
+    uses — else the selection the prompts came from (the grpo step's ``selection_step``, else the export's, else
+    ``select``). That selection is biased upward on the prompts it kept (they were kept *because* their rollouts happened to score: a
     prompt whose 1 of 8 scored by luck regresses to its mean on any re-roll), so a fair before/after compares two
     fresh rollouts with the same seeds. *After* is every other select step folder (a re-selection on the trained
-    model's rollouts). Trained = the prompts of the export splits the grpo step's stages read; held out = the
-    export's selection's ``held_out`` prompts. Empty without a grpo step."""
+    model's rollouts). Trained = the prompts ``grpo.json`` lists for the splits its stages read; held out = that
+    selection's ``held_out`` prompts. Empty without a grpo step."""
     import pyarrow.parquet as pq
 
     run_dir = Path(run_dir)
@@ -140,16 +140,15 @@ def rl_loop_lines(run_dir) -> list[str]:
     export = gcfg.get("export_step", "export")
     ecfg = json.loads((run_dir / export / "config.json").read_text()) if (run_dir / export / "config.json").exists() \
         else {}
-    selected = ecfg.get("selection_step") or "select"
+    selected = gcfg.get("selection_step") or ecfg.get("selection_step") or "select"
     before = "select-base" if "select-base" in folders else selected
     afters = [n for n, m in folders.items() if m.get("step") == "select" and n not in (before, selected)
               and (run_dir / n / "stats.json").exists()]
     if before not in folders or not afters:
         return []
-    splits = json.loads((run_dir / grpo / "grpo.json").read_text()).get("splits", []) \
-        if (run_dir / grpo / "grpo.json").exists() else []
-    trained = set()
-    for split in splits:
+    info = json.loads((run_dir / grpo / "grpo.json").read_text()) if (run_dir / grpo / "grpo.json").exists() else {}
+    trained = {pid for ids in (info.get("prompts") or {}).values() for pid in ids}
+    for split in [] if info.get("prompts") else info.get("splits", []):     # a grpo.json from before `prompts`
         path = run_dir / export / "verl" / f"{split}.parquet"
         if path.exists():
             trained |= {r["prompt_id"] for r in pq.read_table(path, columns=["extra_info"]).column("extra_info")

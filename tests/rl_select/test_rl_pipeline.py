@@ -126,6 +126,30 @@ def test_exports_round_trip(rl_run):
         assert r["prompt"].count("<image>") == len(r["images"])
 
 
+def test_grpo_reads_the_selection_directly_as_the_export_writes_it(rl_run):
+    """`ovpipe grpo --set selection_step=select` trains on the very rows the export wrote, without an export."""
+    from grpo.step import GRPOStepConfig, check, prompt_splits, split_rows
+
+    run, _ = rl_run
+    via_export = GRPOStepConfig(model="m", stages=["answer_only", "cot"])
+    direct = GRPOStepConfig(model="m", stages=["answer_only", "cot"], selection_step="select")
+    splits = {p.stem for p in (run / "export" / "verl").glob("*.parquet")}
+    assert prompt_splits(direct, run) == prompt_splits(via_export, run) == splits == {"stage1-answer-only", "stage2-cot"}
+    for split in sorted(splits):
+        rows = split_rows(direct, run, split)
+        assert rows and rows == split_rows(via_export, run, split)       # same rows, bytes, order and index
+        assert [r["extra_info"]["prompt_id"] for r in split_rows(direct, run, split, images=False)] == \
+            [r["extra_info"]["prompt_id"] for r in rows]
+    model = run / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    check(GRPOStepConfig(model=str(model), stages=["answer_only", "cot"], selection_step="select"), run)
+    with pytest.raises(ValueError, match="stage 'cot' reads split 'nope', which the select step 'select' kept no "
+                                         "prompt in"):
+        check(GRPOStepConfig(model=str(model), stages=["answer_only", "cot"], selection_step="select",
+                             splits={"cot": "nope"}), run)
+
+
 @pytest.mark.slow
 def test_tiny_transformers_model_generates_for_real(rl_run, tmp_path):
     import shutil
