@@ -8,6 +8,8 @@
 # happened to score), so before/after compares two fresh draws. `ovpipe summary` prints pass@1 before and after,
 # on the trained prompts and on the held-out ones. On Slurm, grpo is one job (srun, one CPU rank here).
 LOOP_SEED ?= 1
+# RL_LOOP=0 stops after the export (tests/ovpipe/test_slurm_demo.py: grpo on Slurm is tests/grpo/test_grpo_slurm.py's)
+RL_LOOP ?= 1
 DEMO_TARGETS += rl
 GRPO_ARGS = --run-dir $(RUN) --executor $(EXECUTOR) $(if $(filter slurm,$(EXECUTOR)),$(SLURM_WAIT) --nodes 1 --gpus-per-node 0)
 RL_DATA = $(abspath $(RUN))/rl-data
@@ -21,7 +23,7 @@ rl:
 	$(OVPIPE) select --config configs/demo/select.yaml $(STEP_ARGS)
 	$(OVPIPE) export --config configs/demo/export.yaml $(EXEC_ARGS)
 	@stages=$$($(BIN)/python -m demo.rl grpo-stages --run-dir $(RUN)); \
-	if [ -z "$$stages" ]; then echo "grpo: the export wrote no split (no prompt kept): the loop is not run"; else \
+	if [ "$(RL_LOOP)" = 0 ]; then echo "grpo: RL_LOOP=0, the loop is not run"; elif [ -z "$$stages" ]; then echo "grpo: the export wrote no split (no prompt kept): the loop is not run"; else \
 	$(OVPIPE) grpo --config configs/demo/grpo.yaml --set model=$(DEMO_VLM) --set "stages=$$stages" $(GRPO_ARGS) && \
 	for side in base:$(DEMO_VLM) grpo:$(abspath $(RUN))/grpo/model; do n=$${side%%:*}; \
 	  $(OVPIPE) rollout --name rollout-$$n --config configs/demo/rollout.yaml --set model=$${side#*:} \

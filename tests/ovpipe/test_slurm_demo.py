@@ -29,7 +29,9 @@ VENV = REPO / ".venv"
 pytestmark = [pytest.mark.slurm, pytest.mark.checkout_venv]
 
 TARGETS = ["ingest", "curation", "packing", "rl"]
-SMALL = ["DEMO_DATA_ARGS=--samples 100", "DEMO_CLIP_ARGS=--set steps=2 --set batch_size=16"]
+# RL_LOOP=0: the rl target up to its export; the loop after it (grpo, then rollout/score/select twice) would
+# double this test's time, and grpo on Slurm against torchrun is tests/grpo/test_grpo_slurm.py's
+SMALL = ["DEMO_DATA_ARGS=--samples 100", "DEMO_CLIP_ARGS=--set steps=2 --set batch_size=16", "RL_LOOP=0"]
 # the local run's tasks in the step's process: no pool of spawned workers to start (a manifest such as
 # image_embeddings names each vector's task shard, so the task count is the same on both sides)
 SPLIT = {"local": ["TASKS=2", "WORKERS=1"], "slurm": ["TASKS=2", "WORKERS=2"]}
