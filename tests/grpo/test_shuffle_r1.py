@@ -216,3 +216,24 @@ def test_reshaper_is_deterministic_per_step_and_refuses_bad_splits():
     assert not torch.equal(a, r(batch, fake_trainer(step=4))["completion_ids"][:, 0])
     with pytest.raises(ValueError, match="steps_per_generation=3"):
         r(batch, fake_trainer(spg=3))
+
+
+def test_verl_reshaper_loads_by_file_path_beside_numpy_alone(tmp_path):
+    """What verl's driver has: numpy (and verl's torch), not ovpipe. The verl reshaper loads from its file path
+    (``load_extern_object``'s way) in an interpreter that cannot import ovpipe, and imports nothing of ovpipe's
+    training stack: the selection it runs is ``grpo.shuffle_r1``'s, found beside the file."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "grpo" / "shuffle_r1_verl.py"
+    heavy = ["torch", "trl", "transformers", "ovpipe", "pyarrow", "rl_select", "manifests", "datasets"]
+    code = (f"import sys; sys.path.append({str(Path(np.__file__).parents[1])!r}); import importlib.util as u; "
+            f"assert u.find_spec('grpo') is None and u.find_spec('ovpipe') is None; "
+            f"spec = u.spec_from_file_location('verl_reshaper', {str(path)!r}); m = u.module_from_spec(spec); "
+            f"spec.loader.exec_module(m); print(callable(m.reshape_dataproto), m.reshape_indices.__module__, "
+            f"sorted({{k.split('.')[0] for k in sys.modules}} & {set(heavy)!r}))")
+    # -S: no site-packages processing, so the editable install of this checkout is not on the path
+    r = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "grpo.shuffle_r1", "[]"]
