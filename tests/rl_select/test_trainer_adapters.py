@@ -321,6 +321,20 @@ def test_handoff_snippets_wire_existing_data_to_existing_entry_points(demo_run):
     path = re.search(r"reward\.custom_reward_function\.path=(\S+)", verl_text).group(1)
     name = re.search(r"reward\.custom_reward_function\.name=(\S+)", verl_text).group(1)
     assert Path(path).resolve() == Path(verl.__file__).resolve() and callable(getattr(verl, name))
+    # Shuffle-R1's block: the file it loads defines the function, and its mini-batch is one ABS sub-sampling
+    from grpo.shuffle_r1 import pairs_kept_per_group
+
+    sr = verl_text[verl_text.index("## Shuffle-R1"):]
+    sr_path, sr_name = re.search(r'load_extern_object\("([^"]+)", "(\w+)"\)', sr).groups()
+    spec = importlib.util.spec_from_file_location("verl_reshaper", sr_path)
+    sr_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sr_mod)
+    assert callable(getattr(sr_mod, sr_name))
+    alpha, S = float(re.search(r"alpha=([\d.]+)", sr).group(1)), int(re.search(r"\bS=(\d+)", sr).group(1))
+    n, mini = (int(re.search(rf"{k}=(\d+)", sr).group(1)) for k in ("rollout.n", "ppo_mini_batch_size"))
+    batch = int(re.search(r"train_batch_size=(\d+)", verl_text).group(1))
+    assert mini * n == 2 * batch * pairs_kept_per_group(n, alpha) // S
+    assert "after `batch = compute_advantage(...)`" in sr and "self._update_actor(batch)" in sr
     assert "--data.label_key reward_label" in (ex / "openrlhf" / "HANDOFF.md").read_text() and callable(orl.reward_func)
     areal_text = (ex / "areal" / "HANDOFF.md").read_text()
     assert "reward_parts" in areal_text and callable(areal.reward_parts)
