@@ -190,6 +190,7 @@ def test_verl_shuffle_r1_reshapes_a_dataproto_as_the_trl_path_does(trainer_check
     trainer = SimpleNamespace(num_generations=N, args=SimpleNamespace(steps_per_generation=1),
                               state=SimpleNamespace(global_step=3), accelerator=None)
     trl = make_reshaper(alpha=0.5, S=S, seed=7)({"advantages": torch.tensor(adv[perm], dtype=torch.float32),
+                                                 "prompt_ids": torch.arange(G).repeat_interleave(N)[:, None],
                                                  "completion_mask": torch.ones(G * N, 3),
                                                  "row": torch.arange(G * N)}, trainer)
     assert [rid[i] for i in perm[trl["row"].numpy()]] == want
