@@ -205,10 +205,23 @@ def shuffle_r1_check(export: Path, responses: list[dict], work: Path) -> dict:
         except ValueError as e:
             errors[name] = str(e)
     row_adv = (adv * data.batch["response_mask"]).sum(-1) / data.batch["response_mask"].sum(-1)
+    # the TRL path (ovpipe grpo's Hook 1, rank 0) on the same advantages in group order, seed 7 at step 3
+    from types import SimpleNamespace
+
+    from grpo.shuffle_r1 import make_reshaper
+
+    perm, _ = load_extern_object(str(REPO / "grpo" / "shuffle_r1_verl.py"), "group_order")(data.non_tensor_batch["uid"])
+    group = torch.as_tensor([int(u.split("-")[1]) for u in data.non_tensor_batch["uid"][perm]])
+    trainer = SimpleNamespace(num_generations=N, args=SimpleNamespace(steps_per_generation=1),
+                              state=SimpleNamespace(global_step=3), accelerator=None)
+    trl = make_reshaper(alpha=0.5, S=4, seed=7)({"advantages": row_adv[perm], "prompt_ids": group[:, None],
+                                                 "completion_mask": data.batch["response_mask"][perm],
+                                                 "row": torch.as_tensor(perm)}, trainer)
     return {"type": type(out).__name__, "rows_in": len(data), "rows_out": len(out), "flat_rows": len(flat),
             "uid_in": list(data.non_tensor_batch["uid"]), "row_id_in": list(data.non_tensor_batch["row_id"]),
             "adv_in": row_adv.tolist(), "row_id_out": list(out.non_tensor_batch["row_id"]),
             "row_id_flat": list(flat.non_tensor_batch["row_id"]), "aligned": aligned,
+            "row_id_trl": [data.non_tensor_batch["row_id"][i] for i in trl["row"].tolist()],
             "batch_keys": sorted(out.batch.keys()), "non_tensor_keys": sorted(out.non_tensor_batch),
             "meta_kept": out.meta_info["temperature"] == 1.0 and set(out.meta_info) == set(data.meta_info),
             "metrics": metrics, "errors": errors}
