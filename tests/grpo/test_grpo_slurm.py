@@ -68,7 +68,7 @@ def test_two_ranks_on_slurm_and_under_torchrun_train_alike(tmp_path):
     assert _metrics(slurm_run) == _metrics(local)
     assert [m["step"] for m in _metrics(local)] == [1, 2]
     for m in _metrics(local):
-        # 2 ranks × 8 generated (one group each) → 2 × 2 pairs kept, 4 rows a rank: both ranks trained kept rows only
+        # 2 ranks × 8 generated (one group each) → 2 × 2 pairs kept, 4 rows a rank: each trained its kept rows only
         assert (m["reshape_rows_in"], m["reshape_rows_out"], m["reshape_pairs_kept"], m["reshape_S"], m["reshape_T"],
                 m["reshape_processes"]) == (16, 8, 4, 2, 2, 2), m
         assert m["token_utilization"] == m["reshape_token_utilization"] is not None
