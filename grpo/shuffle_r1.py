@@ -223,6 +223,7 @@ class BatchReshaper:
         rank = getattr(getattr(trainer, "accelerator", None), "process_index", 0)
         rng = np.random.default_rng([self.seed, step, rank])
         adv = batch["advantages"]
+        check_whole_groups(batch, group_size, rank)
         idx, info = reshape_indices(adv.detach().float().cpu().numpy(), group_size, self.alpha, self.S,
                                     self.weights, self.pts, self.abs, self.static, rng)
         if len(idx) % spg:
@@ -236,18 +237,66 @@ class BatchReshaper:
             acc = getattr(trainer, "accelerator", None)
             total = acc.gather(local).sum() if acc is not None else local
             out["num_items_in_batch"] = total.to(batch["num_items_in_batch"].dtype)
-        trainer.reshape_stats = {
-            "rows_in": float(len(adv)), "rows_out": float(len(idx)), "pairs_kept": float(info["pairs_kept"]),
-            "S": float(info["S"]), "T": float(info["T"]), "distinct_pair_share": float(info["distinct_pair_share"]),
-            "small_advantage_share_in": small_advantage_share(adv),
-            "small_advantage_share": small_advantage_share(out["advantages"]),
-            "nonzero_grad_rollout_share_in": nonzero_grad_rollout_share(adv),
-            "nonzero_grad_rollout_share": nonzero_grad_rollout_share(out["advantages"]),
-            "token_utilization_in": token_utilization(adv, mask_in),
-            "token_utilization": token_utilization(out["advantages"], loss_mask(out)),
-            "time_s": time.perf_counter() - t0,
-        }
+        trainer.reshape_stats = whole_buffer_stats(adv, mask_in, out["advantages"], loss_mask(out), info,
+                                                   getattr(trainer, "accelerator", None))
+        trainer.reshape_stats["time_s"] = time.perf_counter() - t0
         return out
+
+
+def check_whole_groups(batch: dict, group_size: int, rank: int = 0) -> None:
+    """Every block of ``group_size`` rows of this process's buffer is one prompt's rollouts (identical prompt ids).
+
+    PTS pairs within a group, so it is only right on whole groups. In TRL 1.16 each process's buffer is the
+    contiguous slice ``[rank·L, (rank+1)·L)`` of the generation batch (``RepeatSampler`` yields a prompt's
+    ``num_generations`` rollouts one after another, accelerate hands process r the r-th ``L``-row batch, and
+    ``_generate_and_score_completions`` takes the same slice back after the gathered advantages): the groups are
+    whole on every process exactly when ``num_generations`` divides L = ``batch_size`` / ranks, which the step
+    checks at load (``GRPOStepConfig.check_world``). This is the same rule read off the batch itself, so a layout
+    that ever split a group (another sampler, another TRL) fails here instead of pairing two prompts' rollouts."""
+    ids = batch.get("prompt_ids")
+    if ids is None or len(ids) % group_size:
+        return                                        # reshape_indices names a row count that is not whole groups
+    g = ids.reshape(len(ids) // group_size, group_size, -1)
+    same = (g == g[:, :1]).all()
+    mask = batch.get("prompt_mask")
+    if mask is not None:
+        m = mask.reshape(len(mask) // group_size, group_size, -1)
+        same = same & (m == m[:, :1]).all()
+    if not bool(same):
+        raise ValueError(f"process {rank}'s generation buffer has rows {group_size} apart that are not one prompt's "
+                         f"num_generations={group_size} rollouts: a group is split across processes, and PTS pairs "
+                         f"within whole groups (batch_size / ranks must be a multiple of num_generations)")
+
+
+def whole_buffer_stats(adv_in, mask_in, adv_out, mask_out, info: dict, accelerator=None) -> dict[str, float]:
+    """``reshape_stats`` over the whole generation batch: each process reshapes its own groups, so the counts
+    behind every figure (rows, pairs, distinct pairs drawn, rollouts with |A| < 0.1 and with A ≠ 0, tokens and
+    tokens carrying gradient — ``grpo.symptoms``' definitions, as shares times their totals) are summed over the
+    processes before the shares are taken: the metrics rank 0 writes are the batch's, not its own slice's."""
+    import torch
+
+    def counts(adv, mask):
+        n = float(len(adv))
+        tokens = float(mask.detach().double().sum())
+        return [n, small_advantage_share(adv) * n, nonzero_grad_rollout_share(adv) * n,
+                token_utilization(adv, mask) * tokens, tokens]
+
+    P = float(info["pairs_kept"])
+    local = counts(adv_in, mask_in) + counts(adv_out, mask_out) + [P, float(info["distinct_pair_share"]) * P, 1.0]
+    v = torch.tensor(local, dtype=torch.float64, device=adv_in.device)
+    if accelerator is not None:
+        v = accelerator.gather(v[None]).reshape(-1, len(local)).sum(dim=0)
+    r_in, small_in, nz_in, tnz_in, t_in, r_out, small_out, nz_out, tnz_out, t_out, pairs, distinct, procs = v.tolist()
+
+    def share(a, b):
+        return a / b if b else 0.0
+
+    S = float(info["S"])
+    return {"rows_in": r_in, "rows_out": r_out, "pairs_kept": pairs, "S": S, "T": pairs / S, "processes": procs,
+            "distinct_pair_share": share(distinct, pairs),
+            "small_advantage_share_in": share(small_in, r_in), "small_advantage_share": share(small_out, r_out),
+            "nonzero_grad_rollout_share_in": share(nz_in, r_in), "nonzero_grad_rollout_share": share(nz_out, r_out),
+            "token_utilization_in": share(tnz_in, t_in), "token_utilization": share(tnz_out, t_out)}
 
 
 def make_reshaper(alpha: float = 0.5, S: int = 8, weights: str = "advantage", pts: bool = True,

@@ -250,8 +250,11 @@ class OvpipeGRPOTrainer(GRPOTrainer):
             self.step_stats.update(_prefixed("reshape_", self.reshape_stats))
         self.step_stats.update(batch_stats(batch, self.num_generations,
                                            self._last_rewards if self.batch_reshaper is None else None))
-        if self.batch_reshaper is not None and "token_utilization" in self.reshape_stats:
-            self.step_stats["token_utilization"] = self.reshape_stats["token_utilization"]
+        if self.batch_reshaper is not None:
+            # the reshaper's symptoms are the whole batch's (summed over the processes), batch_stats' this slice's
+            for k in ("small_advantage_share", "nonzero_grad_rollout_share", "token_utilization"):
+                if k in self.reshape_stats:
+                    self.step_stats[k] = self.reshape_stats[k]
         if self._last_rewards is not None:
             r = self._last_rewards.detach().double().cpu()
             self.step_stats.setdefault("reward_mean", float(r.mean()))

@@ -51,6 +51,48 @@ def _verl(root: Path, split: str, timeout: float) -> str:
   trainer.n_gpus_per_node=$N_GPUS trainer.nnodes=1"""
 
 
+def _verl_shuffle_r1(batch: int = 128, n: int = 16, alpha: float = 0.5, S: int = 8) -> str:
+    """How to switch Shuffle-R1 on in verl 0.9.1's ``RayPPOTrainer.fit`` (``grpo/shuffle_r1_verl.py``), with the
+    mini-batch arithmetic for the command above widened to the paper's pool (``n`` generated a prompt)."""
+    path = TRAINERS.parents[1] / "grpo" / "shuffle_r1_verl.py"
+    pairs = batch * int(alpha * (n // 2) + 1e-9)        # grpo.shuffle_r1.pairs_kept_per_group: ⌊α·n/2⌋ a prompt
+    T = pairs // S
+    mini = 2 * T // n                                   # verl multiplies ppo_mini_batch_size by rollout.n
+    return f"""## Shuffle-R1 (optional)
+
+Shuffle-R1 (arXiv 2508.05612; `ovpipe grpo`'s `shuffle_r1`, docs/grpo.md) reshapes verl's batch with
+`{path}`: the same pair selection as `ovpipe grpo` (PTS keeps ⌊α·n/2⌋ pairs a prompt, ABS draws S
+sub-samplings of T distinct pairs ∝ |A₁| + |A₂|, S × T = the kept pairs), the rows taken with
+`DataProto.select_idxs`. verl has no hook for it: in `verl/trainer/ppo/ray_trainer.py`, `RayPPOTrainer.fit`,
+add these lines right after `batch = compute_advantage(...)` (the batch then holds `advantages` and the `uid`
+groups) and before `# update critic` / `self._update_actor(batch)`:
+
+```python
+from verl.utils.import_utils import load_extern_object
+reshape = load_extern_object("{path}", "reshape_dataproto")
+batch, reshape_metrics = reshape(batch, alpha={alpha}, S={S}, seed=0, step=self.global_steps,
+                                 dp_size=self._get_dp_size(self.actor_rollout_wg, "actor"))
+metrics.update(reshape_metrics)    # shuffle_r1/rows_in, rows_out, S, T, both symptoms before (_in) and after
+```
+
+and run the commands above with
+
+```bash
+  algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n={n} \\
+  actor_rollout_ref.actor.ppo_mini_batch_size={mini} actor_rollout_ref.actor.shuffle=False
+```
+
+What changes: each prompt generates {n} rollouts and the actor trains on {2 * int(alpha * (n // 2) + 1e-9)} of
+them — {batch} prompts × {n} = {batch * n} generated, {pairs} pairs kept, drawn as {S} × {T}: {2 * pairs} rows.
+verl cuts the actor's batch into mini-batches of `ppo_mini_batch_size × rollout.n` rows, one optimizer step each,
+in order (`actor.shuffle=False`, its default; a shuffle would scatter the sub-samplings): at {mini} × {n} = {2 * T}
+rows = 2T each of the {S} optimizer steps of a training step is one sub-sampling. `dp_size` lays the rows out so
+that this holds across the data-parallel ranks too (verl hands each rank a contiguous slice); it must divide 2T,
+and `ppo_micro_batch_size_per_gpu` the {2 * T} / dp_size rows a rank takes per step. The sequence-length balance
+that `trainer.balance_batch` made before the advantages is replaced by this layout. Only outcome advantages
+(`grpo`) are accepted, in groups of equal size."""
+
+
 def _openrlhf(root: Path, split: str, timeout: float) -> str:
     return f"""cd {root / 'openrlhf'}   # image paths in the JSONL are relative to this folder
 OVPIPE_REWARD_TIMEOUT_S={timeout} python3 -m openrlhf.cli.train_ppo_ray \\
@@ -102,7 +144,8 @@ def write_handoff(fmt: str, root: Path, splits: list[str], tags: dict[str, list[
     text = (f"# {fmt}: train on this export with ovpipe's rewards\n\n"
             f"The reward is `rl_select/trainers/{fmt}_reward.py`: the registry `ovpipe score` used, the same "
             f"per-job time limit ({timeout} s), statuses mapped to a score as `select` counted them.\n"
-            f"{SCALE_NOTE}\n\n" + "\n".join(blocks))
+            f"{SCALE_NOTE}\n\n" + "\n".join(blocks)
+            + (f"\n{_verl_shuffle_r1()}\n" if fmt == "verl" else ""))
     path = root / fmt / "HANDOFF.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

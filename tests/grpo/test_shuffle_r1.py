@@ -216,3 +216,71 @@ def test_reshaper_is_deterministic_per_step_and_refuses_bad_splits():
     assert not torch.equal(a, r(batch, fake_trainer(step=4))["completion_ids"][:, 0])
     with pytest.raises(ValueError, match="steps_per_generation=3"):
         r(batch, fake_trainer(spg=3))
+
+
+def test_reshaper_refuses_a_buffer_whose_groups_are_split_across_processes():
+    """A process slice that starts mid-group (rows 16 apart are no longer one prompt's) is refused, naming the
+    rule, instead of pairing two prompts' rollouts; the whole-group buffer passes."""
+    batch = trl_batch()
+    batch.pop("num_items_in_batch")
+    shifted = {k: torch.roll(v, 8, dims=0) for k, v in batch.items()}
+    with pytest.raises(ValueError, match="split across processes.*multiple of num_generations"):
+        make_reshaper()(shifted, fake_trainer())
+    make_reshaper()(batch, fake_trainer())
+
+
+def test_reshape_stats_sum_the_processes_before_taking_shares():
+    """At 2 ranks each reshapes its own groups; the stats rank 0 writes are the whole batch's: rows and pairs
+    summed, the symptoms over both ranks' rollouts (what one process would compute on the concatenation)."""
+    class Acc:
+        def __init__(self, rank, others=()):
+            self.process_index, self.others, self.seen = rank, list(others), None
+
+        def gather(self, t):
+            self.seen = t
+            return torch.cat([t, *self.others]) if self.process_index == 0 else torch.cat([*self.others, t])
+
+    b0, b1 = trl_batch(seed=0), trl_batch(seed=1)
+    for b in (b0, b1):
+        b.pop("num_items_in_batch")
+    t1 = fake_trainer()
+    t1.accelerator = Acc(1)
+    out1 = make_reshaper(seed=0)(b1, t1)
+    t0 = fake_trainer()
+    t0.accelerator = Acc(0, [t1.accelerator.seen])
+    out0 = make_reshaper(seed=0)(b0, t0)
+    st = t0.reshape_stats
+    assert (st["rows_in"], st["rows_out"], st["pairs_kept"], st["T"], st["processes"]) == (128, 64, 32, 4, 2)
+    cat = {k: torch.cat([out0[k], out1[k]]) for k in ("advantages", "completion_mask")}
+    a_in = torch.cat([b0["advantages"], b1["advantages"]])
+    assert st["small_advantage_share_in"] == pytest.approx(small_advantage_share(a_in))
+    assert st["small_advantage_share"] == pytest.approx(small_advantage_share(cat["advantages"]))
+    assert st["nonzero_grad_rollout_share"] == pytest.approx(nonzero_grad_rollout_share(cat["advantages"]))
+    assert st["token_utilization"] == pytest.approx(token_utilization(cat["advantages"], cat["completion_mask"]))
+    m_in = torch.cat([b0["completion_mask"], b1["completion_mask"]])
+    assert st["token_utilization_in"] == pytest.approx(token_utilization(a_in, m_in))
+    # rank 0 alone (no accelerator) reports its own slice only
+    t_alone = fake_trainer()
+    make_reshaper(seed=0)(b0, t_alone)
+    assert t_alone.reshape_stats["rows_in"] == 64 and t_alone.reshape_stats["processes"] == 1
+
+
+def test_verl_reshaper_loads_by_file_path_beside_numpy_alone(tmp_path):
+    """What verl's driver has: numpy (and verl's torch), not ovpipe. The verl reshaper loads from its file path
+    (``load_extern_object``'s way) in an interpreter that cannot import ovpipe, and imports nothing of ovpipe's
+    training stack: the selection it runs is ``grpo.shuffle_r1``'s, found beside the file."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "grpo" / "shuffle_r1_verl.py"
+    heavy = ["torch", "trl", "transformers", "ovpipe", "pyarrow", "rl_select", "manifests", "datasets"]
+    code = (f"import sys; sys.path.append({str(Path(np.__file__).parents[1])!r}); import importlib.util as u; "
+            f"assert u.find_spec('grpo') is None and u.find_spec('ovpipe') is None; "
+            f"spec = u.spec_from_file_location('verl_reshaper', {str(path)!r}); m = u.module_from_spec(spec); "
+            f"spec.loader.exec_module(m); print(callable(m.reshape_dataproto), m.reshape_indices.__module__, "
+            f"sorted({{k.split('.')[0] for k in sys.modules}} & {set(heavy)!r}))")
+    # -S: no site-packages processing, so the editable install of this checkout is not on the path
+    r = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "grpo.shuffle_r1", "[]"]

@@ -89,3 +89,15 @@ def test_a_shuffle_r1_run_trains_the_kept_half_and_logs_both_symptoms(tmp_path):
         assert x["token_utilization"] == e["reshape_token_utilization"]
         assert 0 <= x["small_advantage_share"] <= e["generated_small_advantage_share"] <= 1
         assert x["reward_mean"] is not None and x["loss"] is not None
+
+
+def test_a_rank_count_that_would_split_a_group_is_refused_at_launch():
+    """Each rank reshapes its own buffer, `batch_size / ranks` rows, so groups must be whole on every rank: at 8
+    ranks 64 rows are 8 a rank, half a group of 16 — refused naming the fields; at 4 ranks one group a rank."""
+    from grpo.step import GRPOStepConfig
+
+    cfg = GRPOStepConfig(model="m", batch_size=64, num_generations=16, micro_batch=4, shuffle_r1={"S": 2})
+    cfg.check_world(4)
+    with pytest.raises(ValueError, match=r"batch_size=64 on 8 rank\(s\) splits a group of num_generations=16"):
+        cfg.check_world(8)
+    GRPOStepConfig(model="m", batch_size=64, num_generations=16, micro_batch=4).check_world(8)   # GRPO: TRL's rule

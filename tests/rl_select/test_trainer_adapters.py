@@ -158,6 +158,53 @@ def test_openrlhf_reward_func_scores_like_ovpipe(demo_run, trainer_checks):
     assert out["extra_logs"] == ["accuracy", "correct", "failed", "format"]
 
 
+@pytest.mark.slow
+def test_verl_shuffle_r1_reshapes_a_dataproto_as_the_trl_path_does(trainer_checks):
+    """Shuffle-R1 over verl's DataProto after verl's GRPO advantage (``compute_grpo_outcome_advantage``): 8 groups
+    × 8 rollouts, rows reordered as balance_batch reorders them, α = 0.5, S = 4 → 16 pairs kept as 4 × 4. The rows
+    are the pure selection's and the TRL reshaper's for the same advantages, seed and step, nothing padded or
+    tiled; every tensor and non-tensor key follows its row; meta_info kept, its per-row token counts re-selected;
+    the dp_size layout makes optimizer step s on both ranks sub-sampling s."""
+    import numpy as np
+
+    from grpo.shuffle_r1 import reshape_indices
+
+    out = trainer_checks["shuffle_r1"]
+    G, N, S = 8, 8, 4
+    P = G * (N // 2 // 2)                                       # ⌊α·N/2⌋ = 2 pairs a group
+    assert out["type"] == "DataProto" and out["rows_in"] == G * N
+    assert out["rows_out"] == out["flat_rows"] == 2 * P == 32   # the kept pairs' rows, not the batch's 64
+    m = out["metrics"]
+    assert (m["shuffle_r1/pairs_kept"], m["shuffle_r1/S"], m["shuffle_r1/T"]) == (P, S, P // S)
+    # the pure function on the same advantages, the rows in group order (first appearance of each uid)
+    uid, rid, adv = np.array(out["uid_in"]), out["row_id_in"], np.array(out["adv_in"])
+    first = {u: i for i, u in reversed(list(enumerate(uid)))}
+    perm = np.argsort([first[u] for u in uid], kind="stable")
+    idx, _ = reshape_indices(adv[perm], N, 0.5, S, rng=np.random.default_rng([7, 3, 0]))
+    want = [rid[i] for i in perm[idx]]
+    assert out["row_id_flat"] == want
+    # the TRL path (ovpipe grpo's Hook 1, run in the trainers' process) on the same advantages, seed and step
+    assert out["row_id_trl"] == want
+    # S sub-samplings of T distinct pairs, pair members of one group, some pairs drawn twice across sub-samplings
+    pairs = [tuple(want[i:i + 2]) for i in range(0, len(want), 2)]
+    subs = [pairs[s * (P // S):(s + 1) * (P // S)] for s in range(S)]
+    assert all(len(set(sub)) == P // S for sub in subs)
+    assert all(uid[rid.index(a)] == uid[rid.index(b)] for a, b in pairs)
+    assert len(set(pairs)) < P and len(set(want)) < len(want) and set(want) <= set(rid)
+    # dp_size=2: rank r's contiguous half holds the r-th half of every sub-sampling
+    T2 = 2 * (P // S)
+    assert out["row_id_out"] == [want[s * T2 + r * T2 // 2 + j] for r in range(2) for s in range(S)
+                                 for j in range(T2 // 2)]
+    assert all(out["aligned"]) and len(out["aligned"]) == 32
+    assert out["batch_keys"] == ["advantages", "attention_mask", "response_mask", "responses", "returns", "row",
+                                 "token_level_rewards"]
+    assert out["non_tensor_keys"] == ["data_source", "row_id", "uid"] and out["meta_kept"]
+    assert m["shuffle_r1/small_advantage_share"] < m["shuffle_r1/small_advantage_share_in"]
+    assert m["shuffle_r1/token_utilization"] == 1.0 > m["shuffle_r1/token_utilization_in"]
+    assert "adv_estimator=grpo" in out["errors"]["token_varying"]
+    assert "rollout.n" in out["errors"]["uneven_groups"]
+
+
 def test_areal_reward_fn_matches_its_workflow_call(demo_run, trainers_site):
     """AReaL's `areal.api` imports its whole runtime (numba, llvmlite, openai, uvloop, flask …), too
     heavy to install here, so the call is checked against the installed source instead: the keywords
@@ -266,6 +313,20 @@ def test_handoff_snippets_wire_existing_data_to_existing_entry_points(demo_run):
     path = re.search(r"reward\.custom_reward_function\.path=(\S+)", verl_text).group(1)
     name = re.search(r"reward\.custom_reward_function\.name=(\S+)", verl_text).group(1)
     assert Path(path).resolve() == Path(verl.__file__).resolve() and callable(getattr(verl, name))
+    # Shuffle-R1's block: the file it loads defines the function, and its mini-batch is one ABS sub-sampling
+    from grpo.shuffle_r1 import pairs_kept_per_group
+
+    sr = verl_text[verl_text.index("## Shuffle-R1"):]
+    sr_path, sr_name = re.search(r'load_extern_object\("([^"]+)", "(\w+)"\)', sr).groups()
+    spec = importlib.util.spec_from_file_location("verl_reshaper", sr_path)
+    sr_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sr_mod)
+    assert callable(getattr(sr_mod, sr_name))
+    alpha, S = float(re.search(r"alpha=([\d.]+)", sr).group(1)), int(re.search(r"\bS=(\d+)", sr).group(1))
+    n, mini = (int(re.search(rf"{k}=(\d+)", sr).group(1)) for k in ("rollout.n", "ppo_mini_batch_size"))
+    batch = int(re.search(r"train_batch_size=(\d+)", verl_text).group(1))
+    assert mini * n == 2 * batch * pairs_kept_per_group(n, alpha) // S
+    assert "after `batch = compute_advantage(...)`" in sr and "self._update_actor(batch)" in sr
     assert "--data.label_key reward_label" in (ex / "openrlhf" / "HANDOFF.md").read_text() and callable(orl.reward_func)
     areal_text = (ex / "areal" / "HANDOFF.md").read_text()
     assert "reward_parts" in areal_text and callable(areal.reward_parts)

@@ -1,7 +1,8 @@
 """Run inside a subprocess whose PYTHONPATH holds the trainers installed by test_trainer_adapters.py
 (so ray, pandas, datasets … never enter the pytest process). Prints one JSON object.
 
-    python trainer_checks.py verl|openrlhf|all EXPORT_DIR RESPONSES_JSONL WORK_DIR   → {"verl": {…}, "openrlhf": {…}}
+    python trainer_checks.py verl|openrlhf|shuffle_r1|all EXPORT_DIR RESPONSES_JSONL WORK_DIR
+        → {"verl": {…}, "openrlhf": {…}, "shuffle_r1": {…}}
 
 RESPONSES_JSONL: one ``{"prompt_id", "rollout_idx", "response"}`` per line.
 """
@@ -146,9 +147,89 @@ def openrlhf_check(export: Path, responses: list[dict], work: Path) -> dict:
             "extra_logs": sorted(infos[0]["extra_logs"]) if infos else []}
 
 
+def shuffle_r1_check(export: Path, responses: list[dict], work: Path) -> dict:
+    """Shuffle-R1 on a verl batch (``grpo/shuffle_r1_verl.py``, loaded by file path with verl's own loader, as the
+    HANDOFF says): G groups × N rollouts with token-level rewards on each response's last token, reordered as
+    ``balance_batch`` reorders them, verl's GRPO advantage, then the reshape. Returns what the test compares with
+    the pure selection: each row's id and advantage in and out, and the alignment of every key, checked here."""
+    import numpy as np
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+    from verl.utils.import_utils import load_extern_object
+
+    G, N, P, R = 8, 8, 3, 6
+    gen = torch.Generator().manual_seed(0)
+    B = G * N
+    lengths = torch.randint(1, R + 1, (B,), generator=gen)
+    response_mask = (torch.arange(R)[None] < lengths[:, None]).long()
+    # success rates per group: two flat groups (all 0, all 1), the rest mixed
+    p = torch.tensor([0.0, 1.0] + [0.2, 0.35, 0.5, 0.5, 0.65, 0.8])
+    score = (torch.rand(B, generator=gen) < p.repeat_interleave(N)).float()
+    token_rewards = torch.zeros(B, R)
+    token_rewards[torch.arange(B), lengths - 1] = score
+    uid = np.array([f"prompt-{g}" for g in range(G) for _ in range(N)], dtype=object)
+    row_id = np.array([f"row-{i}" for i in range(B)], dtype=object)
+    data = DataProto.from_dict(
+        tensors={"responses": torch.randint(0, 100, (B, R), generator=gen), "response_mask": response_mask,
+                 "attention_mask": torch.cat([torch.ones(B, P, dtype=torch.long), response_mask], 1),
+                 "token_level_rewards": token_rewards, "row": torch.arange(B)},
+        non_tensors={"uid": uid, "row_id": row_id, "data_source": np.array(["demo"] * B, dtype=object)},
+        meta_info={"temperature": 1.0, "global_token_num": (P + lengths).tolist()})
+    data.reorder(torch.randperm(B, generator=gen))        # what balance_batch does before the advantages
+    data.meta_info["global_token_num"] = data.batch["attention_mask"].sum(-1).tolist()
+    adv, ret = compute_grpo_outcome_advantage(data.batch["token_level_rewards"], data.batch["response_mask"],
+                                              index=data.non_tensor_batch["uid"])
+    data.batch["advantages"], data.batch["returns"] = adv, ret
+
+    reshape = load_extern_object(str(REPO / "grpo" / "shuffle_r1_verl.py"), "reshape_dataproto")
+    out, metrics = reshape(data, alpha=0.5, S=4, seed=7, step=3, dp_size=2)
+    flat, _ = reshape(data, alpha=0.5, S=4, seed=7, step=3, dp_size=1)
+
+    src = {data.non_tensor_batch["row_id"][i]: i for i in range(len(data))}
+    aligned = []
+    for j in range(len(out)):
+        i = src[out.non_tensor_batch["row_id"][j]]
+        aligned.append(all(torch.equal(out.batch[k][j], data.batch[k][i]) for k in data.batch.keys())
+                       and all(out.non_tensor_batch[k][j] == data.non_tensor_batch[k][i]
+                               for k in data.non_tensor_batch)
+                       and out.meta_info["global_token_num"][j] == data.meta_info["global_token_num"][i])
+    errors = {}
+    gae = data.select_idxs(np.arange(len(data)))
+    gae.batch["advantages"] = gae.batch["advantages"] + 0.5 * torch.arange(R)[None] * gae.batch["response_mask"]
+    uneven = data.select_idxs(np.arange(1, len(data)))
+    for name, bad in (("token_varying", gae), ("uneven_groups", uneven)):
+        try:
+            reshape(bad, alpha=0.5, S=4)
+            errors[name] = ""
+        except ValueError as e:
+            errors[name] = str(e)
+    row_adv = (adv * data.batch["response_mask"]).sum(-1) / data.batch["response_mask"].sum(-1)
+    # the TRL path (ovpipe grpo's Hook 1, rank 0) on the same advantages in group order, seed 7 at step 3
+    from types import SimpleNamespace
+
+    from grpo.shuffle_r1 import make_reshaper
+
+    perm, _ = load_extern_object(str(REPO / "grpo" / "shuffle_r1_verl.py"), "group_order")(data.non_tensor_batch["uid"])
+    group = torch.as_tensor([int(u.split("-")[1]) for u in data.non_tensor_batch["uid"][perm]])
+    trainer = SimpleNamespace(num_generations=N, args=SimpleNamespace(steps_per_generation=1),
+                              state=SimpleNamespace(global_step=3), accelerator=None)
+    trl = make_reshaper(alpha=0.5, S=4, seed=7)({"advantages": row_adv[perm], "prompt_ids": group[:, None],
+                                                 "completion_mask": data.batch["response_mask"][perm],
+                                                 "row": torch.as_tensor(perm)}, trainer)
+    return {"type": type(out).__name__, "rows_in": len(data), "rows_out": len(out), "flat_rows": len(flat),
+            "uid_in": list(data.non_tensor_batch["uid"]), "row_id_in": list(data.non_tensor_batch["row_id"]),
+            "adv_in": row_adv.tolist(), "row_id_out": list(out.non_tensor_batch["row_id"]),
+            "row_id_flat": list(flat.non_tensor_batch["row_id"]), "aligned": aligned,
+            "row_id_trl": [data.non_tensor_batch["row_id"][i] for i in trl["row"].tolist()],
+            "batch_keys": sorted(out.batch.keys()), "non_tensor_keys": sorted(out.non_tensor_batch),
+            "meta_kept": out.meta_info["temperature"] == 1.0 and set(out.meta_info) == set(data.meta_info),
+            "metrics": metrics, "errors": errors}
+
+
 if __name__ == "__main__":
     which, export, resp_file, work = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
     sys.path.insert(0, str(REPO))
     resp = [json.loads(line) for line in resp_file.read_text().splitlines()]
-    checks = {"verl": verl_check, "openrlhf": openrlhf_check}
+    checks = {"verl": verl_check, "openrlhf": openrlhf_check, "shuffle_r1": shuffle_r1_check}
     print(json.dumps({name: fn(export, resp, work) for name, fn in checks.items() if which in (name, "all")}))
