@@ -110,22 +110,37 @@ def drop_unaccepted_outputs(processor, model) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------- metrics
 
-def batch_stats(batch: dict, num_generations: int, rewards: torch.Tensor | None) -> dict[str, float]:
+def batch_stats(batch: dict, num_generations: int, rewards: torch.Tensor | None, accelerator=None) -> dict[str, float]:
     """What one generation batch says about the signal it carries (rows = rollouts, groups contiguous):
 
     * ``small_advantage_share`` — rollouts with |A| < 0.1 (Shuffle-R1's advantage collapsing);
     * ``nonzero_grad_rollout_share`` — rollouts with A ≠ 0 (rollout silencing's complement);
     * ``token_utilization`` — generated tokens that carry a non-zero gradient (Shuffle-R1 Fig. 5c);
     * ``zero_std_group_share`` — groups whose rewards are all equal (no gradient from that prompt);
-    * completion lengths, the reward's mean and std."""
-    from grpo.symptoms import batch_symptoms
+    * completion lengths, the reward's mean and std.
 
-    lengths = batch["completion_mask"].detach().cpu().sum(dim=1).float()
-    out = batch_symptoms(batch)
-    if lengths.sum() == 0:                 # no token generated: utilization is undefined, not 0
-        out["token_utilization"] = math.nan
-    out.update(completion_len_mean=float(lengths.mean()), completion_len_min=float(lengths.min()),
-               completion_len_max=float(lengths.max()), rollouts=float(len(lengths)))
+    Each process holds its slice of the batch (TRL's rewards are gathered, the rows are not): with
+    ``accelerator`` the counts behind the shares (``grpo.symptoms``' definitions, shares times their totals) and
+    the lengths' sum, min and max are reduced over the processes first, so rank 0 writes the whole batch's
+    figures, as the Shuffle-R1 reshaper's own (``grpo.shuffle_r1.whole_buffer_stats``)."""
+    from grpo.symptoms import batch_symptoms, loss_mask
+
+    lengths = batch["completion_mask"].detach().double().sum(dim=1)
+    s = batch_symptoms(batch)
+    n, tokens = float(len(lengths)), float(loss_mask(batch).detach().double().sum())
+    local = torch.tensor([n, s["small_advantage_share"] * n, s["nonzero_grad_rollout_share"] * n,
+                          s["token_utilization"] * tokens, tokens, float(lengths.sum())], dtype=torch.float64,
+                         device=lengths.device)
+    lo, hi = lengths.min().reshape(1), lengths.max().reshape(1)
+    if accelerator is not None and accelerator.num_processes > 1:
+        local = accelerator.gather(local[None]).reshape(-1, len(local)).sum(dim=0)
+        lo, hi = accelerator.gather(lo).min().reshape(1), accelerator.gather(hi).max().reshape(1)
+    n, small, nonzero, useful, tokens, total_len = local.tolist()
+    out = {"small_advantage_share": small / n, "nonzero_grad_rollout_share": nonzero / n,
+           # no token generated: utilization is undefined (NULL), not 0
+           "token_utilization": useful / tokens if tokens else math.nan,
+           "completion_len_mean": total_len / n, "completion_len_min": float(lo), "completion_len_max": float(hi),
+           "rollouts": n}
     if rewards is not None and len(rewards) and len(rewards) % num_generations == 0:
         r = rewards.detach().double().cpu()
         g = r.view(-1, num_generations)
@@ -243,15 +258,17 @@ class OvpipeGRPOTrainer(GRPOTrainer):
         # A new generation: score it here (as TRL's own _prepare_inputs would), reshape the whole buffer, then let
         # TRL shuffle and split it. `_generate_and_score_completions` is swapped for the batch just made, once.
         batch = self._generate_and_score_completions(generation_batch)
-        self.step_stats.update(_prefixed("generated_", batch_stats(batch, self.num_generations, self._last_rewards)))
+        self.step_stats.update(_prefixed("generated_", batch_stats(batch, self.num_generations, self._last_rewards,
+                                                                   self.accelerator)))
         if self.batch_reshaper is not None:
             self.reshape_stats = {}
             batch = self.batch_reshaper(batch, self)
             self.step_stats.update(_prefixed("reshape_", self.reshape_stats))
         self.step_stats.update(batch_stats(batch, self.num_generations,
-                                           self._last_rewards if self.batch_reshaper is None else None))
+                                           self._last_rewards if self.batch_reshaper is None else None,
+                                           self.accelerator))
         if self.batch_reshaper is not None:
-            # the reshaper's symptoms are the whole batch's (summed over the processes), batch_stats' this slice's
+            # the reshaper's own symptom figures (the same definitions, summed over the processes the same way)
             for k in ("small_advantage_share", "nonzero_grad_rollout_share", "token_utilization"):
                 if k in self.reshape_stats:
                     self.step_stats[k] = self.reshape_stats[k]

@@ -166,3 +166,47 @@ def test_lora_trains_an_adapter_and_saves_it_merged(tmp_path, lm):
     before, after = load_file(str(lm / "model.safetensors")), load_file(str(out / "model.safetensors"))
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all("q_proj" in k or "v_proj" in k for k in changed), changed
+
+
+def test_batch_stats_at_two_processes_are_the_whole_batchs():
+    """Each rank holds its slice of the generation batch: the shares, lengths and counts rank 0 writes are the
+    whole batch's (counts reduced over the processes), not its own slice's."""
+    import math
+
+    import torch
+
+    from grpo.trainer import batch_stats
+
+    def part(adv, lens):
+        mask = torch.zeros(len(lens), 6)
+        for i, n in enumerate(lens):
+            mask[i, :n] = 1
+        return {"advantages": torch.tensor(adv, dtype=torch.float32), "completion_mask": mask}
+
+    a = part([0.0, 0.05, 1.2, -0.7], [6, 1, 2, 3])
+    b = part([0.0, 0.0, 0.0, 0.3], [0, 5, 4, 4])
+
+    class Recorder:          # rank 1: what it hands to each gather
+        num_processes, seen = 2, []
+
+        def gather(self, x):
+            self.seen.append(x)
+            return torch.cat([x, x])
+
+    class Rank0:             # rank 0: each gather brings rank 1's tensor beside its own
+        num_processes = 2
+
+        def __init__(self, other):
+            self.other = list(other)
+
+        def gather(self, x):
+            return torch.cat([x, self.other.pop(0)])
+
+    rec = Recorder()
+    batch_stats(b, 2, None, rec)
+    got = batch_stats(a, 2, None, Rank0(rec.seen))
+    whole = batch_stats({k: torch.cat([a[k], b[k]]) for k in a}, 2, None)
+    assert got.keys() == whole.keys() and all(math.isclose(got[k], whole[k]) for k in got), (got, whole)
+    assert got["small_advantage_share"] == 5 / 8 and got["completion_len_max"] == 6 and got["completion_len_min"] == 0
+    assert got["token_utilization"] == (1 + 2 + 3 + 4) / 25          # A ≠ 0 rows' tokens over all tokens
+    assert batch_stats(a, 2, None)["small_advantage_share"] == 2 / 4      # one process alone: its own rows
