@@ -143,6 +143,7 @@ def run_three(engine, es: list, slots: int, batch_size: int, modes=("baseline", 
                      "drain_bubble": run.drain_bubble, "tokens_per_s": run.tokens_per_s,
                      "generated_tokens": run.generated_tokens, "trained_tokens": run.trained_tokens,
                      "wasted_tokens": run.wasted_tokens, "steps": len(run.steps),
+                     "resumed_rollouts": sum(len(e.versions) > 1 for b in run.batches for e in b),
                      "step_s_by_running": step_growth(run.steps)}
         print(f"{mode}: {run.time_s:.1f} s engine, bubble {run.bubble_ratio:.1%}, {run.tokens_per_s:,.0f} tokens/s, "
               f"wasted {run.wasted_tokens}", file=sys.stderr)
@@ -208,7 +209,7 @@ def main(argv=None) -> int:
 
         torch.manual_seed(a.seed)
         tiny = LlamaForCausalLM(llama_config(TINY)).float().eval()
-        n, b, q, ml, pl = 16, 4, 4, 8, 4                      # the same shape of plan, toy sizes
+        n, b, q, ml, pl = 16, 4, 4, 16, 4                     # the same shape of plan, toy sizes
         tes, tinfo = plan(n, b, q, ml, pl, TINY["vocab_size"], a.seed, TINY["max_position_embeddings"])
         eng = ContinuousBatchingEngine(tiny, slots=q, max_len=pl + ml, seed=a.seed, ignore_eos=True,
                                        max_batch_tokens=q * (pl + ml))

@@ -132,6 +132,8 @@ SLOW: dict[str, float] = {
     # controller runs on the CPU engine: three, and a grouped run beside the baseline (~3 s each, loaded machine)
     "tests/grpo/test_engines.py::test_the_same_seed_gives_the_same_schedule_and_tokens": 4.2,
     "tests/grpo/test_engines.py::test_whole_groups_per_batch_and_the_baseline": 3.5,
+    # the GPU half's dry run: the 8B config and plan, three toy runs on the CPU engine (bench/bench_sortedrl_gpu.py)
+    "tests/grpo/test_sortedrl_gpu_dry.py::test_the_device_script_dry_runs_on_the_cpu": 7.0,
 }
 
 

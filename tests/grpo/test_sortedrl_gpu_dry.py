@@ -23,6 +23,7 @@ def test_the_device_script_dry_runs_on_the_cpu(tmp_path):
     assert 1 <= p["median"] <= p["longest"] <= p["max_len"] == 2048
     toy = r["toy"]                                                     # accounting checked inside: it ran through
     assert toy["partial"]["wasted_tokens"] == 0 and toy["on_policy"]["wasted_tokens"] > 0
+    assert toy["partial"]["resumed_rollouts"] > 0 and toy["baseline"]["resumed_rollouts"] == 0
     assert {m["trained_tokens"] for m in toy.values()} == {r["toy_plan"]["output_tokens"]}
     assert set(r["simulated"]) == {"baseline", "on_policy", "partial"}
 
