@@ -11,6 +11,10 @@ the clipped loss (``loss_type``, ``epsilon`` / ``epsilon_high``, ``beta``), chec
   rewards and advantages are in and before TRL shuffles and splits it into micro-batches (a reshaper whose
   ``ordered`` is true — Shuffle-R1's sub-samplings — is split in its own order, unshuffled);
 * **the rollout hook** is TRL's own ``rollout_func`` (SortedRL's engine adapter), passed through by the step;
+* **behaviour weights** for the tokens such a rollout carries from earlier policy versions (SortedRL's partial
+  mode): AReaL's decoupled-loss weight ``π_prox / π_behave``, dropped above its cap (``grpo.loss``), applied
+  through TRL's per-token advantages (``_add_behaviour_weights``, ``_compute_loss``); TRL 1.16 corrects for the
+  sampler only under vLLM;
 * **processor outputs the model does not take** (a newer processor's ``mm_token_type_ids`` for the published
   LLaVA-OneVision-1.5 remote class) are dropped at the processor, for generation and for the loss's forward alike —
   the rule ``inference.backends`` applies before ``generate``;
