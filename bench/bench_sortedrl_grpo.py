@@ -21,8 +21,8 @@ Runs (each ``--steps`` optimizer steps, one generation per step):
   separates the engine's cost from the scheduling's;
 * ``on_policy`` and ``partial``: ``sortedrl: {mode: …, group_batches: 2}``.
 
-Per run: rollout time a step (``generate_s``: TRL's generation + scoring; for SortedRL runs also the engine's own
-time), the bubble a step (SortedRL: the paper's eq. 4 over the call's engine steps, ``rollout_bubble_ratio``; TRL's
+Per run (medians over steps, then means over seeds): the optimizer step's time (``step_time_s``), rollout time a
+step (``generate_s``: TRL's generation + scoring; for SortedRL runs also the engine's own time), the bubble a step (SortedRL: the paper's eq. 4 over the call's engine steps, ``rollout_bubble_ratio``; TRL's
 padded ``generate``: a batch of Q = 32 rows decodes until its longest completion, so the same eq. 4 is
 ``1 − mean length / max length``), the reward curve (``reward_mean``: the scaled reward, −5 … +5, of the rollouts
 each step trains), and the final policy's accuracy on fresh samples (16 a prompt from the saved model, the same
@@ -173,12 +173,13 @@ def summarise(results: dict, steps: int) -> list[str]:
         xs = [x for x in xs if x is not None]
         return (float(np.mean(xs)), float(np.std(xs))) if xs else (float("nan"), float("nan"))
 
-    lines = ["| run | rollout s/step | engine s/step | bubble | wasted tokens/step | reward, first 3 steps | "
+    lines = ["| run | step s | rollout s/step | engine s/step | bubble | wasted tokens/step | reward, first 3 steps | "
              f"reward, last 3 steps | final accuracy (± seed std) | stale tokens | behaviour w mean / max | capped |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, seeds in results.items():
         per = [s["metrics"] for s in seeds.values()]
         gen = ms([np.median([m["generate_s"] for m in p]) for p in per])
+        step = ms([np.median([m["step_s"] for m in p]) for p in per])
         eng = ms([np.median([m["engine_s"] for m in p]) if p[0]["engine_s"] is not None else None for p in per])
         bub = ms([np.mean([m["bubble"] for m in p]) for p in per])
         wasted = ms([(p[-1]["wasted"] or 0) / len(p) if p[0]["wasted"] is not None else None for p in per])
@@ -195,7 +196,7 @@ def summarise(results: dict, steps: int) -> list[str]:
 
         def f(x, fmt="{:.2f}"):
             return "—" if np.isnan(x[0]) else fmt.format(x[0])
-        lines.append(f"| {name} | {f(gen)} | {f(eng)} | {f(bub, '{:.1%}')} | {f(wasted, '{:.0f}')} | "
+        lines.append(f"| {name} | {f(step)} | {f(gen)} | {f(eng)} | {f(bub, '{:.1%}')} | {f(wasted, '{:.0f}')} | "
                      f"{first[0]:+.2f} ± {first[1]:.2f} | {last[0]:+.2f} ± {last[1]:.2f} | "
                      f"{acc[0]:.1%} ± {acc[1]:.1%} | {f(stale, '{:.1%}')} | "
                      f"{f(wm, "{:.3f}")} / {f(wx, "{:.3f}")} | {f(cap, '{:.1%}')} |")
