@@ -165,6 +165,16 @@ def simulated(es: list, slots: int, batch_size: int) -> dict:
                 "wasted_tokens": r.wasted_tokens} for m, r in res.items()}
 
 
+def vllm_engine(folder: Path, slots: int, max_len: int, seed: int, gpu_memory_utilization: float = 0.85):
+    """``grpo.engines.vllm`` over the saved config: random weights (``load_format: dummy``), bf16, token ids in and
+    out (no tokenizer), EOS ignored, ``slots`` sequences at once."""
+    from grpo.engines.vllm import VllmEngine
+
+    return VllmEngine(str(folder), slots=slots, max_len=max_len, seed=seed, ignore_eos=True,
+                      engine_args={"load_format": "dummy", "skip_tokenizer_init": True, "dtype": "bfloat16",
+                                   "gpu_memory_utilization": gpu_memory_utilization})
+
+
 def table(meas: dict, sim: dict) -> str:
     rows = ["| mode | bubble, all steps (drain) | sim | output tokens/s | × baseline | sim × baseline | wasted | steps |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -208,20 +218,20 @@ def main(argv=None) -> int:
         from grpo.engines.cb import ContinuousBatchingEngine
 
         torch.manual_seed(a.seed)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)                              # a toy forward: threads only add their overhead
         tiny = LlamaForCausalLM(llama_config(TINY)).float().eval()
         n, b, q, ml, pl = 16, 4, 4, 16, 4                     # the same shape of plan, toy sizes
         tes, tinfo = plan(n, b, q, ml, pl, TINY["vocab_size"], a.seed, TINY["max_position_embeddings"])
         eng = ContinuousBatchingEngine(tiny, slots=q, max_len=pl + ml, seed=a.seed, ignore_eos=True,
                                        max_batch_tokens=q * (pl + ml))
-        result.update(dry_run=True, toy_plan=tinfo, toy=run_three(eng, tes, q, n // b))
-        eng.close()
+        try:
+            result.update(dry_run=True, toy_plan=tinfo, toy=run_three(eng, tes, q, n // b))
+        finally:
+            eng.close()
+            torch.set_num_threads(threads)
     else:
-        from grpo.engines.vllm import VllmEngine
-
-        engine = VllmEngine(str(folder), slots=a.slots, max_len=a.prompt_len + a.max_len, seed=a.seed,
-                            ignore_eos=True, engine_args={"load_format": "dummy", "skip_tokenizer_init": True,
-                                                          "dtype": "bfloat16",
-                                                          "gpu_memory_utilization": a.gpu_memory_utilization})
+        engine = vllm_engine(folder, a.slots, a.prompt_len + a.max_len, a.seed, a.gpu_memory_utilization)
         import torch
 
         result["device"] = torch.cuda.get_device_name(0)

@@ -2,8 +2,9 @@
 stand-in ``vllm`` module, tests/grpo/test_engines.py).
 
 * ``admit``  ``engine.add_request(rid, {"prompt_token_ids": ids}, SamplingParams(max_tokens=n, logprobs=0,
-             output_kind=DELTA, ...))``: ``logprobs=0`` returns the sampled token's log-prob alone, ``DELTA``
-             makes each ``step()`` return only the tokens appended in that step;
+             output_kind=DELTA, detokenize=False, ...))``: ``logprobs=0`` returns the sampled token's log-prob
+             alone, ``DELTA`` makes each ``step()`` return only the tokens appended in that step, and no text is
+             decoded (token ids in, token ids out: an engine started with ``skip_tokenizer_init`` has no tokenizer);
 * ``step``   ``engine.step()``; a ``RequestOutput`` per request that advanced, ``finished`` when it hit its budget;
 * ``stop``   ``engine.abort_request([rid])``; the tokens are the ones the adapter collected from the deltas, so
              nothing is lost (vLLM frees the KV blocks; the paper patched SGLang for the same state);
@@ -47,7 +48,7 @@ class VllmEngine(RequestEngine):
         self._admitted += 1
         return SamplingParams(max_tokens=max_new_tokens, temperature=self.temperature, top_p=1.0, top_k=-1,
                               ignore_eos=self.ignore_eos, logprobs=0, seed=self.seed + self._admitted,
-                              output_kind=RequestOutputKind.DELTA)
+                              output_kind=RequestOutputKind.DELTA, detokenize=False)
 
     def _add(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> None:
         if rid in self._seen:

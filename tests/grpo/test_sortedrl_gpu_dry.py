@@ -39,3 +39,21 @@ def test_the_parameter_count_is_the_models():
         with torch.device("meta"):
             assert param_count(cfg) == sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
     assert param_count(llama_config(LLAMA31_8B)) == 8_030_261_248          # LLaMA-3.1-8B's published 8.03 B
+
+
+def test_the_vllm_engine_is_built_with_dummy_weights_and_no_tokenizer(monkeypatch, tmp_path):
+    """What the device run hands vLLM, against a stand-in ``vllm`` module (as tests/grpo/test_engines.py)."""
+    import sys
+    import types
+
+    from bench.bench_sortedrl_gpu import vllm_engine
+
+    got = {}
+    vllm = types.ModuleType("vllm")
+    vllm.EngineArgs = lambda **kw: kw
+    vllm.LLMEngine = types.SimpleNamespace(from_engine_args=lambda kw: got.update(kw) or object())
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    vllm_engine(tmp_path, slots=128, max_len=256 + 2048, seed=0)
+    assert got == {"model": str(tmp_path), "seed": 0, "max_num_seqs": 128, "max_model_len": 2304,
+                   "enable_prefix_caching": True, "load_format": "dummy", "skip_tokenizer_init": True,
+                   "dtype": "bfloat16", "gpu_memory_utilization": 0.85}
