@@ -19,7 +19,9 @@ Runs (each ``--steps`` optimizer steps, one generation per step):
 * ``cb_sync``: ``sortedrl: {mode: on_policy, group_batches: 1}`` — the controller on the same engine with a group of
   one batch, so no early termination is possible: the synchronous baseline *on the SortedRL engine*, which
   separates the engine's cost from the scheduling's;
-* ``on_policy`` and ``partial``: ``sortedrl: {mode: …, group_batches: 2}``.
+* ``on_policy`` and ``partial``: ``sortedrl: {mode: …, group_batches: 2}``;
+* ``partial_unweighted``: partial with the behaviour weights off (its stale tokens trained at weight 1), the
+  ablation that says what the weights do.
 
 Per run (medians over steps, then means over seeds): the optimizer step's time (``step_time_s``), rollout time a
 step (``generate_s``: TRL's generation + scoring; for SortedRL runs also the engine's own time), the bubble a step (SortedRL: the paper's eq. 4 over the call's engine steps, ``rollout_bubble_ratio``; TRL's
@@ -48,7 +50,10 @@ RUNS: dict[str, dict] = {
     "cb_sync": {"mode": "on_policy", "group_batches": 1},
     "on_policy": {"mode": "on_policy", "group_batches": 2},
     "partial": {"mode": "partial", "group_batches": 2},
+    # ablation: partial with its stale tokens trained at weight 1 (the trainer's behaviour weights switched off)
+    "partial_unweighted": {"mode": "partial", "group_batches": 2},
 }
+UNWEIGHTED = {"partial_unweighted"}
 SPLIT = "stage1-answer-only"
 
 
@@ -107,16 +112,24 @@ def text_split(demo_run: Path, run: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), out / f"{SPLIT}.parquet")
 
 
-def grpo(run: Path, lm: Path, seed: int, steps: int, sortedrl: dict) -> float:
+def grpo(run: Path, lm: Path, seed: int, steps: int, sortedrl: dict, unweighted: bool = False) -> float:
     from ovpipe.cli import main
+
+    from grpo.trainer import OvpipeGRPOTrainer
 
     sets = [f"model={lm}", "stages=[answer_only]", f"seed={seed}", f"steps={steps}", "top_k=0",
             f"save_every={steps}", "cpu_threads=1"]
     if sortedrl:
         sets.append("sortedrl={" + ", ".join(f"{k}: {v}" for k, v in sortedrl.items()) + "}")
     t0 = time.perf_counter()
-    rc = main(["grpo", "--run-dir", str(run), "--config", "configs/demo/grpo.yaml", "--quiet",
-               *[x for s in sets for x in ("--set", s)]])
+    add = OvpipeGRPOTrainer._add_behaviour_weights
+    if unweighted:                         # the run is in this process: the ablation swaps the method for its span
+        OvpipeGRPOTrainer._add_behaviour_weights = lambda self, batch, inputs: None
+    try:
+        rc = main(["grpo", "--run-dir", str(run), "--config", "configs/demo/grpo.yaml", "--quiet",
+                   *[x for s in sets for x in ("--set", s)]])
+    finally:
+        OvpipeGRPOTrainer._add_behaviour_weights = add
     if rc != 0:
         raise RuntimeError(f"grpo failed in {run} (rc {rc})")
     return time.perf_counter() - t0
@@ -235,7 +248,7 @@ def main(argv=None) -> int:
                 wall = None
             else:
                 text_split(demo, run)
-                wall = grpo(run, lm, seed, a.steps, RUNS[name])
+                wall = grpo(run, lm, seed, a.steps, RUNS[name], name in UNWEIGHTED)
             results.setdefault(name, {})[seed] = {"metrics": read_metrics(run), "wall_s": wall,
                                                   "accuracy": final_accuracy(run, a.eval_samples)}
             print(f"{name} seed {seed}: {wall and round(wall, 1)} s, accuracy "
