@@ -76,7 +76,8 @@ def save_model_dir(cfg, out: Path) -> Path:
     # the keys an older transformers (the one a vLLM build pins) reads too: rope θ and the dtype at the top level
     path = out / "config.json"
     d = json.loads(path.read_text())
-    d.setdefault("rope_theta", d.get("rope_parameters", {}).get("rope_theta"))
+    if "rope_theta" in (d.get("rope_parameters") or {}):       # an older one would keep its default 10,000
+        d["rope_theta"] = d["rope_parameters"]["rope_theta"]
     d.setdefault("torch_dtype", d.get("dtype", "bfloat16"))
     path.write_text(json.dumps(d, indent=2))
     return out
