@@ -13,11 +13,18 @@ policy (the weights at the start of this update) and the *behaviour* policy that
 tokens, possibly several versions old::
 
     ratio = exp(log π_θ − log π_prox)
-    w     = min(exp(log π_prox − log π_behave), 5)          (behaviour importance weight, no grad)
+    w     = exp(log π_prox − log π_behave)  if that is ≤ 5, else 0    (behaviour importance weight, no grad)
     ℓ_t   = w · max(−A · ratio, −A · clip(ratio, 1 − 0.2, 1 + 0.28))
     loss  = Σ_t ℓ_t · m_t / Σ_t m_t                          (token mean over non-padding tokens)
 
 no KL term; a sample generated more than η = 4 policy versions ago is rejected (its mask is 0).
+
+The cap is AReaL's ``behav_imp_weight_cap: 5.0`` (inclusionAI/AReaL ``examples/math/gsm8k_grpo.yaml``, with
+``use_decoupled_loss: true``) and it *filters*, it does not clamp: AReaL's ``ppo_actor_loss_fn``
+(``areal/utils/functional.py``) keeps a token's weight where ``w ≤ cap`` and sets it to 0 elsewhere, the token
+staying in the denominator. A token the behaviour policy found 5× less likely than the proximal policy does is
+too far off-policy to correct, so it is dropped rather than trained at weight 5. ``behaviour_weights`` is that
+rule, shared with ``grpo.trainer`` (partial-mode SortedRL's stale tokens inside ``ovpipe grpo``).
 """
 from __future__ import annotations
 
@@ -49,6 +56,14 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, cfg: GRPOCo
     return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 
+def behaviour_weights(logp_prox: torch.Tensor, logp_behave: torch.Tensor, cap: float = GRPOConfig.behave_weight_cap):
+    """AReaL's behaviour importance weights ``w = π_prox / π_behave`` per token, 0 where ``w`` exceeds ``cap``
+    (see the module docstring). Returns ``(w, capped)``, both detached, ``capped`` the bool mask of dropped tokens."""
+    w = torch.exp(logp_prox.detach() - logp_behave.detach())
+    capped = w > cap
+    return torch.where(capped, torch.zeros_like(w), w), capped
+
+
 def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behave: torch.Tensor,
                        advantages: torch.Tensor, mask: torch.Tensor, versions: torch.Tensor | None = None,
                        current_version: int | None = None, cfg: GRPOConfig = GRPOConfig()):
@@ -68,12 +83,13 @@ def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behave:
     ratio = torch.exp(logp - logp_prox)
     clipped = torch.clamp(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high)
     pg = torch.maximum(-A * ratio, -A * clipped)
-    w = torch.clamp(torch.exp(logp_prox - logp_behave), max=cfg.behave_weight_cap).detach()
+    w, capped = behaviour_weights(logp_prox, logp_behave, cfg.behave_weight_cap)
     per_token = w * pg
     denom = mask.sum()
     loss = (per_token * mask).sum() / denom.clamp(min=1)
     with torch.no_grad():
         stats = {"clip_fraction": float(((ratio != clipped).to(mask.dtype) * mask).sum() / denom.clamp(min=1)),
                  "behave_weight_mean": float((w * mask).sum() / denom.clamp(min=1)),
+                 "behave_capped_share": float((capped.to(mask.dtype) * mask).sum() / denom.clamp(min=1)),
                  "rejected_stale": rejected, "tokens": int(denom)}
     return loss, stats

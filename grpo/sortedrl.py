@@ -397,7 +397,9 @@ class SortedRLRollouts:
     rollouts), which need not be the prompts TRL passed. Each returned row therefore carries its own prompt's
     reward columns (``ground_truth``, ``answer_type``, …) as extra fields, which TRL writes over the dataset row's
     before the rewards run, plus ``token_versions`` (the policy version that sampled each completion token: the
-    optimizer step, one generation per step) and ``policy_version`` (the oldest). One call is one policy update:
+    optimizer step, one generation per step), ``policy_version`` (the oldest) and ``trained_version`` (the step that
+    trains the batch; ``OvpipeGRPOTrainer`` weighs the tokens of earlier versions by AReaL's behaviour importance
+    weights). One call is one policy update:
     the rollouts still running are stopped, kept with their tokens and log-probs (partial) or discarded and counted
     as waste (on-policy). The engine is transformers' continuous batching over the trained model itself (the same
     parameters, so an update reaches the engine with no copy). Text prompts only: the engine runs a causal LM.
@@ -494,7 +496,9 @@ class SortedRLRollouts:
         out = {"prompt_ids": [list(e.prompt_ids) for e in batch], "completion_ids": [list(e.token_ids) for e in batch],
                "logprobs": [list(e.logprobs) for e in batch],
                "token_versions": [list(e.token_versions) for e in batch],
-               "policy_version": [min(e.token_versions) if e.token_versions else drv.ctl.version - 1 for e in batch]}
+               "policy_version": [min(e.token_versions) if e.token_versions else drv.ctl.version - 1 for e in batch],
+               # the version this batch is trained at: its tokens of earlier ones get the behaviour weights
+               "trained_version": [drv.ctl.version - 1] * len(batch)}
         out.update({k: [e.row[k] for e in batch] for k in keys})
         return out
 

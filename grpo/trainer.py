@@ -11,6 +11,10 @@ the clipped loss (``loss_type``, ``epsilon`` / ``epsilon_high``, ``beta``), chec
   rewards and advantages are in and before TRL shuffles and splits it into micro-batches (a reshaper whose
   ``ordered`` is true — Shuffle-R1's sub-samplings — is split in its own order, unshuffled);
 * **the rollout hook** is TRL's own ``rollout_func`` (SortedRL's engine adapter), passed through by the step;
+* **behaviour weights** for the tokens such a rollout carries from earlier policy versions (SortedRL's partial
+  mode): AReaL's decoupled-loss weight ``π_prox / π_behave``, dropped above its cap (``grpo.loss``), applied
+  through TRL's per-token advantages (``_add_behaviour_weights``, ``_compute_loss``); TRL 1.16 corrects for the
+  sampler only under vLLM;
 * **processor outputs the model does not take** (a newer processor's ``mm_token_type_ids`` for the published
   LLaVA-OneVision-1.5 remote class) are dropped at the processor, for generation and for the loss's forward alike —
   the rule ``inference.backends`` applies before ``generate``;
@@ -40,6 +44,9 @@ try:                                     # the trainer only exists where TRL is 
 except ImportError as e:                 # pragma: no cover - the lock installs TRL
     raise ImportError(f"`ovpipe grpo` needs TRL: install the `grpo` extra (make install) — {e}") from None
 
+from grpo.loss import GRPOConfig, behaviour_weights
+
+BEHAVE_WEIGHT_CAP = GRPOConfig.behave_weight_cap     # AReaL's behav_imp_weight_cap (grpo.loss)
 ZERO = 1e-8                 # a reward std at or under this: the group's rollouts all scored the same
 
 
@@ -222,6 +229,8 @@ class OvpipeGRPOTrainer(GRPOTrainer):
     (floats), written as ``reshape_*`` columns; a ``rollout_func`` puts its engine's figures in
     ``trainer.rollout_stats`` (``rollout_*`` columns)."""
 
+    behave_weight_cap = BEHAVE_WEIGHT_CAP
+
     def __init__(self, *args, batch_reshaper: Callable | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.batch_reshaper = batch_reshaper
@@ -247,7 +256,67 @@ class OvpipeGRPOTrainer(GRPOTrainer):
             tokens = float(batch["completion_mask"].sum())
             self.step_stats["generated_tokens"] = tokens
             self.step_stats["generate_tokens_per_s"] = tokens / max(self.step_stats["generate_s"], 1e-9)
+            self._add_behaviour_weights(batch, inputs)
         return batch
+
+    def _add_behaviour_weights(self, batch: dict, inputs: list[dict]) -> None:
+        """Partial-mode SortedRL's decoupled-loss weights: a rollout resumed across updates holds tokens an earlier
+        policy sampled; each such token is weighted by AReaL's behaviour importance weight ``π_prox / π_behave``,
+        dropped (weight 0) above the cap (``grpo.loss.behaviour_weights``). π_behave is the engine's log-prob of the
+        sampled token (the rollout's ``logprobs``, TRL's ``sampling_per_token_logps``); π_prox is the policy at the
+        start of this update, the weights TRL's ratio is taken against (``old_per_token_logps`` where TRL computed
+        them, else one no-grad forward here, as TRL does under vLLM). Tokens of the trained version keep weight 1
+        exactly and a batch without stale tokens is left untouched, so on-policy mode and plain GRPO train as TRL
+        does. TRL 1.16 applies its own importance-sampling ratio only under vLLM; ``_compute_loss`` applies these.
+
+        Which tokens are stale comes from the rollout's extra fields (``token_versions``, ``trained_version``, which
+        TRL writes into ``inputs``, row for row with the batch). Figures go to ``step_stats`` as ``behave_*``."""
+        if not inputs or "token_versions" not in inputs[0] or "trained_version" not in inputs[0]:
+            return
+        mask = batch["completion_mask"].bool()
+        if "tool_mask" in batch:
+            mask = mask & batch["tool_mask"].bool()
+        stale = torch.zeros_like(mask)
+        for i, inp in enumerate(inputs):
+            vs = torch.as_tensor(inp["token_versions"][: mask.size(1)])
+            stale[i, : len(vs)] = vs < int(inp["trained_version"])
+        stale &= mask
+        n_stale = int(stale.sum())
+        self.step_stats["behave_stale_token_share"] = n_stale / max(int(mask.sum()), 1)
+        if n_stale == 0:
+            return
+        behave = batch.get("sampling_per_token_logps")
+        if behave is None:
+            raise RuntimeError("sortedrl: the rollout has tokens of earlier policy versions but no log-probs; the "
+                               "behaviour weights need the engine's log-prob of every sampled token")
+        prox = batch.get("old_per_token_logps")
+        if prox is None:
+            from trl.models.utils import disable_gradient_checkpointing
+
+            ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+            attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+            with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+                prox, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, ids, attn, batch["completion_ids"].size(1),
+                    batch_size=self.args.per_device_train_batch_size)
+        w, capped = behaviour_weights(prox, behave, self.behave_weight_cap)
+        w = torch.where(stale, w, torch.ones_like(w))
+        batch["behaviour_weights"] = w
+        ws = w[stale]
+        self.step_stats.update(behave_weight_mean=float(ws.mean()), behave_weight_max=float(ws.max()),
+                               behave_weight_min=float(ws.min()),
+                               behave_capped_share=float(capped[stale].double().mean()))
+
+    def _compute_loss(self, model, inputs):
+        # the behaviour weights scale each token's clipped surrogate. TRL's loss takes per-token advantages
+        # ([B, T], "to support subclasses") and every loss type is linear in A with w >= 0 —
+        # max(−wA·r, −wA·clip(r)) = w · max(−A·r, −A·clip(r)) — so w·A is the decoupled loss's w · ℓ_t, exactly,
+        # with TRL's own normalisation; a dropped token (w = 0) stays in the denominator, as in AReaL.
+        w = inputs.get("behaviour_weights")
+        if w is None:
+            return super()._compute_loss(model, inputs)
+        a = inputs["advantages"]
+        return super()._compute_loss(model, {**inputs, "advantages": (a.unsqueeze(1) if a.dim() == 1 else a) * w})
 
     def _prepare_inputs(self, generation_batch):
         if not self.model.training:

@@ -124,6 +124,7 @@ SLOW: dict[str, float] = {
     "tests/grpo/test_grpo_step.py::test_sigkill_then_rerun_ends_with_the_uninterrupted_runs_metrics": 40.0,
     "tests/grpo/test_grpo_step.py::test_lora_trains_an_adapter_and_saves_it_merged": 10.0,
     "tests/grpo/test_shuffle_r1.py::test_reshaper_selects_pixel_values_per_image_grid": 12.4,   # imports trl
+    "tests/grpo/test_behaviour_weights.py": 10.5,   # imports trl, builds a trainer (module fixture: both tests)
     "tests/grpo/test_shuffle_r1_step.py::test_an_ordered_reshaper_is_split_in_its_order": 12.0,   # imports trl
     "tests/grpo/test_shuffle_r1_step.py::test_a_shuffle_r1_run_trains_the_kept_half_and_logs_both_symptoms": 15.0,
     # SortedRL inside `ovpipe grpo`: 4 GRPO steps through the rollout_func, per mode (the first pays TRL's import)
@@ -131,6 +132,8 @@ SLOW: dict[str, float] = {
     # controller runs on the CPU engine: three, and a grouped run beside the baseline (~3 s each, loaded machine)
     "tests/grpo/test_engines.py::test_the_same_seed_gives_the_same_schedule_and_tokens": 4.2,
     "tests/grpo/test_engines.py::test_whole_groups_per_batch_and_the_baseline": 3.5,
+    # the GPU half's dry run: the 8B config and plan, three toy runs on the CPU engine (bench/bench_sortedrl_gpu.py)
+    "tests/grpo/test_sortedrl_gpu_dry.py::test_the_device_script_dry_runs_on_the_cpu": 2.0,
 }
 
 

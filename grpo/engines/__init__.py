@@ -62,6 +62,51 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+class RequestEngine:
+    """What both engines share: the per-request bookkeeping behind ``stop`` / ``resume`` / ``has_work``. Neither
+    engine hands back a stopped request's tokens, so each keeps what every step delivered (``_record``) and ``stop``
+    returns that; a resume is a new request over ``prompt + partial`` (both drop the KV cache of a stopped request).
+    A subclass adds a request to its engine in ``_add`` and takes it out in ``_cancel``."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, Partial] = {}          # per live request: what it generated so far
+        self._context: dict[str, int] = {}           # per live request: prompt + generated tokens
+
+    def _add(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> None:
+        raise NotImplementedError
+
+    def _cancel(self, rid: str) -> None:
+        raise NotImplementedError
+
+    def admit(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_new_tokens={max_new_tokens} must be at least 1")
+        self._add(rid, list(prompt_ids), max_new_tokens)
+        self._seen[rid] = Partial()
+        self._context[rid] = len(prompt_ids)
+
+    def resume(self, rid: str, prompt_ids: list[int], partial: list[int], max_new_tokens: int) -> None:
+        self.admit(rid, list(prompt_ids) + list(partial), max_new_tokens)
+
+    def stop(self, rid: str) -> Partial:
+        self._cancel(rid)
+        self._context.pop(rid, None)
+        return self._seen.pop(rid, Partial())
+
+    def has_work(self) -> bool:
+        return bool(self._context)
+
+    def _record(self, rid: str, token_ids: list[int], logprobs: list[float], finished: bool) -> Partial:
+        """A step's new tokens of ``rid``: appended to what it holds; a finished request is no longer live."""
+        seen = self._seen[rid]
+        seen.token_ids += token_ids
+        seen.logprobs += logprobs
+        self._context[rid] += len(token_ids)
+        if finished:
+            del self._seen[rid], self._context[rid]
+        return Partial(list(token_ids), list(logprobs))
+
+
 ENGINES = ("transformers", "vllm")
 
 

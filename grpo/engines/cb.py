@@ -29,10 +29,10 @@ from __future__ import annotations
 import gc
 import time
 
-from grpo.engines import Partial, StepReport
+from grpo.engines import Partial, RequestEngine, StepReport
 
 
-class ContinuousBatchingEngine:
+class ContinuousBatchingEngine(RequestEngine):
     name = "transformers"
 
     def __init__(self, model, *, slots: int = 64, max_len: int = 4096, max_batch_tokens: int | None = None,
@@ -61,34 +61,21 @@ class ContinuousBatchingEngine:
         self._bp = self._mgr._create_batch_processor()
         self._mgr.batch_processor = self._bp
         self.slots = slots
-        self._seen: dict[str, Partial] = {}          # per live request: what it generated so far
-        self._context: dict[str, int] = {}           # per live request: prompt + generated tokens
+        super().__init__()
         self._used: set[str] = set()
 
-    def admit(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> None:
+    def _add(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> None:
         # A request id is never reused: a cancellation waits for the next step, and would drop the newcomer too.
         if rid in self._used:
             raise ValueError(f"request id {rid!r} was used before; give each admission its own id")
-        if max_new_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_new_tokens={max_new_tokens} must be at least 1")
         self._used.add(rid)
-        got = self._mgr.add_request(list(prompt_ids), request_id=rid, max_new_tokens=max_new_tokens,
+        got = self._mgr.add_request(prompt_ids, request_id=rid, max_new_tokens=max_new_tokens,
                                     streaming=True, eos_token_id=self.eos)
         if got is None:
             raise RuntimeError(f"the continuous-batching manager refused request {rid!r}")
-        self._seen[rid] = Partial()
-        self._context[rid] = len(prompt_ids)
 
-    def resume(self, rid: str, prompt_ids: list[int], partial: list[int], max_new_tokens: int) -> None:
-        self.admit(rid, list(prompt_ids) + list(partial), max_new_tokens)
-
-    def stop(self, rid: str) -> Partial:
+    def _cancel(self, rid: str) -> None:
         self._mgr.cancel_request(rid)
-        self._context.pop(rid, None)
-        return self._seen.pop(rid, Partial())
-
-    def has_work(self) -> bool:
-        return bool(self._context)
 
     def step(self) -> StepReport:
         from transformers.generation.continuous_batching.requests import RequestStatus
@@ -114,16 +101,11 @@ class ContinuousBatchingEngine:
             seen = self._seen.get(rid)
             if seen is None:                                     # stopped after this output was queued
                 continue
-            k = len(seen.token_ids)
-            delta = Partial(list(out.generated_tokens[k:]), list(out.logprobs[k:]))
-            seen.token_ids += delta.token_ids
-            seen.logprobs += delta.logprobs
-            self._context[rid] += len(delta.token_ids)
-            new[rid] = delta
-            if out.status == RequestStatus.FINISHED:
+            k = len(seen.token_ids)                              # streaming: the output holds every token so far
+            done = out.status == RequestStatus.FINISHED
+            new[rid] = self._record(rid, list(out.generated_tokens[k:]), list(out.logprobs[k:]), done)
+            if done:
                 finished.append(rid)
-                self._seen.pop(rid)
-                self._context.pop(rid)
         return StepReport(new, finished, running, prefill, context, time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -2,8 +2,9 @@
 stand-in ``vllm`` module, tests/grpo/test_engines.py).
 
 * ``admit``  ``engine.add_request(rid, {"prompt_token_ids": ids}, SamplingParams(max_tokens=n, logprobs=0,
-             output_kind=DELTA, ...))``: ``logprobs=0`` returns the sampled token's log-prob alone, ``DELTA``
-             makes each ``step()`` return only the tokens appended in that step;
+             output_kind=DELTA, detokenize=False, ...))``: ``logprobs=0`` returns the sampled token's log-prob
+             alone, ``DELTA`` makes each ``step()`` return only the tokens appended in that step, and no text is
+             decoded (token ids in, token ids out: an engine started with ``skip_tokenizer_init`` has no tokenizer);
 * ``step``   ``engine.step()``; a ``RequestOutput`` per request that advanced, ``finished`` when it hit its budget;
 * ``stop``   ``engine.abort_request([rid])``; the tokens are the ones the adapter collected from the deltas, so
              nothing is lost (vLLM frees the KV blocks; the paper patched SGLang for the same state);
@@ -21,10 +22,10 @@ from __future__ import annotations
 
 import time
 
-from grpo.engines import Partial, StepReport
+from grpo.engines import RequestEngine, StepReport
 
 
-class VllmEngine:
+class VllmEngine(RequestEngine):
     name = "vllm"
 
     def __init__(self, model: str, *, slots: int = 128, max_len: int = 8192, seed: int = 0,
@@ -36,8 +37,7 @@ class VllmEngine:
         args = dict(model=model, seed=seed, max_num_seqs=slots, max_model_len=max_len,
                     enable_prefix_caching=prefix_caching)
         self.engine = LLMEngine.from_engine_args(EngineArgs(**{**args, **(engine_args or {})}))
-        self._seen: dict[str, Partial] = {}
-        self._context: dict[str, int] = {}
+        super().__init__()
         self._admitted = 0
 
     def sampling_params(self, max_new_tokens: int):
@@ -48,27 +48,15 @@ class VllmEngine:
         self._admitted += 1
         return SamplingParams(max_tokens=max_new_tokens, temperature=self.temperature, top_p=1.0, top_k=-1,
                               ignore_eos=self.ignore_eos, logprobs=0, seed=self.seed + self._admitted,
-                              output_kind=RequestOutputKind.DELTA)
+                              output_kind=RequestOutputKind.DELTA, detokenize=False)
 
-    def admit(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> None:
+    def _add(self, rid: str, prompt_ids: list[int], max_new_tokens: int) -> None:
         if rid in self._seen:
             raise ValueError(f"request id {rid!r} is live already")
-        if max_new_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_new_tokens={max_new_tokens} must be at least 1")
-        self.engine.add_request(rid, {"prompt_token_ids": list(prompt_ids)}, self.sampling_params(max_new_tokens))
-        self._seen[rid] = Partial()
-        self._context[rid] = len(prompt_ids)
+        self.engine.add_request(rid, {"prompt_token_ids": prompt_ids}, self.sampling_params(max_new_tokens))
 
-    def resume(self, rid: str, prompt_ids: list[int], partial: list[int], max_new_tokens: int) -> None:
-        self.admit(rid, list(prompt_ids) + list(partial), max_new_tokens)
-
-    def stop(self, rid: str) -> Partial:
+    def _cancel(self, rid: str) -> None:
         self.engine.abort_request([rid])
-        self._context.pop(rid, None)
-        return self._seen.pop(rid, Partial())
-
-    def has_work(self) -> bool:
-        return bool(self._context)
 
     def step(self) -> StepReport:
         t0 = time.perf_counter()
@@ -85,15 +73,9 @@ class VllmEngine:
             lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
             if len(lps) != len(ids):
                 raise RuntimeError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens of {rid}")
-            seen = self._seen[rid]
-            seen.token_ids += ids
-            seen.logprobs += lps
-            self._context[rid] += len(ids)
-            new[rid] = Partial(ids, lps)
+            new[rid] = self._record(rid, ids, lps, out.finished)     # DELTA: the tokens of this step alone
             if out.finished:
                 finished.append(rid)
-                self._seen.pop(rid)
-                self._context.pop(rid)
         return StepReport(new, finished, running, fresh, context, time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -203,7 +203,7 @@ def test_vllm_engine_requests(monkeypatch):
     _, rid, prompt, kw = calls[0]
     assert prompt == {"prompt_token_ids": [1, 2, 3]}
     assert kw == {"max_tokens": 5, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "ignore_eos": True,
-                  "logprobs": 0, "seed": 8, "output_kind": "delta"}
+                  "logprobs": 0, "seed": 8, "output_kind": "delta", "detokenize": False}
     for _ in range(2):
         rep = eng.step()
     assert rep.running == 1 and rep.new["x.0"].logprobs == [-0.5]

@@ -28,10 +28,15 @@ def test_decoupled_loss_by_hand():
     loss, stats = decoupled_ppo_loss(logp, prox, behave, A, mask, cfg=cfg)
     # token 1: ratio 1.25 (inside [0.8, 1.28]) → −A·1.25, w = 1
     t1 = -2.0 * 1.25
-    # token 2: ratio 1.8 clipped to 1.28 → max(−3.6, −2.56) = −2.56; w = min(0.5/0.05, 5) = 5
-    t2 = 5 * max(-2.0 * 1.8, -2.0 * 1.28)
-    assert loss.item() == pytest.approx((t1 + t2) / 2, rel=1e-6)
-    assert stats["clip_fraction"] == pytest.approx(0.5)
+    # token 2: ratio 1.8 clipped to 1.28; w = 0.5/0.05 = 10 > 5: AReaL drops the token (weight 0), which stays in
+    # the denominator
+    assert loss.item() == pytest.approx((t1 + 0.0) / 2, rel=1e-6)
+    assert stats["clip_fraction"] == pytest.approx(0.5) and stats["behave_capped_share"] == pytest.approx(0.5)
+    # under the cap the weight is the ratio itself: behaviour 0.25 → w = 0.5/0.25 = 2
+    behave2 = torch.tensor([[math.log(0.4), math.log(0.25)]])
+    loss2, stats2 = decoupled_ppo_loss(logp, prox, behave2, A, mask, cfg=cfg)
+    assert loss2.item() == pytest.approx((t1 + 2 * max(-2.0 * 1.8, -2.0 * 1.28)) / 2, rel=1e-6)
+    assert stats2["behave_weight_mean"] == pytest.approx(1.5) and stats2["behave_capped_share"] == 0
 
 
 def test_padding_and_staleness_masks():

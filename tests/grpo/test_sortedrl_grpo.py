@@ -1,7 +1,7 @@
 """SortedRL inside `ovpipe grpo`: ``sortedrl: {mode, …}`` makes the controller TRL's rollout source. A few GRPO steps
 of a tiny word-level policy run through it; every call returns whole groups with their own prompts' reward columns;
 in partial mode rollouts stopped at one update resume at the next, their tokens carrying the policy version that
-sampled them, and in on-policy mode every trained token is of the current version. Wrong settings fail before any
+sampled them and their steps logging the behaviour weights those tokens are trained with, and in on-policy mode every trained token is of the current version. Wrong settings fail before any
 work, naming the field."""
 from __future__ import annotations
 
@@ -90,4 +90,15 @@ def test_grpo_steps_run_through_sortedrl(tmp_path, lm, monkeypatch, mode):
         assert calls[-1][2]["wasted_tokens"] > 0
     m = pq.read_table(next((run / "grpo" / "grpo_metrics").glob("part-*.parquet"))).to_pylist()
     assert [x["step"] for x in m] == [1, 2, 3, 4] and all(x["loss"] is not None for x in m)
+    # the behaviour weights' figures (grpo.trainer): partial steps that train resumed tokens log them
+    import json
+
+    extras = [json.loads(x["extras"]) for x in m]
+    if mode == "partial":
+        weighted = [e for e in extras if e["behave_stale_token_share"] > 0]
+        assert weighted and all(0 < e["behave_weight_min"] <= e["behave_weight_mean"] <= e["behave_weight_max"]
+                                or e["behave_capped_share"] > 0 for e in weighted)
+        assert all(0 <= e["behave_capped_share"] <= 1 for e in weighted)
+    else:
+        assert all(e["behave_stale_token_share"] == 0 and "behave_weight_mean" not in e for e in extras)
     assert (run / "grpo" / "model" / "config.json").exists()
