@@ -1,4 +1,4 @@
-"""Straggler loss before and after balanced steps (``packing.balance``), from pack costs alone.
+"""Straggler loss before and after balanced steps (``packing.compute_balance``), from pack costs alone.
 
     python -m bench.bench_balance                       # the tables of docs/balance.md
     python -m bench.bench_balance --quick               # 100K-sample mixes
@@ -9,7 +9,7 @@ with 1 and 4 micro-batches of one pack per rank and step. Costs: ``packing.cost`
 weights. Rows:
 
 - ``before``: the packs in the order ``pack`` writes without balancing (BFD's bins in a seeded shuffle);
-- ``lpt`` / ``kk``: ``packing.balance.order`` (window 32 steps), greedy LPT or Karmarkar–Karp;
+- ``lpt`` / ``kk``: ``packing.compute_balance.order`` (window 32 steps), greedy LPT or Karmarkar–Karp;
 - ``cost-bound``: the other way — pack to a cost bound as well as the token bound (every item's length taken
   as ``max(L, ⌈cost/K·C⌉)``, K the median cost of a token-bound pack), in the seeded shuffle; its fill says
   what the bound costs in tokens per pack.
@@ -126,7 +126,7 @@ def caption_share_std(caption, tokens, dp, ga) -> float:
 
 def mixing(cost, caption, tokens, method: str | None = None, window: int = 32) -> str:
     """The caption-share std at DP 64 × 1 and × 4 (the order balanced for each, or as packed)."""
-    from packing.balance import order
+    from packing.compute_balance import order
 
     if caption.sum() == 0:
         return "–"
@@ -143,7 +143,7 @@ def fmt(x) -> str:
 
 def table(name: str, cost, tokens, caption, C: int, bound=None, window: int = 32) -> list[str]:
     """Markdown rows: straggler loss per (DP, micro-batches) for each option; mixing at DP 64."""
-    from packing.balance import displacement_steps, order, straggler_loss
+    from packing.compute_balance import displacement_steps, order, straggler_loss
 
     fill = tokens.sum() / (len(tokens) * C)
     rows = [f"| {name} | before | {fill:.2%} | " + " | ".join(fmt(straggler_loss(cost, dp, 1, ga))

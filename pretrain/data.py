@@ -257,7 +257,7 @@ class DataPlan:
     gbs: int                    # packs per optimizer step: micro_batch × grad_accum × dp
     steps: int
     epochs_asked: float | None = None
-    straggler_loss: float | None = None     # packing.balance at this layout (None: no costs or no whole step)
+    straggler_loss: float | None = None     # packing.compute_balance at this layout (None: no costs or no whole step)
     balanced_for: tuple | None = None       # (dp, micro_batch, grad_accum) the pack step ordered its packs for
 
     @property
@@ -283,7 +283,7 @@ class DataPlan:
         how = ("packs in the seeded shuffle" if self.balanced_for is None else
                "packs balanced for DP {} × {} micro-batches of {}".format(self.balanced_for[0], self.balanced_for[2],
                                                                           self.balanced_for[1]))
-        return f"; straggler loss {100 * self.straggler_loss:.2f}% a step ({how}, packing.balance)"
+        return f"; straggler loss {100 * self.straggler_loss:.2f}% a step ({how}, packing.compute_balance)"
 
 
 def check_pack_step(run_dir: str | Path, step: str) -> None:
@@ -348,7 +348,7 @@ def balance_of(run_dir, step: str, dp: int, grad_accum: int, micro_batch: int, f
     """(straggler loss of the step's packs streamed at this layout, the layout ``pack`` balanced them for):
     (None, …) when its manifest has no ``cost`` column (an older pack step) or no whole step."""
     from ovpipe.inputs import upstream_config
-    from packing.balance import pack_costs, straggler_loss
+    from packing.compute_balance import pack_costs, straggler_loss
 
     cost = pack_costs(files)
     if cost is None:                             # no costs, or a pack without one: the loss is undefined, not 0

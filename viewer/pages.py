@@ -98,7 +98,7 @@ def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict, max_step_pack
     """One training step's DP ranks side by side: the packs each rank reads at that step and their summed cost,
     under a layout (``dp``, ``mb`` packs a micro-batch, ``ga`` micro-batches a step; default: the one the pack
     step balanced for, else DP 8 × 1), and the straggler loss of the whole step folder under it
-    (``packing.balance.straggler_loss``'s figure). DuckDB computes both: Python reads back the one step's packs
+    (``packing.compute_balance.straggler_loss``'s figure). DuckDB computes both: Python reads back the one step's packs
     and one row of totals, never the manifest's cost column (an 85M-sample run has millions of packs)."""
     try:
         cfg = json.loads((cat.run_dir / step / "config.json").read_text())

@@ -63,7 +63,7 @@ def forms(a, n: int, gpu: Gpu, data, cal) -> dict:
 
 
 def with_straggler(p, loss: float | None):
-    """A plan whose every step waits for its slowest DP rank: ``loss`` (packing.balance's straggler loss of the
+    """A plan whose every step waits for its slowest DP rank: ``loss`` (packing.compute_balance's straggler loss of the
     packs at this layout) more compute than the mean rank's; None (no costs, no whole step) leaves it as it is."""
     if not loss:
         return p
@@ -79,7 +79,7 @@ def run_stragglers(run_dir, step: str, plans: list) -> tuple[list, bool]:
     """The packed plans with the measured straggler loss of a run's own packs at each layout's DP size, fastest
     first again; (plans, whether the packs carry costs)."""
     from manifests.io import manifest_files
-    from packing.balance import pack_costs, straggler_loss
+    from packing.compute_balance import pack_costs, straggler_loss
 
     cost = pack_costs(manifest_files(run_dir, "packs", step))
     if cost is None:
@@ -192,7 +192,7 @@ def _plan(ap, a, calib, data_mod) -> int:
     print(cal.describe(gpu))
     if costed:
         print(f"each layout's step waits for its slowest DP rank: the straggler loss of {a.data}'s own packs at "
-              f"that DP size is added to its compute (packs.cost, packing.balance)")
+              f"that DP size is added to its compute (packs.cost, packing.compute_balance)")
     if not plans:
         print("no layout fits: more GPUs, a shorter --seq-len, or a smaller --micro-batch")
         return 1

@@ -228,7 +228,7 @@ def test_balanced_order_same_packs_any_task_count_and_the_loader_streams_it(pack
     with exactly the packs an uninterrupted run reads next."""
     import shutil
 
-    from packing.balance import rank_costs, straggler_loss
+    from packing.compute_balance import rank_costs, straggler_loss
     from pretrain.data import iter_batches
 
     run = tmp_path / f"b{tasks}"

@@ -50,7 +50,7 @@ def test_packs_figures_come_from_duckdb_not_the_cost_column(many_packs, monkeypa
     costs, while no query hands Python more rows than the page shows (50 listed packs, one step of 24, 50 bins)."""
     from starlette.testclient import TestClient
 
-    from packing.balance import step_rank, straggler_loss
+    from packing.compute_balance import step_rank, straggler_loss
     from viewer import pages
     from viewer.app import create_app
     from viewer.catalog import RunCatalog
@@ -94,7 +94,7 @@ def test_step_ranks_follow_pack_id_order_when_ids_have_gaps(tmp_path):
     """Pack ids 0, 3, 6, …: a pack's stream position is its rank in pack_id order (the window in DuckDB), so the
     figures are the dense stream's."""
     from manifests.io import write_part
-    from packing.balance import straggler_loss
+    from packing.compute_balance import straggler_loss
     from viewer import pages
     from viewer.catalog import RunCatalog
 

@@ -1,8 +1,8 @@
-"""Balanced steps (packing.balance) and pack costs (packing.cost): properties on generated costs."""
+"""Balanced steps (packing.compute_balance) and pack costs (packing.cost): properties on generated costs."""
 import numpy as np
 import pytest
 
-from packing.balance import displacement_steps, order, rank_costs, straggler_loss
+from packing.compute_balance import displacement_steps, order, rank_costs, straggler_loss
 
 
 def costs(n=6000, seed=0):
