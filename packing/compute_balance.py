@@ -2,13 +2,12 @@
 rank of a step carries about the same cost (``packing.cost``) and none waits on another at the gradient
 all-reduce.
 
-The trainer reads packs as one stream in ``pack_id`` order (``pretrain.data.iter_batches``): micro-batch ``k``
-is stream positions ``[k·mb, (k+1)·mb)``, it goes to DP rank ``k mod dp``, and a rank runs ``grad_accum``
-micro-batches a step. So a step is ``G = dp·grad_accum·mb`` consecutive positions, and the rank of position
+The trainer reads an epoch's packs as one stream in ``pack_id`` order (``pretrain.data.iter_batches``; later
+epochs: **Epochs** below): micro-batch ``k`` is stream positions ``[k·mb, (k+1)·mb)``, it goes to DP rank
+``k mod dp``, and a rank runs ``grad_accum`` micro-batches a step. So a step is ``G = dp·grad_accum·mb`` consecutive positions, and the rank of position
 ``p`` inside its step is ``(p mod G) // mb mod dp``. ``order`` permutes the packs so that this fixed layout is
 balanced; ``pack`` writes the packs in that order (``pack_id`` = stream position), so the trainer's data
-position — the packs consumed, restored from the checkpoint — stays exact on resume and nothing in the trainer
-changes.
+position — the packs consumed, restored from the checkpoint — stays exact on resume.
 
 Per window of ``window`` steps (``W·G`` consecutive packs of the seeded shuffle ``binpack.bin_permutation``
 made): the ``W·dp`` (step, rank) slots each take ``k = grad_accum·mb`` packs by a multiway partition with
@@ -20,6 +19,18 @@ and lengths is the shuffle's; within a window steps group by cost. The last ``n 
 keep the shuffle's order. Measured (``bench/bench_balance.py``, ``docs/balance.md``): straggler loss at DP 64
 on a realistic 1M-sample mix from 21.3% to 0.87% with one pack per rank and step (window 32), and from 12.2% to
 0.01% with four (``kk``; ``lpt`` 0.05%); ordering 150K packs takes ~3 s (``kk``) on a loaded 2-core machine.
+
+**Epochs.** ``order`` balances one epoch: ``W = n // G`` whole groups of ``G`` packs, then ``r = n mod G``
+leftover packs. A run of several epochs reads the *balanced stream* (``stream_packs``), whole groups only:
+every epoch reads its ``W`` groups in ``pack_id`` order, and the leftover packs queue up epoch after epoch;
+once ``G`` visits are queued (after epoch ``e`` where ``⌊(e+1)·r/G⌋`` grows) they make one more group, the
+last of that epoch (a pack twice in it where ``r < G``). So epoch ``e`` is groups ``[⌊e·n/G⌋, ⌊(e+1)·n/G⌋)``
+of the stream and no step of any epoch straddles two groups; after epoch ``E`` a grouped pack was read ``E``
+times and a leftover one ``E`` or fewer (it waits in the queue); a position is a pure function of ``(n, G)``,
+so the data position (packs consumed) stays exact on resume, at any layout. A carried group is one
+unbalanced step in ``W`` once every ``G / r`` epochs (``docs/balance.md``: why carried, not dropped or
+re-balanced). ``G`` is the layout the pack step balanced for (``balanced_group``; 1 without ``balance_dp``:
+the plain repetition). ``run_straggler_loss`` is the figure over a run's steps of that stream.
 
 ``straggler_loss``: mean over whole steps of (slowest rank's cost ÷ mean rank's cost − 1), from the
 manifest alone. The order is a property of the costs, ``dp``, ``mb``, ``grad_accum``, ``window`` and the
@@ -159,3 +170,97 @@ def pack_costs(files) -> np.ndarray | None:
     cost = np.concatenate([pq.read_table(f, columns=["cost"]).column("cost").to_numpy(zero_copy_only=False)
                            for f in files]).astype(np.float64)
     return None if np.isnan(cost).any() else cost
+
+
+def balanced_group(cfg) -> int:
+    """The packs of one balanced group under a pack step's config (its dataclass or its ``config.json`` as a
+    dict): ``balance_dp × balance_micro_batch × balance_grad_accum``, 1 without ``balance_dp`` (or no config)."""
+    get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+    dp = int(get("balance_dp", 0) or 0)
+    return dp * int(get("balance_micro_batch", 1) or 1) * int(get("balance_grad_accum", 1) or 1) if dp else 1
+
+
+def stream_index_sql(q: str, n: int, group: int) -> str:
+    """``stream_packs`` as a SQL expression of the position ``q`` (an integer column), for DuckDB."""
+    whole, r = n // group, n % group
+    g, o = f"({q} // {group})", f"({q} % {group})"
+    e = f"((({g} + 1) * {group} - 1) // {n})"
+    j = f"({g} - {e} * {n} // {group})"
+    return (f"CASE WHEN {j} < {whole} THEN {j} * {group} + {o} "
+            f"ELSE {whole * group} + (({e} * {r} // {group} + {j} - {whole}) * {group} + {o}) % {max(r, 1)} END")
+
+
+def epoch_start(e, n: int, group: int):
+    """The first group of epoch ``e`` in the balanced stream: ``⌊e·n/group⌋`` (``e`` an int or an array)."""
+    return np.asarray(e, np.int64) * n // group
+
+
+def epoch_of(q, n: int, group: int):
+    """The epoch of balanced-stream position ``q``: the largest ``e`` with ``⌊e·n/group⌋ <= q // group``."""
+    return ((np.asarray(q, np.int64) // group + 1) * group - 1) // n
+
+
+def stream_packs(n: int, group: int, start: int, count: int) -> np.ndarray:
+    """Pack (``pack_id`` order index) at balanced-stream positions ``[start, start + count)`` of ``n`` packs
+    balanced in groups of ``group`` (module docstring, **Epochs**)."""
+    if n < 1 or group < 1:
+        raise ValueError(f"the balanced stream needs n >= 1 packs and a group >= 1, got n={n}, group={group}")
+    q = np.arange(start, start + count, dtype=np.int64)
+    g, o = q // group, q % group
+    e = epoch_of(q, n, group)
+    j = g - epoch_start(e, n, group)                     # the group's place within its epoch
+    whole, r = n // group, n % group
+    out = j * group + o                                  # one of the epoch's whole groups, in pack_id order
+    carried = j >= whole
+    if carried.any():                                    # a carried group: visits c·G + o of the leftover queue
+        c = (e[carried] * r) // group + (j[carried] - whole)
+        out[carried] = whole * group + (c * group + o[carried]) % r
+    return out
+
+
+def stream_positions(pack: int, n: int, group: int, upto: int) -> np.ndarray:
+    """The balanced-stream positions below ``upto`` that read pack ``pack`` (``stream_packs``' inverse)."""
+    whole, r = n // group, n % group
+    if pack < whole * group:                              # once an epoch, at its place in the epoch's groups
+        e = np.arange(0, upto // max(whole * group, 1) + 2, dtype=np.int64)
+        q = epoch_start(e, n, group) * group + pack
+    else:                                                 # leftover t: queue visits v = t + i·r, v // G its group
+        v = (pack - whole * group) + r * np.arange(0, upto // r + 2, dtype=np.int64)
+        c, o = v // group, v % group
+        e = -(-(c + 1) * group // r) - 1                  # the epoch whose end completes carried group c
+        q = (epoch_start(e, n, group) + whole + c - e * r // group) * group + o
+    return q[q < upto]
+
+
+def run_straggler_loss(cost: np.ndarray, group: int, dp: int, micro_batch: int = 1, grad_accum: int = 1,
+                       steps: int | None = None, chunk_steps: int = 1 << 16) -> float | None:
+    """``straggler_loss`` over a run's ``steps`` steps (None: one epoch's whole steps) of the balanced stream of
+    ``cost`` (groups of ``group``), a chunk of steps at a time, so a run of many epochs never sits in memory."""
+    cost = np.asarray(cost, np.float64)
+    G = dp * micro_batch * grad_accum
+    if steps is None:
+        steps = len(cost) // G
+    total, counted = 0.0, 0
+    for s0 in range(0, steps, chunk_steps):
+        s1 = min(s0 + chunk_steps, steps)
+        rc = rank_costs(cost[stream_packs(len(cost), group, s0 * G, (s1 - s0) * G)], dp, micro_batch, grad_accum)
+        mean = rc.mean(axis=1)
+        ok = mean > 0
+        total += float((rc.max(axis=1)[ok] / mean[ok] - 1).sum())
+        counted += int(ok.sum())
+    if steps <= 0 or not len(cost):
+        return None
+    return total / counted if counted else 0.0
+
+
+def epoch_straggler_losses(cost: np.ndarray, dp: int, micro_batch: int = 1, grad_accum: int = 1,
+                           epochs: int = 4) -> list:
+    """``straggler_loss`` of each of the first ``epochs`` epochs of the balanced stream at the layout it was
+    balanced for (an epoch is whole groups, so whole steps: a carried group is its epoch's last step)."""
+    G, n = dp * micro_batch * grad_accum, len(cost)
+    cost = np.asarray(cost, np.float64)
+    out = []
+    for e in range(epochs):
+        lo, hi = (int(x) * G for x in epoch_start(np.array([e, e + 1]), n, G))
+        out.append(straggler_loss(cost[stream_packs(n, G, lo, hi - lo)], dp, micro_batch, grad_accum) if n else None)
+    return out
