@@ -57,10 +57,8 @@ def rank_costs(cost: np.ndarray, dp: int, micro_batch: int = 1, grad_accum: int 
     cost = np.asarray(cost, np.float64)
     G = dp * micro_batch * grad_accum
     steps = len(cost) // G
-    s, r = step_rank(steps * G, dp, micro_batch, grad_accum)
-    out = np.zeros((steps, dp))
-    np.add.at(out, (s, r), cost[:steps * G])
-    return out
+    # position s·G + (j·dp + r)·mb + i is micro-batch j of rank r in step s (``step_rank``), so a reshape sums it
+    return cost[:steps * G].reshape(steps, grad_accum, dp, micro_batch).sum(axis=(1, 3))
 
 
 def straggler_loss(cost: np.ndarray, dp: int, micro_batch: int = 1, grad_accum: int = 1) -> float | None:
@@ -225,31 +223,50 @@ def stream_positions(pack: int, n: int, group: int, upto: int) -> np.ndarray:
         e = np.arange(0, upto // max(whole * group, 1) + 2, dtype=np.int64)
         q = epoch_start(e, n, group) * group + pack
     else:                                                 # leftover t: queue visits v = t + i·r, v // G its group
-        v = (pack - whole * group) + r * np.arange(0, upto // r + 2, dtype=np.int64)
+        v = (pack - whole * group) + r * np.arange(0, upto // n + 2, dtype=np.int64)   # one visit an epoch
         c, o = v // group, v % group
         e = -(-(c + 1) * group // r) - 1                  # the epoch whose end completes carried group c
         q = (epoch_start(e, n, group) + whole + c - e * r // group) * group + o
     return q[q < upto]
 
 
+def stream_costs(cost: np.ndarray, group: int, start: int, count: int) -> np.ndarray:
+    """``cost[stream_packs(len(cost), group, start, count)]``, an epoch's whole groups copied as one slice."""
+    n = len(cost)
+    whole, out, q, end = n // group * group, [], start, start + count
+    while q < end:
+        e = int(epoch_of(q, n, group))
+        lo, hi = int(epoch_start(e, n, group)) * group, int(epoch_start(e + 1, n, group)) * group
+        if q < lo + whole:                                   # the epoch's whole groups: packs q − lo onwards
+            b = min(end, lo + whole)
+            out.append(cost[q - lo:b - lo])
+        else:                                                # its carried group
+            b = min(end, hi)
+            out.append(cost[stream_packs(n, group, q, b - q)])
+        q = b
+    return np.concatenate(out) if out else np.zeros(0)
+
+
 def run_straggler_loss(cost: np.ndarray, group: int, dp: int, micro_batch: int = 1, grad_accum: int = 1,
-                       steps: int | None = None, chunk_steps: int = 1 << 16) -> float | None:
+                       steps: int | None = None, chunk_steps: int | None = None) -> float | None:
     """``straggler_loss`` over a run's ``steps`` steps (None: one epoch's whole steps) of the balanced stream of
-    ``cost`` (groups of ``group``), a chunk of steps at a time, so a run of many epochs never sits in memory."""
+    ``cost`` (groups of ``group``), a chunk of steps at a time (default ~4M positions), so a run of many epochs
+    never sits in memory."""
     cost = np.asarray(cost, np.float64)
     G = dp * micro_batch * grad_accum
     if steps is None:
         steps = len(cost) // G
+    if steps <= 0 or not len(cost):
+        return None
+    chunk_steps = chunk_steps or max(1, (1 << 22) // G)
     total, counted = 0.0, 0
     for s0 in range(0, steps, chunk_steps):
         s1 = min(s0 + chunk_steps, steps)
-        rc = rank_costs(cost[stream_packs(len(cost), group, s0 * G, (s1 - s0) * G)], dp, micro_batch, grad_accum)
+        rc = rank_costs(stream_costs(cost, group, s0 * G, (s1 - s0) * G), dp, micro_batch, grad_accum)
         mean = rc.mean(axis=1)
         ok = mean > 0
         total += float((rc.max(axis=1)[ok] / mean[ok] - 1).sum())
         counted += int(ok.sum())
-    if steps <= 0 or not len(cost):
-        return None
     return total / counted if counted else 0.0
 
 
@@ -262,5 +279,5 @@ def epoch_straggler_losses(cost: np.ndarray, dp: int, micro_batch: int = 1, grad
     out = []
     for e in range(epochs):
         lo, hi = (int(x) * G for x in epoch_start(np.array([e, e + 1]), n, G))
-        out.append(straggler_loss(cost[stream_packs(n, G, lo, hi - lo)], dp, micro_batch, grad_accum) if n else None)
+        out.append(straggler_loss(stream_costs(cost, G, lo, hi - lo), dp, micro_batch, grad_accum) if n else None)
     return out

@@ -130,7 +130,7 @@ def test_the_balanced_stream_reads_whole_groups_every_epoch_and_each_pack_once_a
     pack_id order, or a carried group of the n mod G leftover packs — and after epoch E each grouped pack was
     read exactly E times, each leftover pack E or fewer (it waits in the queue), none more than one apart;
     ``stream_positions`` is ``stream_packs``' inverse."""
-    from packing.compute_balance import epoch_start, stream_packs, stream_positions
+    from packing.compute_balance import epoch_start, stream_costs, stream_packs, stream_positions
 
     whole = n // G * G
     s = stream_packs(n, G, 0, 6 * n + 4 * G)
@@ -146,8 +146,10 @@ def test_the_balanced_stream_reads_whole_groups_every_epoch_and_each_pack_once_a
             assert read[whole:].max() - read[whole:].min() <= 1
     for p in {0, n // 2, whole - 1, n - 1} - {-1}:
         assert np.array_equal(stream_positions(p, n, G, len(s)), np.flatnonzero(s == p))
-    # a resume: any window of the stream is the same positions read from its start
+    # a resume: any window of the stream is the same positions read from its start; its costs, sliced per epoch
     assert np.array_equal(stream_packs(n, G, 2 * n + 3, 3 * G), s[2 * n + 3:2 * n + 3 + 3 * G])
+    c = np.arange(n) * 0.5
+    assert np.array_equal(stream_costs(c, G, n - 1, 4 * n + 3), c[s[n - 1:5 * n + 2]])
 
 
 @pytest.mark.parametrize("dp,mb,ga", [(8, 1, 1), (16, 1, 4), (4, 2, 3)])
