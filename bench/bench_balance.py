@@ -205,7 +205,7 @@ HEAD = ("| mix | order | fill | " + " | ".join(f"DP {dp} × {ga}" for ga in ACCU
 
 
 def epochs_table(n: int = 20_037, sigma: float = 0.25, seed: int = 0) -> list[str]:
-    """Issue 67's table: ``n`` lognormal(0, σ) pack costs (n mod G ≠ 0 at every layout), balanced by ``order``:
+    """ovpipe issue 67's table: ``n`` lognormal(0, σ) pack costs (n mod G ≠ 0 at every layout), balanced by ``order``:
     the input, epoch 1, epoch 2 of ``pack_id`` order replayed as one stream (the loader before the balanced
     stream: every step straddles two balanced ones), and epochs 2 and 3 and a 3-epoch run of the balanced stream
     (``packing.compute_balance``, **Epochs**)."""

@@ -4,10 +4,11 @@ all-reduce.
 
 The trainer reads an epoch's packs as one stream in ``pack_id`` order (``pretrain.data.iter_batches``; later
 epochs: **Epochs** below): micro-batch ``k`` is stream positions ``[k·mb, (k+1)·mb)``, it goes to DP rank
-``k mod dp``, and a rank runs ``grad_accum`` micro-batches a step. So a step is ``G = dp·grad_accum·mb`` consecutive positions, and the rank of position
-``p`` inside its step is ``(p mod G) // mb mod dp``. ``order`` permutes the packs so that this fixed layout is
-balanced; ``pack`` writes the packs in that order (``pack_id`` = stream position), so the trainer's data
-position — the packs consumed, restored from the checkpoint — stays exact on resume.
+``k mod dp``, and a rank runs ``grad_accum`` micro-batches a step. So a step is ``G = dp·grad_accum·mb``
+consecutive positions, and the rank of position ``p`` inside its step is ``(p mod G) // mb mod dp``. ``order``
+permutes the packs so that this fixed layout is balanced; ``pack`` writes the packs in that order (``pack_id`` =
+stream position), so the trainer's data position — the packs consumed, restored from the checkpoint — stays
+exact on resume.
 
 Per window of ``window`` steps (``W·G`` consecutive packs of the seeded shuffle ``binpack.bin_permutation``
 made): the ``W·dp`` (step, rank) slots each take ``k = grad_accum·mb`` packs by a multiway partition with

@@ -154,7 +154,7 @@ def test_the_balanced_stream_reads_whole_groups_every_epoch_and_each_pack_once_a
 
 @pytest.mark.parametrize("dp,mb,ga", [(8, 1, 1), (16, 1, 4), (4, 2, 3)])
 def test_later_epochs_stay_balanced_when_n_mod_G_is_not_0(dp, mb, ga):
-    """Issue 67: the old stream replayed pack_id order epoch after epoch, so with n mod G ≠ 0 every step from
+    """ovpipe issue 67: the old stream replayed pack_id order epoch after epoch, so with n mod G ≠ 0 every step from
     epoch 2 on straddled two balanced steps (its loss near the unbalanced order's). The balanced stream keeps
     epoch 2 as balanced as epoch 1 (a carried step of leftover packs at most), and the run's figure
     (``run_straggler_loss``) is the mean over the steps of every epoch it reaches."""

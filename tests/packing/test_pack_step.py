@@ -255,7 +255,7 @@ def test_balanced_order_same_packs_any_task_count_and_the_loader_streams_it(pack
         return
     # what each DP rank's loader yields, a step (2 micro-batches) at a time, over two epochs of the balanced
     # stream (the loader's own stream and rank split; decoding the pixels is left out): epoch 1 carries the
-    # costs balanced above, and epoch 2 is as balanced (issue 67: the old stream replayed pack_id order, so with
+    # costs balanced above, and epoch 2 is as balanced (ovpipe issue 67: the old stream replayed pack_id order, so with
     # n mod 6 ≠ 0 every step of epoch 2 straddled two balanced ones)
     import types
 

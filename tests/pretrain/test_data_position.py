@@ -78,7 +78,7 @@ def _balanced_pack_step(run: Path, n: int, dp: int, ga: int) -> None:
 
 
 def test_every_epoch_reads_whole_balanced_groups_and_a_resume_in_epoch_2_is_exact(tmp_path):
-    """Issue 67: packs balanced for DP 3 × 2 (groups of G = 6), n = 23 (n mod G = 5). Every step of epochs
+    """ovpipe issue 67: packs balanced for DP 3 × 2 (groups of G = 6), n = 23 (n mod G = 5). Every step of epochs
     1–3 of the loader's stream is one whole group of pack_id order, or a carried group of the
     5 leftover packs — the old stream, pack_id order replayed, made epoch 2's first step packs 18–22 and 0. A
     resume in the middle of epoch 2 gives each rank exactly the micro-batches the uninterrupted run read next."""

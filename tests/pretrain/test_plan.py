@@ -279,7 +279,7 @@ def test_gradient_buckets_count_parameters_whatever_the_reduce_dtype():
 
 
 def test_the_plans_straggler_figure_covers_the_runs_epochs(tmp_path):
-    """Issue 67: packs balanced for DP 2 (every pair of pack_id order is an even step) with n = 9, so one pack is
+    """ovpipe issue 67: packs balanced for DP 2 (every pair of pack_id order is an even step) with n = 9, so one pack is
     left over each epoch. Replayed as one stream, epoch 2 pairs pack 8 with pack 0 and every later step is
     uneven; the balanced stream keeps every epoch's pairs and carries the leftover until it fills a step, so a
     run of ~4.4 epochs plans exactly as if no rank waited."""

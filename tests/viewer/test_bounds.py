@@ -113,7 +113,7 @@ def test_step_ranks_follow_pack_id_order_when_ids_have_gaps(tmp_path):
 
 
 def test_packs_page_figure_covers_the_runs_epochs_of_the_balanced_stream(tmp_path):
-    """Issue 67: 1,003 packs balanced for DP 4 × 2 (groups of 8, 3 left over), read by a stage for ~3 epochs.
+    """ovpipe issue 67: 1,003 packs balanced for DP 4 × 2 (groups of 8, 3 left over), read by a stage for ~3 epochs.
     The page's straggler loss is the mean over the stage's steps of the balanced stream (every epoch's whole
     groups, the leftover carried) — as low as epoch 1's, far below pack_id order replayed — and a step of epoch 2
     shows the packs the stream reads there; ``consumed_by`` names the steps that read a leftover pack."""
