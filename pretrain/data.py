@@ -166,27 +166,29 @@ def balanced_group(run_dir: str | Path, step: str) -> int:
         return 1
 
 
-def pack_count(run_dir: str | Path, step: str, shards) -> int:
-    """Packs of the step: the ``packs`` manifest's Parquet footers (no rows read), else the shards' entries."""
+def stream_shape(run_dir: str | Path, step: str) -> tuple[int, int]:
+    """(packs of the step, its balanced group): what the balanced stream is a function of. The count is the
+    ``packs`` manifest's Parquet footers (no rows read), else the shards' entries."""
     import tarfile
 
     import pyarrow.parquet as pq
 
     from manifests.io import manifest_files
+    from packing.shards import packed_shards
 
     try:
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in manifest_files(run_dir, "packs", step))
+        n = sum(pq.ParquetFile(f).metadata.num_rows for f in manifest_files(run_dir, "packs", step))
     except FileNotFoundError:                    # shards copied without their manifest
         n = 0
-        for sh in shards:
+        for sh in packed_shards(run_dir, step):
             with tarfile.open(sh) as tf:
                 n += sum(1 for m in tf if m.name.endswith(".json"))
-        return n
+    return n, balanced_group(run_dir, step)
 
 
 def iter_batches(run_dir: str | Path, pack_step: str, micro_batch: int, epochs: int | None = None,
                  rank: int = 0, world: int = 1, skip: int = 0, start_pack: int = 0, prep=None,
-                 workers: int = 1, worker: int = 0) -> Iterator[PackedBatch]:
+                 workers: int = 1, worker: int = 0, shape: tuple[int, int] | None = None) -> Iterator[PackedBatch]:
     """Deterministic order: the pack step's balanced stream (``packing.compute_balance.stream_packs``: shards
     sorted, packs in file order, ``epochs`` epochs (None: forever), each epoch its whole balanced groups and the
     leftover packs carried until they fill one) — micro-batch ``k`` is positions ``[P + k·micro_batch,
@@ -196,7 +198,8 @@ def iter_batches(run_dir: str | Path, pack_step: str, micro_batch: int, epochs: 
     keeps micro-batches ``rank, rank + world, …`` and decodes only those; ``skip``: this rank's first
     micro-batches to pass over without decoding. ``workers`` / ``worker``: of this rank's micro-batches, this
     loader worker builds every ``workers``-th (``DataLoader`` hands them out in that order). ``prep``: a
-    ``BatchPrep`` applied to each micro-batch.
+    ``BatchPrep`` applied to each micro-batch. ``shape``: ``stream_shape``'s (packs, group), read once by the
+    caller (``PackStream`` in the trainer's process, so its workers import no Parquet or config code).
 
     Each epoch reads the shards once, in order: a pack of a whole group is used where it is read; of the leftover
     packs, those a carried group of this epoch hands to this worker are kept (at most one group's) and used
@@ -205,10 +208,9 @@ def iter_batches(run_dir: str | Path, pack_step: str, micro_batch: int, epochs: 
     from packing.shards import iter_packed, packed_shards
 
     shards = packed_shards(run_dir, pack_step)
-    n = pack_count(run_dir, pack_step, shards)
+    n, group = shape or stream_shape(run_dir, pack_step)
     if n == 0:
         raise ValueError(f"the packed shards of {pack_step!r} hold no packs — did `ovpipe pack` pack anything?")
-    group = balanced_group(run_dir, pack_step)
     whole = n // group * group                   # packs in the epoch's whole groups
 
     def mine(q: int) -> bool:                    # position q goes to this rank's loader worker
@@ -261,6 +263,7 @@ class PackStream(torch.utils.data.IterableDataset):
                  start_pack: int = 0, prep=None):
         self.args = (run_dir, pack_step, micro_batch)
         self.rank, self.world, self.start_pack, self.prep = rank, world, start_pack, prep
+        self.shape = stream_shape(run_dir, pack_step)       # here, once, not in every worker
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -268,7 +271,7 @@ class PackStream(torch.utils.data.IterableDataset):
         if info is not None:
             torch.set_num_threads(1)
         return iter_batches(*self.args, rank=self.rank, world=self.world, start_pack=self.start_pack,
-                            prep=self.prep, workers=workers, worker=worker)
+                            prep=self.prep, workers=workers, worker=worker, shape=self.shape)
 
 
 def _as_is(x):
