@@ -1,15 +1,16 @@
-"""Straggler loss before and after balanced steps (``packing.balance``), from pack costs alone.
+"""Straggler loss before and after balanced steps (``packing.compute_balance``), from pack costs alone.
 
     python -m bench.bench_balance                       # the tables of docs/balance.md
     python -m bench.bench_balance --quick               # 100K-sample mixes
     python -m bench.bench_balance --run-dir RUN         # also a run's pack steps (make demo's runs/demo)
+    python -m bench.bench_balance --epochs              # later epochs: docs/balance.md's epochs table (~2 s)
 
 Straggler loss = mean over whole steps of (slowest rank's cost ÷ mean rank's cost) − 1, at DP 8, 32, 64, 128
 with 1 and 4 micro-batches of one pack per rank and step. Costs: ``packing.cost`` with the 4B stage-1.5 FLOP
 weights. Rows:
 
 - ``before``: the packs in the order ``pack`` writes without balancing (BFD's bins in a seeded shuffle);
-- ``lpt`` / ``kk``: ``packing.balance.order`` (window 32 steps), greedy LPT or Karmarkar–Karp;
+- ``lpt`` / ``kk``: ``packing.compute_balance.order`` (window 32 steps), greedy LPT or Karmarkar–Karp;
 - ``cost-bound``: the other way — pack to a cost bound as well as the token bound (every item's length taken
   as ``max(L, ⌈cost/K·C⌉)``, K the median cost of a token-bound pack), in the seeded shuffle; its fill says
   what the bound costs in tokens per pack.
@@ -126,7 +127,7 @@ def caption_share_std(caption, tokens, dp, ga) -> float:
 
 def mixing(cost, caption, tokens, method: str | None = None, window: int = 32) -> str:
     """The caption-share std at DP 64 × 1 and × 4 (the order balanced for each, or as packed)."""
-    from packing.balance import order
+    from packing.compute_balance import order
 
     if caption.sum() == 0:
         return "–"
@@ -143,7 +144,7 @@ def fmt(x) -> str:
 
 def table(name: str, cost, tokens, caption, C: int, bound=None, window: int = 32) -> list[str]:
     """Markdown rows: straggler loss per (DP, micro-batches) for each option; mixing at DP 64."""
-    from packing.balance import displacement_steps, order, straggler_loss
+    from packing.compute_balance import displacement_steps, order, straggler_loss
 
     fill = tokens.sum() / (len(tokens) * C)
     rows = [f"| {name} | before | {fill:.2%} | " + " | ".join(fmt(straggler_loss(cost, dp, 1, ga))
@@ -203,6 +204,28 @@ HEAD = ("| mix | order | fill | " + " | ".join(f"DP {dp} × {ga}" for ga in ACCU
         + " | ".join("---:" for _ in range(len(ACCUMS) * len(DPS))) + " | ---: | ---: |")
 
 
+def epochs_table(n: int = 20_037, sigma: float = 0.25, seed: int = 0) -> list[str]:
+    """ovpipe issue 67's table: ``n`` lognormal(0, σ) pack costs (n mod G ≠ 0 at every layout), balanced by ``order``:
+    the input, epoch 1, epoch 2 of ``pack_id`` order replayed as one stream (the loader before the balanced
+    stream: every step straddles two balanced ones), and epochs 2 and 3 and a 3-epoch run of the balanced stream
+    (``packing.compute_balance``, **Epochs**)."""
+    from packing.compute_balance import epoch_straggler_losses, order, run_straggler_loss, straggler_loss
+
+    c = np.random.default_rng(seed).lognormal(0.0, sigma, n)
+    out = [f"{n:,} lognormal(0, {sigma}) pack costs, seed {seed}; kk, window 32",
+           "| layout | n mod G | before | epoch 1 | epoch 2, pack_id order replayed | epoch 2 | epoch 3 | 3-epoch run |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for dp, ga in [(8, 1), (64, 1), (64, 4)]:
+        G = dp * ga
+        b = c[order(c, dp, 1, ga)]
+        replayed = straggler_loss(np.tile(b, 2)[n // G * G:][:n // G * G], dp, 1, ga)
+        e = epoch_straggler_losses(b, dp, 1, ga, epochs=3)
+        run = run_straggler_loss(b, G, dp, 1, ga, steps=3 * n // G)
+        out.append(f"| DP {dp} × {ga} | {n % G} | {fmt(straggler_loss(c, dp, 1, ga))} | {fmt(e[0])} | "
+                   f"{fmt(replayed)} | {fmt(e[1])} | {fmt(e[2])} | {fmt(run)} |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench.bench_packing import demo_like, half_capacity, lognormal, realistic
 
@@ -210,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--run-dir", help="also the pack steps of this run (make demo: runs/demo)")
     ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--epochs", action="store_true", help="only the later-epochs table (docs/balance.md)")
     a = ap.parse_args(argv or [])
+    if a.epochs:
+        print("\n".join(epochs_table()))
+        return 0
     n1 = 100_000 if a.quick else 1_000_000
     print(HEAD)
     if a.run_dir:

@@ -96,7 +96,7 @@ def bench_assign(n: int, V: int, d: int, k: int) -> None:
 
 
 def _balance_child(n, V, k, q):
-    from curation.balance import BalanceConfig, balance, uniform_draws
+    from curation.concept_balance import BalanceConfig, balance, uniform_draws
     from manifests.ids import splitmix64
     from ovpipe.mapreduce import vmhwm_bytes
     import pyarrow as pa

@@ -19,7 +19,7 @@ STEPS: dict[str, tuple[str, str]] = {
     "dedup": ("curation.dedup", "semantic near-duplicates: k-means + cosine per cluster"),
     "index": ("curation.index", "faiss index + 2-D map layout of the image vectors"),
     "align": ("curation.align", "image–text CLIP score per sample; low_alignment cut"),
-    "balance": ("curation.balance", "concept frequencies → inverse-frequency resampling"),
+    "balance": ("curation.concept_balance", "concept frequencies → inverse-frequency resampling"),
     "balance-report": ("curation.report", "did balancing lift the long tail: before/after + plot"),
     "mix": ("curation.mix", "ingested sources → a seeded draw to target proportions"),
     "recaption": ("curation.recaption", "bilingual VLM captions of the balanced set, checked"),

@@ -35,7 +35,7 @@ of its entry has no official count, so the entry's official sum stays ≤ the bi
 Every pack has a cost (``packing.cost``: its forward + backward FLOPs under ``cost_weights``, with the counts
 they come from: ``attn_sq``, ``images``, ``vit_tokens``, ``vit_sq``). With ``balance_dp`` (and
 ``balance_micro_batch``, ``balance_grad_accum``: the trainer's layout) the reduce puts the bins in the balanced
-order of ``packing.balance`` before writing the solution, so ``pack_id`` order — the trainer's stream — gives
+order of ``packing.compute_balance`` before writing the solution, so ``pack_id`` order — the trainer's stream — gives
 every DP rank of a step about the same cost; the packs themselves are the unbalanced run's.
 ``finalize`` writes the packing report (``report.md``, ``fill_histogram.png``): bins vs the lower
 bound ⌈Σ lengths / seq_len⌉, fill rate, padding tokens, and padding compression against padding
@@ -75,7 +75,7 @@ class PackConfig:
     count_for: Literal["ovpipe", "llava-ov"] = field(default="ovpipe", metadata=HASHED_UNLESS_DEFAULT)
     # the `packs.cost` column (packing.cost): RECIPE/STAGE of packing/cost_weights.json, or a fitted weights file
     cost_weights: str = field(default="llava-ov-1.5-4b/1.5", metadata=HASHED_UNLESS_DEFAULT)
-    # balanced steps (packing.balance): pack_id order balanced for this trainer layout; 0 = the seeded shuffle
+    # balanced steps (packing.compute_balance): pack_id order balanced for this trainer layout; 0 = the seeded shuffle
     balance_dp: int = field(default=0, metadata=HASHED_UNLESS_DEFAULT)
     balance_micro_batch: int = field(default=1, metadata=HASHED_UNLESS_DEFAULT)    # packs per micro-batch
     balance_grad_accum: int = field(default=1, metadata=HASHED_UNLESS_DEFAULT)     # micro-batches per step

@@ -21,7 +21,7 @@ partition files; each partition is then loaded alone, sorted, and its items are 
 final slots (``slot_fill_order`` composed with the bin permutation).
 
 Once placed, every bin's cost (``packing.cost``) is summed from its slots, and with ``balance_dp`` the bins
-are put in the balanced order (``packing.balance``) before the slots are written, so ``pack_id`` is the
+are put in the balanced order (``packing.compute_balance``) before the slots are written, so ``pack_id`` is the
 position in the trainer's stream.
 
 Memory: the per-slot results (``sample_id``, ``source_sample_id``, length, turns kept, the cost's counts) and
@@ -368,18 +368,20 @@ def bin_costs(out: np.ndarray, start: np.ndarray, w: dict) -> np.ndarray:
 
 
 def balanced_bins(task, cfg, out: np.ndarray, start: np.ndarray, load: np.ndarray):
-    """With ``cfg.balance_dp``: the bins in ``packing.balance.order`` (its straggler loss before and after in
+    """With ``cfg.balance_dp``: the bins in ``packing.compute_balance.order`` (its straggler loss before and after in
     the step's stats) as (slot index of each new slot, new bin starts, new loads); without: (None, start, load)."""
     if not getattr(cfg, "balance_dp", 0):
         return None, start, load
-    from packing.balance import displacement_steps, order, straggler_loss
+    from packing.compute_balance import displacement_steps, epoch_straggler_losses, order, straggler_loss
     from packing.cost import weights
 
     layout = (cfg.balance_dp, cfg.balance_micro_batch, cfg.balance_grad_accum)
     cost = bin_costs(out, start, weights(cfg.cost_weights))
     perm = order(cost, *layout, window=cfg.balance_window, seed=cfg.seed, method=cfg.balance_method)
     before, after = straggler_loss(cost, *layout), straggler_loss(cost[perm], *layout)
+    # after: epoch 1 of the stream; by epoch: the trainer's stream carries the leftover packs into later epochs
     task.stats.info.update(straggler_loss_before=before, straggler_loss_after=after,
+                           straggler_loss_after_by_epoch=epoch_straggler_losses(cost[perm], *layout),
                            balance_max_displacement_steps=displacement_steps(perm, *layout))
     size = np.diff(start)[perm]
     new_start = np.zeros(len(start), np.int64)

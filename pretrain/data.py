@@ -154,41 +154,103 @@ class BatchPrep:
                                    stats=stats)
 
 
+def balanced_group(run_dir: str | Path, step: str) -> int:
+    """The packs of one balanced group of the pack step's stream (``packing.compute_balance``, **Epochs**) as its
+    config says; 1 for a step that did not balance (its stream is the plain repetition) or no ovpipe step wrote."""
+    from ovpipe.inputs import upstream_config
+    from packing.compute_balance import balanced_group as group_of
+
+    try:
+        return group_of(upstream_config(run_dir, step)[1])
+    except (OSError, ValueError, KeyError):
+        return 1
+
+
+def stream_shape(run_dir: str | Path, step: str) -> tuple[int, int]:
+    """(packs of the step, its balanced group): what the balanced stream is a function of. The count is the
+    ``packs`` manifest's Parquet footers (no rows read), else the shards' entries."""
+    import tarfile
+
+    import pyarrow.parquet as pq
+
+    from manifests.io import manifest_files
+    from packing.shards import packed_shards
+
+    try:
+        n = sum(pq.ParquetFile(f).metadata.num_rows for f in manifest_files(run_dir, "packs", step))
+    except FileNotFoundError:                    # shards copied without their manifest
+        n = 0
+        for sh in packed_shards(run_dir, step):
+            with tarfile.open(sh) as tf:
+                n += sum(1 for m in tf if m.name.endswith(".json"))
+    return n, balanced_group(run_dir, step)
+
+
 def iter_batches(run_dir: str | Path, pack_step: str, micro_batch: int, epochs: int | None = None,
                  rank: int = 0, world: int = 1, skip: int = 0, start_pack: int = 0, prep=None,
-                 workers: int = 1, worker: int = 0) -> Iterator[PackedBatch]:
-    """Deterministic order: shards sorted, packs in file order, repeated ``epochs`` times (None:
-    forever) as one stream — micro-batch ``k`` is packs ``[P + k·micro_batch, P + (k+1)·micro_batch)``
-    of that stream (``P = start_pack``: packs already consumed, a resumed run's loader state),
-    running across epoch boundaries, so ``S`` steps of global batch ``G`` consume exactly ``S·G``
-    packs. ``rank`` / ``world``: a data-parallel rank keeps micro-batches ``rank, rank + world, …``
-    and decodes only those; ``skip``: this rank's first micro-batches to pass over without
-    decoding. ``workers`` / ``worker``: of this rank's micro-batches, this loader worker builds
-    every ``workers``-th (``DataLoader`` hands them out in that order). ``prep``: a ``BatchPrep``
-    applied to each micro-batch."""
+                 workers: int = 1, worker: int = 0, shape: tuple[int, int] | None = None) -> Iterator[PackedBatch]:
+    """Deterministic order: the pack step's balanced stream (``packing.compute_balance.stream_packs``: shards
+    sorted, packs in file order, ``epochs`` epochs (None: forever), each epoch its whole balanced groups and the
+    leftover packs carried until they fill one) — micro-batch ``k`` is positions ``[P + k·micro_batch,
+    P + (k+1)·micro_batch)`` of that stream (``P = start_pack``: packs already consumed, a resumed run's loader
+    state), running across epoch boundaries, so ``S`` steps of global batch ``G`` consume exactly ``S·G`` packs
+    and no step of a later epoch straddles two balanced groups. ``rank`` / ``world``: a data-parallel rank
+    keeps micro-batches ``rank, rank + world, …`` and decodes only those; ``skip``: this rank's first
+    micro-batches to pass over without decoding. ``workers`` / ``worker``: of this rank's micro-batches, this
+    loader worker builds every ``workers``-th (``DataLoader`` hands them out in that order). ``prep``: a
+    ``BatchPrep`` applied to each micro-batch. ``shape``: ``stream_shape``'s (packs, group), read once by the
+    caller (``PackStream`` in the trainer's process, so its workers import no Parquet or config code).
+
+    Each epoch reads the shards once, in order: a pack of a whole group is used where it is read; of the leftover
+    packs, those a carried group of this epoch hands to this worker are kept (at most one group's) and used
+    after the epoch's last whole group."""
+    from packing.compute_balance import epoch_of, epoch_start, stream_packs
     from packing.shards import iter_packed, packed_shards
 
     shards = packed_shards(run_dir, pack_step)
-    e, k, mine, buf, seen = 0, 0, 0, [], 0
+    n, group = shape or stream_shape(run_dir, pack_step)
+    if n == 0:
+        raise ValueError(f"the packed shards of {pack_step!r} hold no packs — did `ovpipe pack` pack anything?")
+    whole = n // group * group                   # packs in the epoch's whole groups
+
+    def mine(q: int) -> bool:                    # position q goes to this rank's loader worker
+        if q < start_pack:
+            return False
+        k = (q - start_pack) // micro_batch
+        m = k // world
+        return k % world == rank and m >= skip and (m - skip) % workers == worker
+
+    buf = []
+
+    def take(q: int, seq):
+        buf.append(seq)
+        if len(buf) == micro_batch:
+            b = collate(buf)
+            buf.clear()
+            return b if prep is None else prep(b)
+        return None
+
+    e = int(epoch_of(start_pack, n, group))     # the epoch holding the first unread position
     while epochs is None or e < epochs:
-        n = 0
+        lo, hi = int(epoch_start(e, n, group)) * group, int(epoch_start(e + 1, n, group)) * group
+        tail = range(lo + whole, hi)              # the carried group ending this epoch, if one fills
+        carried = [(q, int(t)) for q, t in zip(tail, stream_packs(n, group, tail.start, len(tail))) if mine(q)]
+        keep = {t for _, t in carried}
+        kept, i = {}, 0
         for sh in shards:
             for seq in iter_packed(sh):
-                n += 1
-                seen += 1
-                if seen <= start_pack:
-                    continue
-                buf.append(seq)
-                if len(buf) == micro_batch:
-                    if k % world == rank:
-                        if mine >= skip and (mine - skip) % workers == worker:
-                            b = collate(buf)
-                            yield b if prep is None else prep(b)
-                        mine += 1
-                    k += 1
-                    buf = []
-        if n == 0:
-            raise ValueError(f"the packed shards of {pack_step!r} hold no packs — did `ovpipe pack` pack anything?")
+                if i < whole:
+                    if mine(lo + i) and (b := take(lo + i, seq)) is not None:
+                        yield b
+                elif i in keep:
+                    kept[i] = seq
+                i += 1
+        if i != n:
+            raise ValueError(f"the packed shards of {pack_step!r} hold {i} packs, its packs manifest {n} — "
+                             f"re-run `ovpipe pack --name {pack_step} --overwrite`")
+        for q, t in carried:
+            if (b := take(q, kept[t])) is not None:
+                yield b
         e += 1
 
 
@@ -201,6 +263,7 @@ class PackStream(torch.utils.data.IterableDataset):
                  start_pack: int = 0, prep=None):
         self.args = (run_dir, pack_step, micro_batch)
         self.rank, self.world, self.start_pack, self.prep = rank, world, start_pack, prep
+        self.shape = stream_shape(run_dir, pack_step)       # here, once, not in every worker
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -208,7 +271,7 @@ class PackStream(torch.utils.data.IterableDataset):
         if info is not None:
             torch.set_num_threads(1)
         return iter_batches(*self.args, rank=self.rank, world=self.world, start_pack=self.start_pack,
-                            prep=self.prep, workers=workers, worker=worker)
+                            prep=self.prep, workers=workers, worker=worker, shape=self.shape)
 
 
 def _as_is(x):
@@ -257,7 +320,7 @@ class DataPlan:
     gbs: int                    # packs per optimizer step: micro_batch × grad_accum × dp
     steps: int
     epochs_asked: float | None = None
-    straggler_loss: float | None = None     # packing.balance at this layout (None: no costs or no whole step)
+    straggler_loss: float | None = None     # over the run's steps at this layout (None: no costs, no whole step)
     balanced_for: tuple | None = None       # (dp, micro_batch, grad_accum) the pack step ordered its packs for
 
     @property
@@ -283,7 +346,8 @@ class DataPlan:
         how = ("packs in the seeded shuffle" if self.balanced_for is None else
                "packs balanced for DP {} × {} micro-batches of {}".format(self.balanced_for[0], self.balanced_for[2],
                                                                           self.balanced_for[1]))
-        return f"; straggler loss {100 * self.straggler_loss:.2f}% a step ({how}, packing.balance)"
+        return (f"; straggler loss {100 * self.straggler_loss:.2f}% a step over the run's {self.steps:,} steps "
+                f"({how}, packing.compute_balance)")
 
 
 def check_pack_step(run_dir: str | Path, step: str) -> None:
@@ -339,27 +403,30 @@ def plan_data(run_dir: str | Path, step: str, micro_batch: int, grad_accum: int,
         if packs == 0:
             raise ValueError(f"--epochs: the pack step {step!r} holds no packs")
         steps = math.ceil(round(epochs * packs / gbs, 9))   # round: 0.1 × 30 is 3.0000000000000004, not 4 steps
-    loss, balanced_for = (balance_of(run_dir, step, dp, grad_accum, micro_batch, files) if count_samples
+    loss, balanced_for = (balance_of(run_dir, step, dp, grad_accum, micro_batch, files, steps) if count_samples
                           else (None, None))
     return DataPlan(step, packs, samples, gbs, steps, epochs, loss, balanced_for)
 
 
-def balance_of(run_dir, step: str, dp: int, grad_accum: int, micro_batch: int, files) -> tuple:
-    """(straggler loss of the step's packs streamed at this layout, the layout ``pack`` balanced them for):
-    (None, …) when its manifest has no ``cost`` column (an older pack step) or no whole step."""
-    from ovpipe.inputs import upstream_config
-    from packing.balance import pack_costs, straggler_loss
+def balance_of(run_dir, step: str, dp: int, grad_accum: int, micro_batch: int, files,
+               steps: int | None = None) -> tuple:
+    """(straggler loss of the run's ``steps`` steps (None: one epoch's) of the step's balanced stream at this
+    layout, every epoch they reach, the layout ``pack`` balanced them for): (None, …) when its manifest has no
+    ``cost`` column (an older pack step) or no whole step."""
+    from packing.compute_balance import pack_costs, run_straggler_loss
 
     cost = pack_costs(files)
     if cost is None:                             # no costs, or a pack without one: the loss is undefined, not 0
         return None, None
+    from ovpipe.inputs import upstream_config
+
     try:
         cfg = upstream_config(run_dir, step)[1]
     except (OSError, ValueError, KeyError):
         cfg = None
     dp_for = getattr(cfg, "balance_dp", 0)
     layout = (dp_for, cfg.balance_micro_batch, cfg.balance_grad_accum) if dp_for else None
-    return straggler_loss(cost, dp, micro_batch, grad_accum), layout
+    return run_straggler_loss(cost, balanced_group(run_dir, step), dp, micro_batch, grad_accum, steps), layout
 
 
 def pack_shape(run_dir: str | Path, step: str) -> tuple[int, float]:

@@ -16,7 +16,6 @@ Nothing here loads a manifest into Python: pages ask for one page of rows, an ag
 from __future__ import annotations
 
 import json
-import math
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,6 +47,15 @@ class RunCatalog:
         self.con = con
         self.views = set(views(con)) - {"steps"}     # steps: a table registered on the connection, not a view
         self.pack_dirs = {d.parent.name: d for d in find_manifest_dirs(self.run_dir).get("packs", [])}
+
+    def _group(self, step: str) -> int:
+        """The pack step's balanced group (``packing.compute_balance.balanced_group`` of its ``config.json``)."""
+        from packing.compute_balance import balanced_group
+
+        try:
+            return balanced_group(json.loads((self.run_dir / step / "config.json").read_text()))
+        except (OSError, ValueError):
+            return 1
 
     def has(self, *names: str) -> bool:
         return all(n in self.views for n in names)
@@ -193,7 +201,8 @@ class RunCatalog:
                                f"read_parquet('{glob}') WHERE list_contains(sample_ids, ?) ORDER BY pack_id",
                                [sample_id, sample_id]):
                 n_packs = self.one(f"SELECT count(*) AS n FROM read_parquet('{glob}')")["n"]
-                out["packs"].append({"step": step, **r, "consumed": consumed_by(stages, step, r["pack_id"], n_packs)})
+                out["packs"].append({"step": step, **r, "consumed": consumed_by(stages, step, r["pack_id"], n_packs,
+                                                                                 self._group(step))})
         if self.has("captions"):
             out["captions"] = self.rows("SELECT lang, caption, model, status FROM captions WHERE sample_id = ? "
                                         "ORDER BY lang", [sample_id])
@@ -229,18 +238,19 @@ def pretrain_stages(run_dir: Path) -> list[dict]:
     return out
 
 
-def consumed_by(stages: list[dict], pack_step: str, pack_id: int, n_packs: int) -> list[dict]:
-    """The (stage, step) pairs that trained on pack ``pack_id``: a stage reads its pack step as one stream in
-    pack_id order, repeated epoch after epoch, ``global_batch`` packs per step (``pretrain.data.iter_batches``),
-    so stream position ``e·n_packs + pack_id`` is consumed by step ``position // gbs + 1`` while it is within
-    the stage's ``steps · gbs`` packs."""
+def consumed_by(stages: list[dict], pack_step: str, pack_id: int, n_packs: int, group: int = 1) -> list[dict]:
+    """The (stage, step) pairs that trained on pack ``pack_id``: a stage reads its pack step's balanced stream
+    (``pretrain.data.iter_batches``: every epoch the whole groups of ``group`` packs in pack_id order, the leftover
+    packs carried until they fill one; ``packing.compute_balance.stream_positions``), ``global_batch`` packs per
+    step, so a stream position ``q`` of the pack is consumed by step ``q // gbs + 1`` while it is within the
+    stage's ``steps · gbs`` packs."""
+    from packing.compute_balance import epoch_of, stream_positions
+
     out = []
     for s in stages:
         if s["data"] != pack_step or n_packs <= 0:
             continue
         seen = s["steps"] * s["gbs"]
-        for e in range(math.ceil(seen / n_packs)):
-            pos = e * n_packs + int(pack_id)
-            if pos < seen:
-                out.append({"stage": s["stage"], "step": pos // s["gbs"] + 1, "epoch": e})
+        for q in stream_positions(int(pack_id), n_packs, group, seen).tolist():
+            out.append({"stage": s["stage"], "step": q // s["gbs"] + 1, "epoch": int(epoch_of(q, n_packs, group))})
     return out

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from viewer import charts
-from viewer.catalog import RunCatalog
+from packing.compute_balance import balanced_group, epoch_start, stream_index_sql
+from viewer.catalog import RunCatalog, pretrain_stages
 from viewer.files import check_path
 
 CURVE_POINTS = 2000         # ranks kept per head-to-tail curve (all of the first 200, then evenly spaced)
@@ -97,9 +98,11 @@ def packs(cat: RunCatalog, step: str | None, page: int, layout: dict | None = No
 def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict, max_step_packs: int = 16384) -> dict:
     """One training step's DP ranks side by side: the packs each rank reads at that step and their summed cost,
     under a layout (``dp``, ``mb`` packs a micro-batch, ``ga`` micro-batches a step; default: the one the pack
-    step balanced for, else DP 8 × 1), and the straggler loss of the whole step folder under it
-    (``packing.balance.straggler_loss``'s figure). DuckDB computes both: Python reads back the one step's packs
-    and one row of totals, never the manifest's cost column (an 85M-sample run has millions of packs)."""
+    step balanced for, else DP 8 × 1), and the straggler loss under it over the run's steps: the packs the run's
+    pretrain stages read of the step's balanced stream, every epoch they reach (one epoch at least;
+    ``packing.compute_balance.run_straggler_loss``'s figure). DuckDB computes both: Python reads back the one
+    step's packs and one row of totals, never the manifest's cost column (an 85M-sample run has millions of
+    packs)."""
     try:
         cfg = json.loads((cat.run_dir / step / "config.json").read_text())
     except (OSError, ValueError):
@@ -114,14 +117,22 @@ def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict, max_step_pack
     info = cat.one(f"SELECT count(*) AS n, count(*) FILTER (WHERE cost IS NULL) AS unknown, min(pack_id) AS lo, "
                    f"max(pack_id) AS hi FROM {src}")
     n = info["n"]
-    n_steps = n // G
+    group = balanced_group(cfg)
+    # the steps of the run: the packs its pretrain stages read of this step's stream, and one epoch at least
+    epoch = int(epoch_start(1, n, group)) * group if n else 0
+    read = max((s["steps"] * s["gbs"] for s in pretrain_stages(cat.run_dir) if s["data"] == step), default=0)
+    seen, from_stages = max(read, epoch), read > epoch
+    n_steps = seen // G
     at = min(int(layout.get("at") or 0), max(n_steps - 1, 0))
-    # a pack's place in the stream is its rank in pack_id order (pretrain.data reads them so): pack_id itself
-    # when the ids are 0..n-1, as the pack step writes them, else a window over the ids
+    # a pack's place in pack_id order is pack_id itself when the ids are 0..n-1, as the pack step writes them,
+    # else a window over the ids; a stream position q reads the pack at place stream_packs(q) (every epoch's
+    # whole balanced groups, then the carried leftover: packing.compute_balance, Epochs)
     pos = (f"SELECT pack_id, pack_id AS p, cost FROM {src}" if (info["lo"], info["hi"]) == (0, n - 1) else
            f"SELECT pack_id, row_number() OVER (ORDER BY pack_id) - 1 AS p, cost FROM {src}")
-    shown = cat.rows(f"SELECT pack_id, cost, (p % ?) // ? % ? AS rank FROM ({pos}) WHERE p >= ? AND p < ? ORDER BY p",
-                     [G, mb, dp, at * G, (at + 1) * G])
+    stream = (lambda a, b: f"SELECT q, x.pack_id, x.cost FROM range({a}, {b}) t(q) "
+                         f"JOIN ({pos}) x ON x.p = {stream_index_sql('q', max(n, 1), group)}")
+    shown = cat.rows(f"SELECT pack_id, cost, (q % ?) // ? % ? AS rank FROM ({stream(at * G, (at + 1) * G)}) ORDER BY q",
+                     [G, mb, dp]) if n_steps else []
     ranks = [{"rank": r, "packs": [], "cost": 0.0} for r in range(dp)]
     for row in shown:
         r = ranks[row["rank"]]
@@ -130,13 +141,15 @@ def step_ranks(cat: RunCatalog, step: str, src: str, layout: dict, max_step_pack
     mean = float(np.mean([r["cost"] for r in ranks])) if ranks else 0.0
     loss = None
     if n_steps and not info["unknown"]:         # a pack without a cost: the figure is undefined
-        got = cat.one(f"WITH s AS (SELECT p // ? AS step, (p % ?) // ? % ? AS rank, cost FROM ({pos}) WHERE p < ?), "
+        got = cat.one(f"WITH s AS (SELECT q // ? AS step, (q % ?) // ? % ? AS rank, cost "
+                      f"FROM ({stream(0, n_steps * G)})), "
                       f"r AS (SELECT step, rank, sum(cost) AS c FROM s GROUP BY 1, 2), "
                       f"t AS (SELECT step, max(c) AS top, avg(c) AS mean FROM r GROUP BY 1) "
                       f"SELECT avg(top / mean - 1) FILTER (WHERE mean > 0) AS loss FROM t",
-                      [G, G, mb, dp, n_steps * G])
+                      [G, G, mb, dp])
         loss = float(got["loss"]) if got["loss"] is not None else 0.0
-    return {"dp": dp, "mb": mb, "ga": ga, "at": at, "steps": n_steps, "ranks": ranks, "mean": mean,
+    return {"dp": dp, "mb": mb, "ga": ga, "at": at, "steps": n_steps, "epochs": n_steps * G / n if n else 0.0,
+            "from_stages": from_stages, "ranks": ranks, "mean": mean,
             "balanced_for": (cfg.get("balance_dp"), cfg.get("balance_micro_batch"), cfg.get("balance_grad_accum"))
             if cfg.get("balance_dp") else None, "loss": loss,
             "slowest": max((r["cost"] for r in ranks), default=0.0) / mean - 1 if mean > 0 else None,

@@ -63,7 +63,7 @@ def forms(a, n: int, gpu: Gpu, data, cal) -> dict:
 
 
 def with_straggler(p, loss: float | None):
-    """A plan whose every step waits for its slowest DP rank: ``loss`` (packing.balance's straggler loss of the
+    """A plan whose every step waits for its slowest DP rank: ``loss`` (packing.compute_balance's straggler loss of the
     packs at this layout) more compute than the mean rank's; None (no costs, no whole step) leaves it as it is."""
     if not loss:
         return p
@@ -75,16 +75,23 @@ def with_straggler(p, loss: float | None):
                                hours=p.hours / slow, gpu_hours=p.gpu_hours / slow)
 
 
-def run_stragglers(run_dir, step: str, plans: list) -> tuple[list, bool]:
-    """The packed plans with the measured straggler loss of a run's own packs at each layout's DP size, fastest
-    first again; (plans, whether the packs carry costs)."""
+def run_stragglers(run_dir, step: str, plans: list, steps: int | None = None) -> tuple[list, bool]:
+    """The packed plans with the measured straggler loss of a run's own packs at each layout: over the run's
+    ``steps`` steps of the pack step's balanced stream (None: one epoch's), every epoch they reach
+    (``run_straggler_loss``, as the data plan's ``pretrain.data.balance_of``); fastest first again; (plans,
+    whether the packs carry costs)."""
+    from functools import lru_cache
+
     from manifests.io import manifest_files
-    from packing.balance import pack_costs, straggler_loss
+    from packing.compute_balance import pack_costs, run_straggler_loss
+    from pretrain.data import balanced_group
 
     cost = pack_costs(manifest_files(run_dir, "packs", step))
     if cost is None:
         return plans, False
-    out = [with_straggler(p, straggler_loss(cost, p.dp, p.micro_batch, p.grad_accum)) for p in plans]
+    group = balanced_group(run_dir, step)
+    loss = lru_cache(lambda dp, mb, ga: run_straggler_loss(cost, group, dp, mb, ga, steps))   # layouts share a DP
+    out = [with_straggler(p, loss(p.dp, p.micro_batch, p.grad_accum)) for p in plans]
     return sorted(out, key=lambda p: (p.hours, p.tp * p.pp * p.cp)), True
 
 
@@ -180,7 +187,7 @@ def _plan(ap, a, calib, data_mod) -> int:
     costed = False
     if a.run_dir and data.packs:
         g, s_, ps, pad = result["packed"]
-        ps, costed = run_stragglers(a.run_dir, a.data, ps)
+        ps, costed = run_stragglers(a.run_dir, a.data, ps, s_)
         result["packed"] = (g, s_, ps, pad)
     main_form = "packed" if a.slots == "packs" else "unpacked"
     gbs, steps, plans, _ = result[main_form]
@@ -192,7 +199,8 @@ def _plan(ap, a, calib, data_mod) -> int:
     print(cal.describe(gpu))
     if costed:
         print(f"each layout's step waits for its slowest DP rank: the straggler loss of {a.data}'s own packs at "
-              f"that DP size is added to its compute (packs.cost, packing.balance)")
+              f"that DP size, over the run's {result['packed'][1]:,} steps, is added to its compute "
+              f"(packs.cost, packing.compute_balance)")
     if not plans:
         print("no layout fits: more GPUs, a shorter --seq-len, or a smaller --micro-batch")
         return 1

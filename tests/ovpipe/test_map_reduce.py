@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from curation.balance import BalanceConfig, balance, uniform_draws
+from curation.concept_balance import BalanceConfig, balance, uniform_draws
 from manifests import read_manifest
 from manifests.io import write_part, write_table
 from ovpipe import mapreduce

@@ -332,7 +332,7 @@ def test_count_for_llava_ov_costs_are_the_ones_it_balanced(official_run, tmp_pat
     """With ``count_for: llava-ov`` the balancer costs each bin from the official count (``lengths − tail``);
     the manifest's ``cost`` column is that same cost, so the recorded ``straggler_loss_after`` is the loss of
     the manifest's own costs in its order."""
-    from packing.balance import straggler_loss
+    from packing.compute_balance import straggler_loss
 
     run = tmp_path / "run"
     for step in ("ingest-conv", "lengths"):

@@ -228,7 +228,7 @@ def test_balanced_order_same_packs_any_task_count_and_the_loader_streams_it(pack
     with exactly the packs an uninterrupted run reads next."""
     import shutil
 
-    from packing.balance import rank_costs, straggler_loss
+    from packing.compute_balance import rank_costs, straggler_loss
     from pretrain.data import iter_batches
 
     run = tmp_path / f"b{tasks}"
@@ -253,27 +253,37 @@ def test_balanced_order_same_packs_any_task_count_and_the_loader_streams_it(pack
         straggler_loss(np.array([r["cost"] for r in plain]), 3, 1, 2))
     if tasks != 1:
         return
-    # the stage's data plan says it: the straggler loss at its layout, and the layout the packs were ordered for
-    from pretrain.data import plan_data
-
-    plan = plan_data(run, "pack", 1, 2, 3, steps=1)
-    assert plan.straggler_loss == pytest.approx(info["straggler_loss_after"]) and plan.balanced_for == (3, 1, 2)
-    assert "balanced for DP 3 × 2 micro-batches of 1" in plan.describe()
-    assert plan_data(packed_run, "pack", 1, 2, 3, steps=1).balanced_for is None
-    # what each DP rank's loader yields, a step (2 micro-batches) at a time, carries the costs balanced above
-    # (the loader's own stream and rank split; decoding the pixels is left out)
+    # what each DP rank's loader yields, a step (2 micro-batches) at a time, over two epochs of the balanced
+    # stream (the loader's own stream and rank split; decoding the pixels is left out): epoch 1 carries the
+    # costs balanced above, and epoch 2 is as balanced (ovpipe issue 67: the old stream replayed pack_id order, so with
+    # n mod 6 ≠ 0 every step of epoch 2 straddled two balanced ones)
     import types
 
     import pretrain.data
+    from packing.compute_balance import epoch_start
+    from pretrain.data import plan_data
 
     monkeypatch.setattr(pretrain.data, "collate", lambda seqs: types.SimpleNamespace(pack_ids=[q.pack_id for q in seqs]))
     by_id = dict(zip((r["pack_id"] for r in packs), cost))
-    steps = len(packs) // 6
+    n, steps = len(packs), int(epoch_start(2, len(packs), 6))              # two epochs' whole steps
+    assert n % 6, "the test wants leftover packs"
     seen = np.zeros((steps, 3))
     for rank in range(3):
-        ids = [b.pack_ids[0] for b in iter_batches(run, "pack", 1, epochs=1, rank=rank, world=3)]
+        ids = [b.pack_ids[0] for b in iter_batches(run, "pack", 1, epochs=2, rank=rank, world=3)]
+        assert len(ids) == 2 * steps
         for s in range(steps):
             seen[s, rank] = sum(by_id[i] for i in ids[2 * s:2 * s + 2])
-        resumed = [b.pack_ids[0] for b in iter_batches(run, "pack", 1, epochs=1, rank=rank, world=3, start_pack=6)]
-        assert resumed == ids[2:]
-    assert np.allclose(seen, rank_costs(cost, 3, 1, 2))
+        resumed = [b.pack_ids[0] for b in iter_batches(run, "pack", 1, epochs=2, rank=rank, world=3,
+                                                       start_pack=6 * (n // 6 + 1))]    # epoch 2's 2nd step on
+        assert resumed == ids[2 * (n // 6 + 1):]
+    assert np.allclose(seen[:n // 6], rank_costs(cost, 3, 1, 2))
+    loss = lambda rc: float(np.mean(rc.max(axis=1) / rc.mean(axis=1) - 1))      # noqa: E731
+    by_epoch = info["straggler_loss_after_by_epoch"]
+    assert by_epoch[0] == pytest.approx(loss(seen[:n // 6])) and by_epoch[1] == pytest.approx(loss(seen[n // 6:]))
+    assert by_epoch[1] < info["straggler_loss_before"]
+    # the stage's data plan says it: the straggler loss of what its ranks read over the run's steps, and the
+    # layout the packs were ordered for
+    plan = plan_data(run, "pack", 1, 2, 3, steps=steps)
+    assert plan.straggler_loss == pytest.approx(loss(seen)) and plan.balanced_for == (3, 1, 2)
+    assert "balanced for DP 3 × 2 micro-batches of 1" in plan.describe()
+    assert plan_data(packed_run, "pack", 1, 2, 3, steps=1).balanced_for is None

@@ -50,3 +50,56 @@ def test_loader_workers_keep_the_stream_order(packed_demo):
     assert server and "libtorch_cpu" in Path(f"/proc/{server}/maps").read_text()
     flat = [i for x in base for i in x]
     assert [i for x in ids(0, start_pack=3, n=3) for i in x] == flat[3:9]
+
+
+def _balanced_pack_step(run: Path, n: int, dp: int, ga: int) -> None:
+    """A pack step of ``n`` one-sample text packs (pack ``i`` is ``i + 1`` tokens long), written as `pack`
+    writes it — shards in pack_id order, its config (balanced for DP ``dp`` × ``ga`` micro-batches) and
+    executor record — and no manifest (the loader then counts the shards' entries)."""
+    import dataclasses
+    import json
+
+    import numpy as np
+
+    from ovpipe.config import load_config
+    from packing.pack import PackConfig
+    from packing.shards import write_shard
+
+    d = run / "pack"
+    (d / "data").mkdir(parents=True)
+    cfg = load_config(PackConfig, {"balance_dp": dp, "balance_grad_accum": ga})
+    (d / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    (d / "executor.json").write_text(json.dumps({"step": "pack"}))
+    entries = [{"pack_id": i, "sample_ids": [f"{i:016x}"], "lengths": [i + 1], "offsets": [0], "seq_len": 64,
+                "ids": np.arange(i + 1), "mask": np.ones(i + 1), "images": [], "exts": [], "grids": [],
+                "image_counts": [0]} for i in range(n)]
+    for j in range(0, n, 8):
+        write_shard(d / "data" / f"pack-{j // 8:06d}.tar", entries[j:j + 8])
+
+
+def test_every_epoch_reads_whole_balanced_groups_and_a_resume_in_epoch_2_is_exact(tmp_path):
+    """ovpipe issue 67: packs balanced for DP 3 × 2 (groups of G = 6), n = 23 (n mod G = 5). Every step of epochs
+    1–3 of the loader's stream is one whole group of pack_id order, or a carried group of the
+    5 leftover packs — the old stream, pack_id order replayed, made epoch 2's first step packs 18–22 and 0. A
+    resume in the middle of epoch 2 gives each rank exactly the micro-batches the uninterrupted run read next."""
+    from packing.compute_balance import epoch_start, stream_packs
+    from pretrain.data import iter_batches
+
+    n, G, dp = 23, 6, 3
+    _balanced_pack_step(tmp_path, n, dp, 2)
+
+    def read(start_pack=0, rank=0, world=1):
+        return [b.pack_ids[0] for b in iter_batches(tmp_path, "pack", 1, epochs=3, rank=rank, world=world,
+                                                    start_pack=start_pack)]
+
+    stream = read()
+    assert stream == stream_packs(n, G, 0, len(stream)).tolist()
+    assert len(stream) == int(epoch_start(3, n, G)) * G
+    for s in range(len(stream) // G):
+        step = stream[s * G:(s + 1) * G]
+        assert step == list(range(step[0], step[0] + G)) and step[0] % G == 0 or min(step) >= n // G * G, (s, step)
+    epoch2 = int(epoch_start(1, n, G)) * G
+    assert stream[epoch2:epoch2 + G] == [0, 1, 2, 3, 4, 5]
+    assert sorted(stream[:int(epoch_start(2, n, G)) * G]) == sorted([*range(18), *range(18), *[18, 19, 20, 21, 22, 18]])
+    start = epoch2 + 2 * G                                       # killed after epoch 2's second step
+    assert [read(start, r, dp) for r in range(dp)] == [stream[start + r::dp] for r in range(dp)]

@@ -50,7 +50,7 @@ def test_packs_figures_come_from_duckdb_not_the_cost_column(many_packs, monkeypa
     costs, while no query hands Python more rows than the page shows (50 listed packs, one step of 24, 50 bins)."""
     from starlette.testclient import TestClient
 
-    from packing.balance import step_rank, straggler_loss
+    from packing.compute_balance import step_rank, straggler_loss
     from viewer import pages
     from viewer.app import create_app
     from viewer.catalog import RunCatalog
@@ -94,7 +94,7 @@ def test_step_ranks_follow_pack_id_order_when_ids_have_gaps(tmp_path):
     """Pack ids 0, 3, 6, …: a pack's stream position is its rank in pack_id order (the window in DuckDB), so the
     figures are the dense stream's."""
     from manifests.io import write_part
-    from packing.balance import straggler_loss
+    from packing.compute_balance import straggler_loss
     from viewer import pages
     from viewer.catalog import RunCatalog
 
@@ -110,3 +110,43 @@ def test_step_ranks_follow_pack_id_order_when_ids_have_gaps(tmp_path):
     got = pages.step_ranks(RunCatalog(tmp_path / "run"), "pack", src, {"dp": 4, "mb": 1, "ga": 2, "at": 3})
     assert got["loss"] == pytest.approx(straggler_loss(cost, 4, 1, 2), rel=1e-9)
     assert [x["packs"] for x in got["ranks"]] == [[ids[24 + r], ids[28 + r]] for r in range(4)]
+
+
+def test_packs_page_figure_covers_the_runs_epochs_of_the_balanced_stream(tmp_path):
+    """ovpipe issue 67: 1,003 packs balanced for DP 4 × 2 (groups of 8, 3 left over), read by a stage for ~3 epochs.
+    The page's straggler loss is the mean over the stage's steps of the balanced stream (every epoch's whole
+    groups, the leftover carried) — as low as epoch 1's, far below pack_id order replayed — and a step of epoch 2
+    shows the packs the stream reads there; ``consumed_by`` names the steps that read a leftover pack."""
+    from manifests.io import write_part
+    from packing.compute_balance import epoch_start, order, straggler_loss, stream_packs
+    from viewer import pages
+    from viewer.catalog import RunCatalog, consumed_by, pretrain_stages
+
+    n, dp, ga, gbs, steps = 1003, 4, 2, 8, 380
+    raw = np.random.default_rng(3).lognormal(0, 0.5, n)
+    cost = raw[order(raw, dp, 1, ga)]
+    run = tmp_path / "run"
+    d = run / "pack"
+    write_part({"pack_id": list(range(n)), "sample_ids": [[f"{i:016x}"] for i in range(n)], "lengths": [[64]] * n,
+                "offsets": [[0]] * n, "total_tokens": [64] * n, "shard": ["pack-000000.tar"] * n,
+                "attn_sq": [4096] * n, "images": [0] * n, "vit_tokens": [0] * n, "vit_sq": [0] * n,
+                "cost": cost.tolist()}, d / "packs" / "part-00000.parquet", "packs")
+    (d / "config.json").write_text(json.dumps({"seq_len": 256, "balance_dp": dp, "balance_grad_accum": ga}))
+    (run / "pretrain" / "stage-1.5").mkdir(parents=True)
+    (run / "pretrain" / "stage-1.5" / "stage.json").write_text(
+        json.dumps({"stage": "1.5", "data": "pack", "global_batch": gbs, "steps": steps}))
+    src = f"read_parquet('{(d / 'packs').as_posix()}/part-*.parquet')"
+    at = int(epoch_start(1, n, gbs)) + 5                                   # epoch 2's sixth step
+    got = pages.step_ranks(RunCatalog(run), "pack", src, {"dp": dp, "mb": 1, "ga": ga, "at": at})
+    stream = stream_packs(n, gbs, 0, steps * gbs)
+    rc = cost[stream].reshape(steps, ga, dp).sum(axis=1)                    # micro-batch k → rank k mod dp
+    assert got["from_stages"] and got["steps"] == steps and got["epochs"] == pytest.approx(steps * gbs / n)
+    assert got["loss"] == pytest.approx(float(np.mean(rc.max(axis=1) / rc.mean(axis=1) - 1)), rel=1e-9)
+    replayed = straggler_loss(np.tile(cost, 4)[:steps * gbs], dp, 1, ga)
+    assert got["loss"] < straggler_loss(cost, dp, 1, ga) * 1.5 < replayed / 3
+    step = stream[at * gbs:(at + 1) * gbs]
+    assert {x["rank"]: x["packs"] for x in got["ranks"]} == {r: step[r::dp].tolist() for r in range(dp)}
+    leftover = n - 1
+    want = [q // gbs + 1 for q in np.flatnonzero(stream == leftover)]
+    assert want and [c["step"] for c in consumed_by(pretrain_stages(run), "pack", leftover, n, gbs)] == want
+

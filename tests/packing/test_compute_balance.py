@@ -1,8 +1,8 @@
-"""Balanced steps (packing.balance) and pack costs (packing.cost): properties on generated costs."""
+"""Balanced steps (packing.compute_balance) and pack costs (packing.cost): properties on generated costs."""
 import numpy as np
 import pytest
 
-from packing.balance import displacement_steps, order, rank_costs, straggler_loss
+from packing.compute_balance import displacement_steps, order, rank_costs, straggler_loss
 
 
 def costs(n=6000, seed=0):
@@ -122,3 +122,56 @@ def test_pack_config_refuses_a_bad_cost_or_layout_before_any_work():
         PackConfig(balance_dp=8, balance_grad_accum=0)
     with pytest.raises(ValueError, match="balance_method"):
         PackConfig(balance_method="greedy")
+
+
+@pytest.mark.parametrize("n,G", [(6000, 8), (6005, 8), (6005, 64), (37, 8), (5, 8), (97, 1)])
+def test_the_balanced_stream_reads_whole_groups_every_epoch_and_each_pack_once_an_epoch(n, G):
+    """Every step (G consecutive positions) of every epoch is one whole group of ``order``'s epoch — a group of
+    pack_id order, or a carried group of the n mod G leftover packs — and after epoch E each grouped pack was
+    read exactly E times, each leftover pack E or fewer (it waits in the queue), none more than one apart;
+    ``stream_positions`` is ``stream_packs``' inverse."""
+    from packing.compute_balance import epoch_start, stream_costs, stream_packs, stream_positions
+
+    whole = n // G * G
+    s = stream_packs(n, G, 0, 6 * n + 4 * G)
+    for step in s[:len(s) // G * G].reshape(-1, G):
+        grouped = step < whole
+        assert grouped.all() or not grouped.any()
+        if grouped.all():
+            assert np.array_equal(step, step[0] + np.arange(G)) and step[0] % G == 0
+    for E in range(1, 5):
+        read = np.bincount(s[:int(epoch_start(E, n, G)) * G], minlength=n)
+        assert (read[:whole] == E).all() and read.max() <= E
+        if whole < n:
+            assert read[whole:].max() - read[whole:].min() <= 1
+    for p in {0, n // 2, whole - 1, n - 1} - {-1}:
+        assert np.array_equal(stream_positions(p, n, G, len(s)), np.flatnonzero(s == p))
+    # a resume: any window of the stream is the same positions read from its start; its costs, sliced per epoch
+    assert np.array_equal(stream_packs(n, G, 2 * n + 3, 3 * G), s[2 * n + 3:2 * n + 3 + 3 * G])
+    c = np.arange(n) * 0.5
+    assert np.array_equal(stream_costs(c, G, n - 1, 4 * n + 3), c[s[n - 1:5 * n + 2]])
+
+
+@pytest.mark.parametrize("dp,mb,ga", [(8, 1, 1), (16, 1, 4), (4, 2, 3)])
+def test_later_epochs_stay_balanced_when_n_mod_G_is_not_0(dp, mb, ga):
+    """ovpipe issue 67: the old stream replayed pack_id order epoch after epoch, so with n mod G ≠ 0 every step from
+    epoch 2 on straddled two balanced steps (its loss near the unbalanced order's). The balanced stream keeps
+    epoch 2 as balanced as epoch 1 (a carried step of leftover packs at most), and the run's figure
+    (``run_straggler_loss``) is the mean over the steps of every epoch it reaches."""
+    from packing.compute_balance import epoch_straggler_losses, run_straggler_loss, stream_packs
+
+    G = dp * mb * ga
+    c = costs(6000 + G // 2 + 1)
+    b = c[order(c, dp, mb, ga, window=16)]
+    n = len(b)
+    assert n % G
+    before, e1 = straggler_loss(c, dp, mb, ga), straggler_loss(b, dp, mb, ga)
+    old_epoch2 = straggler_loss(np.tile(b, 2)[n // G * G:][:n // G * G], dp, mb, ga)    # pack_id order replayed
+    assert old_epoch2 > before / 4 and old_epoch2 > 3 * e1
+    by_epoch = epoch_straggler_losses(b, dp, mb, ga, epochs=3)
+    # an epoch that ends with a carried step: one unbalanced step (of duplicated leftovers) among n // G
+    assert by_epoch[0] == pytest.approx(e1) and max(by_epoch) - e1 < 3 * before / (n // G)
+    steps = 3 * n // G
+    explicit = straggler_loss(b[stream_packs(n, G, 0, steps * G)], dp, mb, ga)
+    assert run_straggler_loss(b, G, dp, mb, ga, steps, chunk_steps=7) == pytest.approx(explicit, rel=1e-12)
+    assert explicit < 2 * e1 and run_straggler_loss(b, G, dp, mb, ga) == pytest.approx(e1)

@@ -2,7 +2,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from curation.balance import BalanceConfig, balance, inverse_frequency_weights, metaclip_probs, solve_t, uniform_draws
+from curation.concept_balance import BalanceConfig, balance, inverse_frequency_weights, metaclip_probs, solve_t, uniform_draws
 from manifests import read_manifest
 from manifests.io import write_part
 from ovpipe.cli import main

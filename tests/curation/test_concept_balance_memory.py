@@ -21,7 +21,7 @@ MEASURE = r"""
 import json, sys
 from pathlib import Path
 import numpy, pyarrow, pyarrow.parquet, pyarrow.compute, duckdb          # imports are not the task's memory
-import curation.balance, manifests.io, ovpipe.executors.task, packing.binpack
+import curation.concept_balance, manifests.io, ovpipe.executors.task, packing.binpack
 from ovpipe.executors.task import reduce_step, run_task
 from ovpipe.mapreduce import vmhwm_bytes
 
