@@ -90,15 +90,19 @@ def bare_trl(model: str, run: Path, split: str, s: dict) -> dict:
     return {"step_s": times, "wall_s": time.perf_counter() - t0}
 
 
-def ovpipe_step(model: str, run: Path, s: dict) -> dict:
+def ovpipe_step(model: str, src: Path, run: Path, s: dict) -> dict:
+    """The step in-process, in a fresh run folder (``run``; its export linked to ``src``'s): a rerun in the same
+    folder would find the step done and train nothing."""
     import pyarrow.parquet as pq
 
     from ovpipe.cli import main
 
+    (run / "export").mkdir(parents=True)
+    (run / "export" / "verl").symlink_to((src / "export" / "verl").resolve())
     t0 = time.perf_counter()
     sets = [f"model={model}", "stages=[answer_only]", f"save_every={s['steps'] + 1}", "reward_workers=1",
             *(f"{k}={v}" for k, v in s.items())]
-    rc = main(["grpo", "--run-dir", str(run), "--overwrite", "--quiet", *(x for kv in sets for x in ("--set", kv))])
+    rc = main(["grpo", "--run-dir", str(run), "--quiet", *(x for kv in sets for x in ("--set", kv))])
     assert rc == 0, rc
     m = pq.read_table(next((run / "grpo" / "grpo_metrics").glob("part-*.parquet")),
                       columns=["step_time_s", "generate_tokens_per_s"]).to_pylist()
@@ -128,14 +132,12 @@ def main(argv=None) -> int:
 
         model, src = str(word_lm(tmp / "lm")), tmp / "run"
         write_split(src, a.split, [{"question": "say yes", "answer": "yes"}, {"question": "say no", "answer": "no"}] * 4)
-    run = tmp / "ovpipe-run"
-    (run / "export").mkdir(parents=True)
-    (run / "export" / "verl").symlink_to((src / "export" / "verl").resolve())
     s = settings(a)
     res = {"bare": [], "ovpipe": []}
     for i in range(a.reps):
         for side in (("bare", "ovpipe") if i % 2 == 0 else ("ovpipe", "bare")):
-            res[side].append(bare_trl(model, src, a.split, s) if side == "bare" else ovpipe_step(model, run, s))
+            res[side].append(bare_trl(model, src, a.split, s) if side == "bare" else
+                             ovpipe_step(model, src, tmp / f"ovpipe-run-{i}", s))
     med = {k: statistics.median(t for r in v for t in r["step_s"][1:]) for k, v in res.items()}
     wall = {k: statistics.median(r["wall_s"] for r in v) for k, v in res.items()}
     print(f"model {model}; {a.steps} steps × {a.batch} rollouts ({a.batch // a.group} prompts × {a.group}), "
