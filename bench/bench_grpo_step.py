@@ -83,6 +83,7 @@ def bare_trl(model: str, run: Path, split: str, s: dict) -> dict:
                          steps_per_generation=1, num_generations=s["num_generations"],
                          max_completion_length=s["max_completion_length"], temperature=s["temperature"],
                          beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", seed=s["seed"], use_cpu=True,
+                         bf16=False,      # TRL's configs default to bf16 autocast; the step trains fp32 on a CPU
                          logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True,
                          remove_unused_columns=False)
         GRPOTrainer(model=m, reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows),
