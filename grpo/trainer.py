@@ -327,15 +327,16 @@ class OvpipeGRPOTrainer(GRPOTrainer):
         # A new generation: score it here (as TRL's own _prepare_inputs would), reshape the whole buffer, then let
         # TRL shuffle and split it. `_generate_and_score_completions` is swapped for the batch just made, once.
         batch = self._generate_and_score_completions(generation_batch)
+        accelerator = getattr(self, "accelerator", None)       # a trainer under construction in a test has none
         self.step_stats.update(_prefixed("generated_", batch_stats(batch, self.num_generations, self._last_rewards,
-                                                                   self.accelerator)))
+                                                                   accelerator)))
         if self.batch_reshaper is not None:
             self.reshape_stats = {}
             batch = self.batch_reshaper(batch, self)
             self.step_stats.update(_prefixed("reshape_", self.reshape_stats))
         self.step_stats.update(batch_stats(batch, self.num_generations,
                                            self._last_rewards if self.batch_reshaper is None else None,
-                                           self.accelerator))
+                                           accelerator))
         if self.batch_reshaper is not None:
             # the reshaper's own symptom figures (the same definitions, summed over the processes the same way)
             for k in ("small_advantage_share", "nonzero_grad_rollout_share", "token_utilization"):
