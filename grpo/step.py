@@ -278,13 +278,15 @@ def split_rows(cfg: GRPOStepConfig, run_dir: Path, split: str, images: bool = Tr
         cols = None if images else [c for c in pq.read_schema(path).names if c != "images"]
         return pq.read_table(path, columns=cols).to_pylist()
     from manifests.io import iter_parts, manifest_files
+    from manifests.schemas import schema_for
     from ovpipe.inputs import resolve as resolve_inputs
     from rl_select.export import PROMPT_BATCH, ExportConfig, _verl_row
 
     kept = {pid for pid, s in _kept_splits(cfg, run_dir).items() if s == split}
     files = manifest_files(run_dir, "rl_prompts", resolve_inputs(STEP, cfg, Path(run_dir))["rl_prompts"])
+    cols = None if images else [c for c in schema_for("rl_prompts").names if c != "images"]   # bytes not read
     rows, ecfg = [], ExportConfig()
-    for b in iter_parts(files, "rl_prompts", batch_rows=PROMPT_BATCH):
+    for b in iter_parts(files, "rl_prompts", cols, batch_rows=PROMPT_BATCH):
         for p in b.to_pylist():
             if p["prompt_id"] in kept and p["status"] == "ok":
                 rows.append(_verl_row(len(rows), {**p, "split": split, **({} if images else {"images": []})},
