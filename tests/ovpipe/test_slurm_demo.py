@@ -7,7 +7,8 @@ among them; every manifest compared still has rows) and a demo CLIP trained 2 st
 the suite's curation tests train it for real). The local run goes on beside the Slurm one: each writes under its
 own folder of the same length (``local/``, ``slurm/``), and the local run's absolute paths are read as the Slurm
 run's before the bytes are compared.
-The whole demo, pretrain included, is `make slurm-up && make slurm-demo && make slurm-down` (docs/slurm.md)."""
+Run by `make test-slurm-demo` (and .ci/run after `make test`, which leaves it out: a quarter of its CPU in one
+test). The whole demo, pretrain included, is `make slurm-up && make slurm-demo && make slurm-down` (docs/slurm.md)."""
 import contextlib
 import io
 import os
