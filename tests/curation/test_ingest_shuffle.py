@@ -114,17 +114,14 @@ def test_merge_past_its_fan_in_gives_the_same_parts(tmp_path, monkeypatch):
     monkeypatch.setattr(shuffle_mod, "MERGE_BYTES", 4000)
     # 3 tasks only: the merge levels are per apply rank, and any-task-count identity is the test above's (1 task
     # as well cost 12 CPU-s, mostly unlinking the thousands of spill files these settings make)
-    for tasks in (3,):
-        _ingest(tmp_path / f"one-{tasks}", files, tasks)
+    _ingest(tmp_path / "one", files, 3)
     monkeypatch.setattr(shuffle_mod, "MERGE_FAN_IN", 3)
-    for tasks in (3,):
-        run = tmp_path / f"fan-{tasks}"
-        _ingest(run, files, tasks)
-        parts = lambda r: [p.read_bytes() for p in manifest_files(r, "samples")]  # noqa: E731
-        assert parts(run) == parts(tmp_path / f"one-{tasks}"), tasks
-        stats = json.loads((run / "ingest" / "stats.json").read_text())["counters"]
-        assert stats["merge_level_runs"] >= 12 + 4 + 2       # 35 runs → 12 → 4 → 2 (per apply rank's range)
-        assert not (run / "ingest" / "shuffle").exists()
+    _ingest(tmp_path / "fan", files, 3)
+    parts = lambda r: [p.read_bytes() for p in manifest_files(r, "samples")]  # noqa: E731
+    assert parts(tmp_path / "fan") == parts(tmp_path / "one")
+    stats = json.loads((tmp_path / "fan" / "ingest" / "stats.json").read_text())["counters"]
+    assert stats["merge_level_runs"] >= 12 + 4 + 2       # 35 runs → 12 → 4 → 2 (per apply rank's range)
+    assert not (tmp_path / "fan" / "ingest" / "shuffle").exists()
 
 
 def test_duplicate_marker_is_batch_independent():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from slurm_cluster import SlurmCluster  # noqa: E402
+from slurm_cluster import SlurmCluster, release_requeued  # noqa: E402
 
 from manifests import read_manifest  # noqa: E402
 from manifests.io import write_table  # noqa: E402
@@ -116,29 +116,16 @@ def test_sigusr1_requeues_a_running_task(slurm_env, tmp_path):
         time.sleep(0.2)
     time.sleep(0.5)
     subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_0"], check=True, env=env)
-    # Slurm holds a requeued job back (BeginTime = now + cred_expire, ~2 min), and it sets that
-    # BeginTime only when the old run has finished completing, which can come after squeue already
-    # shows PENDING. So the test keeps pulling the start time forward until the task has run — but never
-    # within 2 s of the signal: slurmd refuses a launch whose credential is from the second the old run's was
-    # revoked in ("Killing non-startable batch JobId=…: Job credential revoked"; the task then fails and the
-    # merge is cancelled, which is how this test flaked: a start pulled forward 0.8 s after the requeue).
-    t_sig = t0 = time.time()
-    seen_pending = False
+    release_requeued(f"{job}_0", env, info=slurm_env.logs)
+    t0 = time.time()
     while not (run / "sleepy" / "completions" / "finalized").exists():
-        r = subprocess.run(["squeue", "-h", "-j", f"{job}_0", "-o", "%T %r"], capture_output=True, text=True, env=env)
-        if r.stdout.startswith("PENDING"):
-            seen_pending = True
-            if "BeginTime" in r.stdout and time.time() - t_sig > 2:
-                subprocess.run(["scontrol", "update", f"JobId={job}_0", "StartTime=now"], env=env,
-                               capture_output=True)
         # the requeued task's second run, then the merge job afterok on it (a Python start each): past 120 s under
         # the suite's load on 2 cores (the loop ends as soon as the step is finalized); a failed run ends it at once
         task = subprocess.run(["scontrol", "-o", "show", "job", f"{job}_0"], capture_output=True, text=True,
                               env=env).stdout
         if time.time() - t0 > 300 or any(f"JobState={s} " in task for s in ("FAILED", "CANCELLED", "NODE_FAIL")):
             show = subprocess.run(["scontrol", "show", "job", str(job)], capture_output=True, text=True, env=env)
-            pytest.fail(f"requeued task did not finish (seen pending: {seen_pending}); squeue: {r.stdout!r}\n"
-                        f"{task}\n{show.stdout}\n{slurm_env.logs()[-6000:]}")
+            pytest.fail(f"requeued task did not finish\n{task}\n{show.stdout}\n{slurm_env.logs()[-6000:]}")
         time.sleep(0.5)
     out = "".join(p.read_text() for p in (run / "sleepy" / "logs").glob("slurm-*_0.out"))
     assert "SIGUSR1: requeueing" in out

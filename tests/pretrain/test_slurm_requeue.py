@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from slurm_cluster import SlurmCluster  # noqa: E402
+from slurm_cluster import SlurmCluster, release_requeued  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]   # Slurm: tests/conftest.py NEEDS
 
@@ -111,13 +111,5 @@ def _requeue_after_step_2(sdir: Path, env: dict, submit: subprocess.Popen) -> tu
           600, "checkpoint at step 2", log)
     at = checkpoint.newest(ckpts, log=None)[0]
     subprocess.run(["scontrol", "requeue", job], env=env, check=True)
-    # slurmctld holds a requeued batch job back (BeginTime = the old run's end + ~2 min); let it start as soon as
-    # the old allocation is gone, as an operator would with the same command — but only once the hold is set (the
-    # old run has finished completing) and 2 s after it: slurmd refuses a launch in the second the old run's
-    # credential was revoked ("Killing non-startable batch JobId=…: Job credential revoked"), and a start pulled
-    # forward before the job shows PENDING could also run it unseen. Both flaked this test under the suite's load.
-    _wait(lambda: subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], env=env, capture_output=True,
-                                 text=True).stdout.startswith("PENDING BeginTime"), 120, "requeued job held", log)
-    time.sleep(2)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, capture_output=True)
+    release_requeued(job, env, info=log)
     return job, at
