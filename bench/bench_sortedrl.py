@@ -14,10 +14,13 @@ Runs, each on a fresh engine over the same model, one after the other: baseline 
 slots, the update waits for its longest rollout), on-policy and partial (one group of all samples: grouped loading,
 oversubscription, early termination at ``batch`` completions). Per run: the bubble ratio (eq. 4) over every step
 and the part of it accrued in the final drain (the simulation's two figures), output tokens/s (trained tokens over
-the engine's wall time), wasted tokens. The simulation's step-time model is fitted (``EngineTime.fit``) on a
-separate calibration sweep (steps at r = 1, Q/4, Q/2, Q), not on any of the three runs, so all three of its rows
-are predictions. The sweep's step time against the batch is printed too, because it decides the throughput: on a
-CPU a step's matmuls grow with the batch, on a memory-bound GPU they do not. The machine is shared: modes run
+the engine's wall time), wasted tokens. The simulation's step-time model (``EngineTime.fit``: Δt = f(r) +
+kv·context + prefill·tokens, f piecewise linear and non-decreasing between r = 1, 2, 4, …, Q) is calibrated three
+ways, each printed with its prediction errors: on the three runs' own steps (the simulation then predicts the
+schedule, its steps and running counts itself: only a step's cost is the engine's), on the baseline run's steps
+alone (on-policy and partial out of sample: what a lab has before it runs SortedRL), and on a separate sweep of
+fixed batches at every knot. The sweep's step time against the batch is printed too, because it decides the
+throughput: on a CPU a step's matmuls grow with the batch, on a memory-bound GPU they do not. Modes run
 interleaved over ``repeats`` rounds and each row is its mode's least-disturbed (minimum-time) round.
 
 Models: ``demo`` is the RL demo's tiny Qwen3 (``demo.rl.build_tiny_model``'s class and shape, 2 layers × 64);
@@ -84,9 +87,20 @@ def run_mode(model, mode: str, lengths, a) -> "EngineRun":
     return run
 
 
+def knots(slots: int) -> list[int]:
+    """The running counts the calibration sweep measures: 1, 2, 4, … up to the slot count, and the slot count."""
+    out, k = [], 1
+    while k < slots:
+        out.append(k)
+        k *= 2
+    return out + [slots]
+
+
 def calibration_sweep(model, a) -> list:
-    """Engine steps at fixed running counts (1, Q/4, Q/2, Q) and two context sizes, apart from the three runs:
-    what the simulation's step-time model is fitted on, and the table of Δt against the batch."""
+    """Engine steps apart from the three runs, what the simulation's step-time model is fitted on: at each knot r
+    (``knots``) and two context sizes, half the r requests are admitted, two steps later the other half (so prefill
+    chunks ride in decode steps, as in the runs), and the steps run until all finish; also the table of Δt against
+    the batch."""
     from grpo.engines.cb import ContinuousBatchingEngine
     from grpo.sortedrl import StepLog
 
@@ -94,16 +108,27 @@ def calibration_sweep(model, a) -> list:
                                    ignore_eos=True, max_batch_tokens=a.slots * (a.prompt_len + a.max_len))
     rng = np.random.default_rng(a.seed + 2)
     steps, k = [], 0
+
+    def admit(n: int, extra: int) -> None:
+        nonlocal k
+        for _ in range(n):
+            eng.admit(f"cal{k}", [int(t) for t in rng.integers(2, model.config.vocab_size, a.prompt_len + extra)],
+                      a.sweep_tokens)
+            k += 1
+
+    def step() -> None:
+        rep = eng.step()
+        steps.append(StepLog(rep.running, rep.seconds, False, rep.prefill_tokens, rep.context_tokens,
+                             sum(len(p.token_ids) for p in rep.new.values())))
+
     for extra in (0, a.max_len // 2):
-        for r in sorted({1, max(1, a.slots // 4), max(1, a.slots // 2), a.slots}):
-            for _ in range(r):
-                eng.admit(f"cal{k}", [int(t) for t in rng.integers(2, model.config.vocab_size, a.prompt_len + extra)],
-                          a.sweep_tokens)
-                k += 1
+        for r in knots(a.slots):
+            admit(-(-r // 2), extra)
+            for _ in range(2):
+                step()
+            admit(r // 2, extra)
             while eng.has_work():
-                rep = eng.step()
-                steps.append(StepLog(rep.running, rep.seconds, False, rep.prefill_tokens, rep.context_tokens,
-                                     sum(len(p.token_ids) for p in rep.new.values())))
+                step()
     eng.close()
     return steps[1:]                                   # the first forward pays one-off allocations
 
@@ -147,7 +172,7 @@ def main(argv=None) -> int:
     lengths = workload_lengths(a.n, a.max_len, a.seed)
     bs = a.n // a.batches
     params = sum(p.numel() for p in model.parameters())
-    print(f"### SortedRL on transformers' continuous batching (CPU, {a.threads} thread, shared machine)\n"
+    print(f"### SortedRL on transformers' continuous batching (CPU, {a.threads} thread{'s' * (a.threads > 1)})\n"
           f"Model {a.model} ({params / 1e6:.1f}M parameters, random weights, fp32). Workload: {a.n} samples in "
           f"{a.batches} batches of {bs}, Q = {a.slots} slots, prompts of {a.prompt_len} tokens, output lengths the "
           f"fitted lognormal scaled to ≤ {a.max_len} (mean {lengths.mean():.1f}, max {lengths.max()}, "
@@ -167,19 +192,41 @@ def main(argv=None) -> int:
     sweep = min(sweeps, key=lambda st: sum(x.seconds for x in st))
     wall = time.perf_counter() - t0
     b = runs["baseline"]
-    st = np.array([(s.running, s.context_tokens, s.prefill_tokens, s.seconds) for s in sweep])
-    cal = EngineTime.fit(f"fitted on a calibration sweep of {len(sweep)} steps", *st.T)
+    ks = knots(a.slots)
+
+    def fit(name, steps):
+        st = np.array([(x.running, x.context_tokens, x.prefill_tokens, x.seconds) for x in steps])
+        return EngineTime.fit(name, *st.T, knots=ks)
+
+    # three calibrations of the step-time model, from the most data to the least: the three runs' own steps (the
+    # issue's check: the schedule is the simulation's, only the cost of a step is the engine's), the baseline run's
+    # steps alone (what a lab has before it runs SortedRL: on-policy and partial are then out of sample), and a
+    # separate sweep of fixed batches (nothing of the workload)
+    fits = {"runs": fit("the three runs' steps", [x for r in runs.values() for x in r.steps]),
+            "baseline run": fit("the baseline run's steps", b.steps),
+            "sweep": fit(f"a calibration sweep of {len(sweep)} steps", sweep)}
     prompts = np.full(a.n, a.prompt_len, dtype=np.int64)
-    sims = {"baseline": simulate_baseline(lengths, prompts, a.slots, bs, cal)}
-    for m in ("on_policy", "partial"):
-        sims[m] = simulate_sorted(lengths, prompts, a.slots, bs, m, engine=cal, terminate_at=bs, reprefill=True)
-    print(f"\nStep-time model fitted on a separate calibration sweep ({len(sweep)} steps at r = 1, Q/4, Q/2, Q; Δt = fixed + seq·r + kv·context + prefill·tokens): fixed "
-          f"{cal.fixed_s * 1e3:.2f} ms, {cal.seq_s * 1e3:.3f} ms a running sequence, {cal.kv_s_per_token * 1e6:.3f} µs "
-          f"a context token, {cal.prefill_s_per_token * 1e3:.3f} ms a prefill token.")
+    sims_by = {}
+    for name, cal in fits.items():
+        sims_by[name] = {"baseline": simulate_baseline(lengths, prompts, a.slots, bs, cal)}
+        for m in ("on_policy", "partial"):
+            sims_by[name][m] = simulate_sorted(lengths, prompts, a.slots, bs, m, engine=cal, terminate_at=bs,
+                                               reprefill=True)
+    sims = sims_by["runs"]
+    print("\nStep-time model (rollout_sim.EngineTime.fit): Δt = f(r) + kv·context + prefill·tokens, f piecewise "
+          f"linear and non-decreasing between r = {', '.join(map(str, ks))}, fitted by non-negative least squares on:")
+    print("| fitted on | " + " | ".join(f"f({k})" for k in ks) + " | a context token | a prefill token |\n"
+          "| --- | " + " | ".join("---:" for _ in ks) + " | ---: | ---: |")
+    for name, cal in fits.items():
+        print(f"| {cal.name} | " + " | ".join(f"{t * 1e3:.2f} ms" for _, t in cal.by_running) +
+              f" | {cal.kv_s_per_token * 1e6:.3f} µs | {cal.prefill_s_per_token * 1e3:.3f} ms |")
+    print("\nThe engine's figures, beside the simulation's for the same lengths (its step model fitted on the runs' "
+          "steps; the schedule, its steps and their running counts are the simulation's own):")
     print("\n| mode | steps | bubble (eq. 4, all steps) | sim | of it in the final drain | sim | bubble before the "
           "drain | sim | output tokens/s | × baseline | sim × baseline | wasted tokens | sim |\n"
           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    out = {"args": vars(a), "params": params, "wall_s": wall, "fit": dataclasses.asdict(cal), "rows": {}}
+    out = {"args": vars(a), "params": params, "wall_s": wall, "knots": ks,
+           "fit": {k: dataclasses.asdict(v) for k, v in fits.items()}, "rows": {}}
     for m, r in runs.items():
         s = sims[m]
         gain, sgain = r.tokens_per_s / b.tokens_per_s, s.tokens_per_s / sims["baseline"].tokens_per_s
@@ -189,16 +236,33 @@ def main(argv=None) -> int:
         out["rows"][m] = dict(steps=len(r.steps), bubble=r.bubble_ratio, drain_bubble=r.drain_bubble,
                               tokens_per_s=r.tokens_per_s, gain=gain, wasted=r.wasted_tokens, time_s=r.time_s,
                               trained=r.trained_tokens, generated=r.generated_tokens,
-                              sim=dict(bubble=s.bubble_ratio, drain_bubble=s.drain_bubble,
-                                       tokens_per_s=s.tokens_per_s, gain=sgain, wasted=s.wasted_tokens,
-                                       time_s=s.time_s))
-    print("\nPrediction error of the simulation (calibrated on the sweep, not on these runs; sim / engine − 1):")
-    print("| mode | engine time | bubble | output tokens/s | wasted tokens |\n| --- | ---: | ---: | ---: | ---: |")
+                              sim={name: dict(bubble=x[m].bubble_ratio, drain_bubble=x[m].drain_bubble,
+                                              tokens_per_s=x[m].tokens_per_s,
+                                              gain=x[m].tokens_per_s / x["baseline"].tokens_per_s,
+                                              wasted=x[m].wasted_tokens, time_s=x[m].time_s, steps=x[m].steps)
+                                   for name, x in sims_by.items()})
+    print("\nPrediction error of the simulation (sim / engine − 1) for each calibration of its step model — the "
+          "runs' steps / the baseline run's alone / the separate sweep:")
+    print("| mode | steps | engine time | bubble | output tokens/s | × baseline | wasted tokens |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rel = lambda x, y: f"{x / y - 1:+.1%}" if y else ("0" if x == 0 else "—")  # noqa: E731
+    worst = {}
     for m, r in runs.items():
-        s = sims[m]
-        rel = lambda x, y: f"{x / y - 1:+.1%}" if y else ("0" if x == 0 else "—")  # noqa: E731
-        print(f"| {m} | {rel(s.time_s, r.time_s)} | {rel(s.bubble_ratio, r.bubble_ratio)} | "
-              f"{rel(s.tokens_per_s, r.tokens_per_s)} | {rel(s.wasted_tokens, r.wasted_tokens)} |")
+        cells = []
+        for fig, f in (("time", lambda x: x.time_s), ("bubble", lambda x: x.bubble_ratio),
+                       ("tokens_per_s", lambda x: x.tokens_per_s)):
+            cells.append(" / ".join(rel(f(x[m]), f(r)) for x in sims_by.values()))
+            for name, x in sims_by.items():
+                worst[name] = max(worst.get(name, 0.0), abs(f(x[m]) / f(r) - 1))
+        cells.append(" / ".join(rel(x[m].tokens_per_s / x["baseline"].tokens_per_s, r.tokens_per_s / b.tokens_per_s)
+                                for x in sims_by.values()))
+        for name, x in sims_by.items():
+            worst[name] = max(worst[name], abs(x[m].tokens_per_s / x["baseline"].tokens_per_s /
+                                               (r.tokens_per_s / b.tokens_per_s) - 1))
+        print(f"| {m} | {rel(sims[m].steps, len(r.steps))} | {' | '.join(cells)} | "
+              f"{rel(sims[m].wasted_tokens, r.wasted_tokens)} |")
+    print("Largest error over every figure and mode: " + ", ".join(f"{n} {e:.1%}" for n, e in worst.items()))
+    out["worst_error"] = worst
     growth = step_growth(sweep)
     print("\nThe CPU engine's decode step against the batch (calibration sweep, steps without prefill; median):")
     print("| running requests r | step time | × r = 1 | steps |\n| ---: | ---: | ---: | ---: |")

@@ -44,6 +44,9 @@ class EngineTime:
     prefill_s_per_token: float
     overhead_s: float = 0.0         # per decode step: scheduling, sampling, launches
     seq_s: float = 0.0              # per running sequence and step, added (a compute-bound CPU engine's matmuls)
+    # A measured engine's step cost against the running count, where it is not linear: (r, seconds) knots,
+    # interpolated linearly between them and held flat past the last; when set it replaces fixed + seq·r.
+    by_running: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def unit(cls) -> "EngineTime":
@@ -55,24 +58,56 @@ class EngineTime:
         return cls(name, 2 * params / hbm_bytes_s, kv_bytes_per_token / hbm_bytes_s, 2 * params / peak_flops,
                    2 * params / (peak_flops * prefill_mfu), overhead_s)
 
+    def per_step(self, r: int) -> float:
+        """One step's cost of ``r`` running sequences, context and prefill aside."""
+        if self.by_running:
+            ks, ts = zip(*self.by_running)
+            return float(np.interp(r, ks, ts))
+        return self.fixed_s + self.overhead_s + r * self.seq_s
+
     def decode(self, r: int, context: int, steps: int) -> float:
         """Seconds of ``steps`` decode steps of ``r`` sequences holding ``context`` tokens in all at the first."""
         if self.kv_s_per_token == 0 and self.flops_s_per_seq == 0:
-            return steps * (self.fixed_s + self.overhead_s + r * self.seq_s)
+            return steps * self.per_step(r)
         growth = r * steps * (steps - 1) / 2            # the contexts grow by one token a step
+        if self.by_running:
+            return steps * (self.per_step(r) + self.kv_s_per_token * context) + self.kv_s_per_token * growth
         memory = steps * (self.fixed_s + self.kv_s_per_token * context) + self.kv_s_per_token * growth
         return max(memory, steps * r * self.flops_s_per_seq) + steps * (self.overhead_s + r * self.seq_s)
 
     @classmethod
-    def fit(cls, name: str, running, context, prefill, seconds) -> "EngineTime":
-        """Calibrated on an engine's measured steps: Δt = fixed + seq·r + kv·context + prefill·tokens, a
-        non-negative least-squares fit over the steps (``running`` r_k, ``context`` KV tokens at the step's start,
-        ``prefill`` prompt tokens computed in the step). The result plugs into the simulation unchanged."""
+    def fit(cls, name: str, running, context, prefill, seconds, knots=None) -> "EngineTime":
+        """Calibrated on an engine's measured steps (``running`` r_k, ``context`` KV tokens at the step's start,
+        ``prefill`` prompt tokens computed in the step, ``seconds``), by non-negative least squares:
+
+        * ``knots=None``: Δt = fixed + seq·r + kv·context + prefill·tokens;
+        * ``knots`` (running counts, ascending, the first 1): Δt = f(r) + kv·context + prefill·tokens with f
+          piecewise linear between the knots (hat functions; flat past the last). A CPU engine's step is not linear
+          in r — flat while a step's cost is the weights' reads and the per-step work, then growing once the batch's
+          matmuls and per-request work dominate — and a linear f spreads that error over every step; f is kept
+          non-decreasing.
+
+        The result plugs into the simulation unchanged."""
         from scipy.optimize import nnls
 
-        A = np.column_stack([np.ones(len(seconds)), running, context, prefill]).astype(np.float64)
-        (fixed, seq, kv, pre), _ = nnls(A, np.asarray(seconds, dtype=np.float64))
-        return cls(name, float(fixed), float(kv), 0.0, float(pre), 0.0, float(seq))
+        r = np.asarray(running, dtype=np.float64)
+        y = np.asarray(seconds, dtype=np.float64)
+        rest = np.column_stack([context, prefill]).astype(np.float64)
+        if knots is None:
+            A = np.column_stack([np.ones(len(y)), r, rest])
+            (fixed, seq, kv, pre), _ = nnls(A, y)
+            return cls(name, float(fixed), float(kv), 0.0, float(pre), 0.0, float(seq))
+        ks = [int(k) for k in knots]
+        if ks != sorted(set(ks)) or ks[0] != 1:
+            raise ValueError(f"knots must be ascending running counts starting at 1, got {ks}")
+        # f(r) = f(1) + Σ_i Δ_i·ramp_i(r), each ramp rising 0 → 1 from knot i−1 to knot i: non-negative Δ_i make f
+        # non-decreasing (a step computing more requests never costs less), which keeps the fit from trading f
+        # against kv·context where the two move together in the sweep
+        ramps = [np.clip((r - lo) / (hi - lo), 0.0, 1.0) for lo, hi in zip(ks, ks[1:])]
+        coef, _ = nnls(np.column_stack([np.ones(len(y)), *ramps, rest]), y)
+        f = np.cumsum(coef[:len(ks)])
+        kv, pre = coef[len(ks):]
+        return cls(name, 0.0, float(kv), 0.0, float(pre), by_running=tuple((k, float(t)) for k, t in zip(ks, f)))
 
     def prefill(self, tokens: int) -> float:
         return tokens * self.prefill_s_per_token

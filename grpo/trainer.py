@@ -230,6 +230,7 @@ class OvpipeGRPOTrainer(GRPOTrainer):
     ``trainer.rollout_stats`` (``rollout_*`` columns)."""
 
     behave_weight_cap = BEHAVE_WEIGHT_CAP
+    max_staleness = GRPOConfig.max_staleness          # η: AReaL's max_head_offpolicyness (grpo.loss)
 
     def __init__(self, *args, batch_reshaper: Callable | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -285,6 +286,8 @@ class OvpipeGRPOTrainer(GRPOTrainer):
         self.step_stats["behave_stale_token_share"] = n_stale / max(int(mask.sum()), 1)
         if n_stale == 0:
             return
+        self._reject_stale_rollouts(batch, inputs, mask)
+        stale &= mask
         behave = batch.get("sampling_per_token_logps")
         if behave is None:
             raise RuntimeError("sortedrl: the rollout has tokens of earlier policy versions but no log-probs; the "
@@ -306,6 +309,32 @@ class OvpipeGRPOTrainer(GRPOTrainer):
         self.step_stats.update(behave_weight_mean=float(ws.mean()), behave_weight_max=float(ws.max()),
                                behave_weight_min=float(ws.min()),
                                behave_capped_share=float(capped[stale].double().mean()))
+
+    def _reject_stale_rollouts(self, batch: dict, inputs: list[dict], mask: torch.Tensor) -> None:
+        """The decoupled loss's staleness rule (``grpo.loss``: a sample generated more than η = 4 policy versions
+        before the one it trains is rejected, its mask 0): a rollout whose oldest token (its ``policy_version``, the
+        version it was admitted under) lags ``trained_version`` by more than ``max_staleness`` leaves the loss and
+        its denominator — as TRL's own ``mask_truncated_completions`` does, ``completion_mask`` and
+        ``num_items_in_batch`` (the token count over every process) both lose its tokens."""
+        rows = [i for i, inp in enumerate(inputs)
+                if inp.get("token_versions") and
+                int(inp["trained_version"]) - min(int(v) for v in inp["token_versions"]) > self.max_staleness]
+        tokens = torch.zeros((), dtype=torch.long, device=mask.device)
+        if rows:
+            idx = torch.as_tensor(rows, device=mask.device)
+            tokens = mask[idx].sum().long()
+            batch["completion_mask"] = batch["completion_mask"].clone()
+            batch["completion_mask"][idx] = 0
+            if "tool_mask" in batch:
+                batch["tool_mask"] = batch["tool_mask"].clone()
+                batch["tool_mask"][idx] = 0
+            mask[idx] = False
+        if "num_items_in_batch" in batch:
+            accelerator = getattr(self, "accelerator", None)
+            dropped = accelerator.gather(tokens.reshape(1)).sum() if accelerator is not None else tokens
+            batch["num_items_in_batch"] = batch["num_items_in_batch"] - dropped.to(batch["num_items_in_batch"].device)
+        self.step_stats["behave_rejected_stale_rollouts"] = len(rows)
+        self.step_stats["behave_rejected_stale_tokens"] = int(tokens)
 
     def _compute_loss(self, model, inputs):
         # the behaviour weights scale each token's clipped surrogate. TRL's loss takes per-token advantages

@@ -103,3 +103,31 @@ def test_current_version_tokens_train_exactly_as_trl(trainer):
     plain, _, _, _ = _batch(trainer)
     trainer._add_behaviour_weights(plain, [{} for _ in range(4)])
     assert "behaviour_weights" not in plain
+
+
+def test_a_rollout_more_than_four_versions_stale_leaves_the_loss_and_its_denominator(trainer):
+    """grpo.loss's staleness rule (η = 4): row 2 was admitted at version −1 (5 versions before the trained one, 4),
+    so its tokens leave the completion mask and num_items_in_batch; row 0 (1 version old) is weighted as before,
+    and the loss is decoupled_ppo_loss with the sample versions — its own rejection."""
+    from grpo.loss import decoupled_ppo_loss
+
+    batch, inputs, prox, behave = _batch(trainer)
+    inputs[2]["token_versions"] = [-1, 4, 4, 4]
+    trainer.step_stats = {}
+    trainer._add_behaviour_weights(batch, inputs)
+    assert batch["completion_mask"][2].sum() == 0 and batch["completion_mask"][[0, 1, 3]].sum() == 9
+    assert int(batch["num_items_in_batch"]) == 9
+    s = trainer.step_stats
+    assert s["behave_rejected_stale_rollouts"] == 1 and s["behave_rejected_stale_tokens"] == 4
+    assert s["behave_weight_mean"] == pytest.approx((2 + 0.5) / 2, rel=1e-3)     # row 2's stale token is gone
+    trainer.model.train()
+    loss = trainer._compute_loss(trainer.model, batch)
+    cmask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    behave_eff = torch.where(torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]).bool(),
+                             behave, prox)
+    ref, stats = decoupled_ppo_loss(prox, prox, behave_eff, batch["advantages"], cmask,
+                                    versions=torch.tensor([3, 4, -1, 4]), current_version=4)
+    assert stats["rejected_stale"] == 1 and stats["tokens"] == 9
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-3)      # π_prox: a forward, to float noise
+    by_hand = -(1.5 * (2 + 0.5 + 1 + 1) - 0.5 * 3 - 1.0 * 2) / 9
+    assert loss.item() == pytest.approx(by_hand, rel=1e-3)

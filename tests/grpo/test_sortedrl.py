@@ -141,3 +141,26 @@ def test_the_baseline_bubble_is_all_drain_and_matches_the_step_count_under_unit_
     r = simulate_baseline(lengths, np.zeros(4, dtype=np.int64), 4, 4, EngineTime.unit())
     # 4 slots: all busy for 10 steps, 3 for 10, 2 for 20, 1 for 40 → idle slot-steps 0 + 10 + 40 + 120 of 320
     assert r.steps == 80 and r.bubble_ratio == pytest.approx(170 / 320) and r.drain_bubble == r.bubble_ratio
+
+
+def test_the_piecewise_step_model_recovers_a_step_cost_that_is_flat_then_grows():
+    """A CPU engine's step: a one-row forward, then flat from 2 to 8 rows, then growing (bench_sortedrl's 0.1B
+    shape). Fitted on steps drawn from it (contexts that grow with r, as in a sweep, and prefill chunks), the
+    piecewise model gets f, the context and the prefill costs back; the linear one cannot hold the flat part."""
+    f = {1: 0.040, 2: 0.070, 4: 0.070, 8: 0.080, 16: 0.160}
+    rng = np.random.default_rng(0)
+    r = rng.choice(list(f), 400)
+    context = r * rng.integers(16, 200, 400)
+    prefill = np.where(rng.random(400) < 0.2, rng.integers(16, 400, 400), 0)
+    seconds = np.array([f[int(x)] for x in r]) + 2e-6 * context + 1.5e-3 * prefill
+    e = EngineTime.fit("sweep", r, context, prefill, seconds, knots=list(f))
+    assert dict(e.by_running) == pytest.approx(f, rel=1e-6)
+    assert e.kv_s_per_token == pytest.approx(2e-6, rel=1e-6) and e.prefill_s_per_token == pytest.approx(1.5e-3)
+    assert e.per_step(3) == pytest.approx(0.070) and e.per_step(12) == pytest.approx(0.120)
+    assert e.per_step(64) == pytest.approx(0.160)                              # held flat past the last knot
+    # a decode jump of k steps costs the k steps, the contexts growing by r tokens a step
+    assert e.decode(4, 1000, 10) == pytest.approx(sum(0.070 + 2e-6 * (1000 + 4 * j) for j in range(10)))
+    lin = EngineTime.fit("sweep", r, context, prefill, seconds)
+    assert abs(lin.fixed_s + 2 * lin.seq_s - 0.070) > 0.005                   # the linear model misses r = 2
+    with pytest.raises(ValueError, match="knots"):
+        EngineTime.fit("x", r, context, prefill, seconds, knots=[2, 4])
