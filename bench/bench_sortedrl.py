@@ -246,19 +246,15 @@ def main(argv=None) -> int:
     print("| mode | steps | engine time | bubble | output tokens/s | × baseline | wasted tokens |\n"
           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     rel = lambda x, y: f"{x / y - 1:+.1%}" if y else ("0" if x == 0 else "—")  # noqa: E731
-    worst = {}
+    figures = (lambda x, _: x.time_s, lambda x, _: x.bubble_ratio, lambda x, _: x.tokens_per_s,
+               lambda x, base: x.tokens_per_s / base.tokens_per_s)             # the last: × baseline
+    worst = dict.fromkeys(sims_by, 0.0)
     for m, r in runs.items():
         cells = []
-        for fig, f in (("time", lambda x: x.time_s), ("bubble", lambda x: x.bubble_ratio),
-                       ("tokens_per_s", lambda x: x.tokens_per_s)):
-            cells.append(" / ".join(rel(f(x[m]), f(r)) for x in sims_by.values()))
+        for f in figures:
+            cells.append(" / ".join(rel(f(x[m], x["baseline"]), f(r, b)) for x in sims_by.values()))
             for name, x in sims_by.items():
-                worst[name] = max(worst.get(name, 0.0), abs(f(x[m]) / f(r) - 1))
-        cells.append(" / ".join(rel(x[m].tokens_per_s / x["baseline"].tokens_per_s, r.tokens_per_s / b.tokens_per_s)
-                                for x in sims_by.values()))
-        for name, x in sims_by.items():
-            worst[name] = max(worst[name], abs(x[m].tokens_per_s / x["baseline"].tokens_per_s /
-                                               (r.tokens_per_s / b.tokens_per_s) - 1))
+                worst[name] = max(worst[name], abs(f(x[m], x["baseline"]) / f(r, b) - 1))
         print(f"| {m} | {rel(sims[m].steps, len(r.steps))} | {' | '.join(cells)} | "
               f"{rel(sims[m].wasted_tokens, r.wasted_tokens)} |")
     print("Largest error over every figure and mode: " + ", ".join(f"{n} {e:.1%}" for n, e in worst.items()))

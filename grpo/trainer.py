@@ -230,7 +230,7 @@ class OvpipeGRPOTrainer(GRPOTrainer):
     ``trainer.rollout_stats`` (``rollout_*`` columns)."""
 
     behave_weight_cap = BEHAVE_WEIGHT_CAP
-    max_staleness = GRPOConfig.max_staleness          # η: AReaL's max_head_offpolicyness (grpo.loss)
+    max_staleness = GRPOConfig.max_staleness          # η of grpo.loss's staleness rule
 
     def __init__(self, *args, batch_reshaper: Callable | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -284,9 +284,11 @@ class OvpipeGRPOTrainer(GRPOTrainer):
         stale &= mask
         n_stale = int(stale.sum())
         self.step_stats["behave_stale_token_share"] = n_stale / max(int(mask.sum()), 1)
+        # before the early return: the rejection gathers a token count over the processes, so every process calls
+        # it on every step, whether or not its own slice holds stale tokens
+        self._reject_stale_rollouts(batch, inputs, mask)
         if n_stale == 0:
             return
-        self._reject_stale_rollouts(batch, inputs, mask)
         stale &= mask
         behave = batch.get("sampling_per_token_logps")
         if behave is None:
@@ -315,7 +317,8 @@ class OvpipeGRPOTrainer(GRPOTrainer):
         before the one it trains is rejected, its mask 0): a rollout whose oldest token (its ``policy_version``, the
         version it was admitted under) lags ``trained_version`` by more than ``max_staleness`` leaves the loss and
         its denominator — as TRL's own ``mask_truncated_completions`` does, ``completion_mask`` and
-        ``num_items_in_batch`` (the token count over every process) both lose its tokens."""
+        ``num_items_in_batch`` (the token count over every process) both lose its tokens. A collective: every
+        process calls it on every step that carries rollout versions."""
         rows = [i for i, inp in enumerate(inputs)
                 if inp.get("token_versions") and
                 int(inp["trained_version"]) - min(int(v) for v in inp["token_versions"]) > self.max_staleness]
@@ -333,8 +336,9 @@ class OvpipeGRPOTrainer(GRPOTrainer):
             accelerator = getattr(self, "accelerator", None)
             dropped = accelerator.gather(tokens.reshape(1)).sum() if accelerator is not None else tokens
             batch["num_items_in_batch"] = batch["num_items_in_batch"] - dropped.to(batch["num_items_in_batch"].device)
-        self.step_stats["behave_rejected_stale_rollouts"] = len(rows)
-        self.step_stats["behave_rejected_stale_tokens"] = int(tokens)
+        if rows:
+            self.step_stats["behave_rejected_stale_rollouts"] = len(rows)
+            self.step_stats["behave_rejected_stale_tokens"] = int(tokens)
 
     def _compute_loss(self, model, inputs):
         # the behaviour weights scale each token's clipped surrogate. TRL's loss takes per-token advantages
