@@ -10,7 +10,7 @@ stage-2 model's *language half* — its trained Qwen3 weights (the checkpoint's 
 same architecture: the multimodal rotary of a text-only sequence is the 1-D one) with its tokenizer and chat
 template — on the demo export's answer-only split with the ``<image>`` placeholder removed (the pictures cannot
 reach a text model; the policy can still learn the answers' prior, which is the signal measured). Everything else is
-configs/demo/grpo.yaml (32 rollouts a step = 4 prompts × 8, ≤ 16 tokens, lr 1e-3), except ``top_k: 0`` for every
+configs/demo/grpo.yaml (32 rollouts a step = 4 prompts × 8, ≤ 16 tokens, lr 3e-4), except ``top_k: 0`` for every
 run: the continuous-batching engine samples from the full distribution, and the comparison needs one sampler.
 
 Runs (each ``--steps`` optimizer steps, one generation per step):
@@ -135,15 +135,16 @@ def grpo(run: Path, lm: Path, seed: int, steps: int, sortedrl: dict, unweighted:
     return time.perf_counter() - t0
 
 
-def final_accuracy(run: Path, samples: int, seed: int = 1234) -> float:
-    """Share of correct answers over ``samples`` fresh draws a prompt from the trained model (top-k off, T = 1)."""
+def final_accuracy(run: Path, samples: int, seed: int = 1234, folder: Path | None = None) -> float:
+    """Share of correct answers over ``samples`` fresh draws a prompt from the trained model (top-k off, T = 1);
+    ``folder``: another model over the same run's prompts (the policy before training)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo.step import GRPOStepConfig, stage_dataset
     from rl_select.rewards import score_one
 
-    folder = run / "grpo" / "model"
+    folder = folder or run / "grpo" / "model"
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     ds = stage_dataset(GRPOStepConfig(model=str(folder), stages=["answer_only"]), run, "answer_only")
@@ -181,14 +182,14 @@ def read_metrics(run: Path) -> list[dict]:
     return out
 
 
-def summarise(results: dict, steps: int) -> list[str]:
+def summarise(results: dict, steps: int, initial: float) -> list[str]:
     def ms(xs):
         xs = [x for x in xs if x is not None]
         return (float(np.mean(xs)), float(np.std(xs))) if xs else (float("nan"), float("nan"))
 
     lines = ["| run | step s | rollout s/step | engine s/step | bubble | wasted tokens/step | reward, first 3 steps | "
-             f"reward, last 3 steps | final accuracy (± seed std) | stale tokens | behaviour w mean / max | capped |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             f"reward, last 3 steps | final accuracy (± seed std) | gain over the initial {initial:.1%} | stale tokens | behaviour w mean / max | capped |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, seeds in results.items():
         per = [s["metrics"] for s in seeds.values()]
         gen = ms([np.median([m["generate_s"] for m in p]) for p in per])
@@ -211,7 +212,7 @@ def summarise(results: dict, steps: int) -> list[str]:
             return "—" if np.isnan(x[0]) else fmt.format(x[0])
         lines.append(f"| {name} | {f(step)} | {f(gen)} | {f(eng)} | {f(bub, '{:.1%}')} | {f(wasted, '{:.0f}')} | "
                      f"{first[0]:+.2f} ± {first[1]:.2f} | {last[0]:+.2f} ± {last[1]:.2f} | "
-                     f"{acc[0]:.1%} ± {acc[1]:.1%} | {f(stale, '{:.1%}')} | "
+                     f"{acc[0]:.1%} ± {acc[1]:.1%} | {(acc[0] - initial) * 100:+.1f} points | {f(stale, '{:.1%}')} | "
                      f"{f(wm, "{:.3f}")} / {f(wx, "{:.3f}")} | {f(cap, '{:.1%}')} |")
     lines.append("")
     lines.append("Reward curve (mean scaled reward a step over the seeds, −5 … +5):")
@@ -253,7 +254,9 @@ def main(argv=None) -> int:
                                                   "accuracy": final_accuracy(run, a.eval_samples)}
             print(f"{name} seed {seed}: {wall and round(wall, 1)} s, accuracy "
                   f"{results[name][seed]['accuracy']:.1%}", file=sys.stderr)
-    lines = summarise(results, a.steps)
+    # the policy before training, on the same prompts, sampler and seed: what the runs' accuracies moved from
+    initial = final_accuracy(work / f"{a.runs[0]}-s{a.seeds[0]}", a.eval_samples, folder=lm)
+    lines = summarise(results, a.steps, initial)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     head = [f"# bench_sortedrl_grpo — commit {commit}, {platform.machine()} CPU, {os.cpu_count()} cores "
             f"(shared with other jobs), torch threads 1; {time.perf_counter() - t_all:.0f} s in all",
@@ -266,7 +269,8 @@ def main(argv=None) -> int:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "bench_sortedrl_grpo.txt").write_text(text)
         (Path(a.out) / "bench_sortedrl_grpo.json").write_text(json.dumps(
-            {"commit": commit, "steps": a.steps, "seeds": a.seeds, "results": results}, indent=1, default=str))
+            {"commit": commit, "steps": a.steps, "seeds": a.seeds, "initial_accuracy": initial, "results": results},
+            indent=1, default=str))
     return 0
 
 
