@@ -2,6 +2,7 @@
 (issue 64 item 4). The device half of ``bench/bench_sortedrl.py`` (which measures the same three runs on the CPU).
 
     python -m bench.bench_sortedrl_gpu --out DIR [--n 512 --batches 4 --slots 128 --max-len 2048]   # a GPU, vLLM
+    python -m bench.bench_sortedrl_gpu --out DIR --engine transformers --max-len 1024               # a GPU, no vLLM
     python -m bench.bench_sortedrl_gpu --dry-run [--out DIR]                                           # the CPU
 
 The model: LLaMA-3.1-8B's shape (hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14,336, vocab 128,256,
@@ -20,6 +21,13 @@ steps and the final drain's part), output tokens/s (trained tokens over engine t
 tokens, engine steps; and the step time against the running count (is a step's cost flat in the batch, the
 memory-bound regime the issue's throughput goal names?), beside ``grpo.rollout_sim``'s prediction for the same
 lengths on its LLaMA-3.1-8B H100 roofline.
+
+``--engine transformers``: the same three runs on transformers' continuous batching on the card
+(``grpo.engines.cb``), the model made there with random bf16 weights — the engine a device can run where vLLM cannot
+be installed (this project's device image has none, and its wheel is far over what a device call carries). Its step
+costs the framework's Python and paged attention, not vLLM's kernels, so its figures are the controller on a real
+GPU engine in the memory-bound regime, not vLLM's own throughput. The JSON is rewritten after each run, so a run cut
+off by the device's limit keeps what it measured (``measured_so_far``).
 
 ``--dry-run`` (the CPU, no vLLM): builds and saves the 8B config and counts its parameters, builds the full
 workload's request plan and checks it (batch size, every budget within the model length, the token totals), then
@@ -125,7 +133,9 @@ def check_accounting(mode: str, run, total: int) -> None:
             raise AssertionError("on_policy: a batch mixes policy versions")
 
 
-def run_three(engine, es: list, slots: int, batch_size: int, modes=("baseline", "on_policy", "partial")) -> dict:
+def run_three(engine, es: list, slots: int, batch_size: int, modes=("baseline", "on_policy", "partial"),
+              on_mode=None) -> dict:
+    """The three runs on one engine; ``on_mode(out)`` after each (the device run saves what it has so far)."""
     from bench.bench_sortedrl import step_growth
     from grpo.sortedrl import run_sorted, synchronous_rollout
 
@@ -148,6 +158,8 @@ def run_three(engine, es: list, slots: int, batch_size: int, modes=("baseline", 
                      "step_s_by_running": step_growth(run.steps)}
         print(f"{mode}: {run.time_s:.1f} s engine, bubble {run.bubble_ratio:.1%}, {run.tokens_per_s:,.0f} tokens/s, "
               f"wasted {run.wasted_tokens}", file=sys.stderr)
+        if on_mode is not None:
+            on_mode(out)
     for mode in out:
         out[mode]["throughput_x_baseline"] = out[mode]["tokens_per_s"] / out["baseline"]["tokens_per_s"]
     return out
@@ -176,6 +188,29 @@ def vllm_engine(folder: Path, slots: int, max_len: int, seed: int, gpu_memory_ut
                                    "gpu_memory_utilization": gpu_memory_utilization})
 
 
+def cb_engine(cfg, slots: int, max_len: int, seed: int, device: str = "cuda", dtype: str = "bfloat16",
+              max_batch_tokens: int = 8192):
+    """``grpo.engines.cb`` (transformers' continuous batching) over a LLaMA of ``cfg``'s shape with random weights,
+    made on ``device`` in ``dtype`` (no checkpoint: the lengths are imposed, only a step's cost matters), EOS
+    ignored, ``slots`` requests at once, prefill chunks of up to ``max_batch_tokens`` a step. The engine a device
+    can run where vLLM cannot be carried (its wheel and kernels are far over what a device call carries)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from grpo.engines.cb import ContinuousBatchingEngine
+
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
+    return ContinuousBatchingEngine(model, slots=slots, max_len=max_len, seed=seed, ignore_eos=True,
+                                    max_batch_tokens=max_batch_tokens)
+
+
 def table(meas: dict, sim: dict) -> str:
     rows = ["| mode | bubble, all steps (drain) | sim | output tokens/s | × baseline | sim × baseline | wasted | steps |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -198,6 +233,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model-dir", default="/tmp/llama31-8b-shape")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    ap.add_argument("--engine", choices=("vllm", "transformers"), default="vllm",
+                    help="vllm (LLMEngine, dummy weights) or transformers (continuous batching on the card, random "
+                         "weights: where vllm is not importable)")
     ap.add_argument("--out", default=None, help="write sortedrl_gpu.json (and the table) here")
     a = ap.parse_args(argv)
     cfg = llama_config(LLAMA31_8B)
@@ -210,40 +248,42 @@ def main(argv=None) -> int:
     info.update(model="LLaMA-3.1-8B shape, random weights", parameters=params, model_dir=str(folder))
     print(f"8B shape: {params:,} parameters, config in {folder}; plan: {json.dumps(info)}", file=sys.stderr)
     sim = simulated(es, a.slots, a.n // a.batches)
-    result = {"plan": info, "simulated": sim, "command": "python -m bench.bench_sortedrl_gpu " +
+    result = {"plan": info, "simulated": sim, "engine": a.engine, "command": "python -m bench.bench_sortedrl_gpu " +
               " ".join(argv if argv is not None else sys.argv[1:])}
+    out_path = Path(a.out) / ("sortedrl_gpu_dry.json" if a.dry_run else "sortedrl_gpu.json") if a.out else None
+
+    def save(partial: dict | None = None) -> None:
+        if out_path is not None:
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            out_path.write_text(json.dumps({**result, **({"measured_so_far": partial} if partial else {})}, indent=1))
     if a.dry_run:
         import torch
-        from transformers import LlamaForCausalLM
 
-        from grpo.engines.cb import ContinuousBatchingEngine
-
-        torch.manual_seed(a.seed)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)                              # a toy forward: threads only add their overhead
-        tiny = LlamaForCausalLM(llama_config(TINY)).float().eval()
         n, b, q, ml, pl = 16, 4, 4, 16, 4                     # the same shape of plan, toy sizes
         tes, tinfo = plan(n, b, q, ml, pl, TINY["vocab_size"], a.seed, TINY["max_position_embeddings"])
-        eng = ContinuousBatchingEngine(tiny, slots=q, max_len=pl + ml, seed=a.seed, ignore_eos=True,
-                                       max_batch_tokens=q * (pl + ml))
+        # the device's transformers engine (cb_engine), on the CPU in fp32 with the toy shape
+        eng = cb_engine(llama_config(TINY), q, pl + ml, a.seed, device="cpu", dtype="float32",
+                        max_batch_tokens=q * (pl + ml))
         try:
             result.update(dry_run=True, toy_plan=tinfo, toy=run_three(eng, tes, q, n // b))
         finally:
             eng.close()
             torch.set_num_threads(threads)
     else:
-        engine = vllm_engine(folder, a.slots, a.prompt_len + a.max_len, a.seed, a.gpu_memory_utilization)
         import torch
 
-        result["device"] = torch.cuda.get_device_name(0)
-        result["measured"] = run_three(engine, es, a.slots, a.n // a.batches)
+        t0 = time.perf_counter()
+        engine = (vllm_engine(folder, a.slots, a.prompt_len + a.max_len, a.seed, a.gpu_memory_utilization)
+                  if a.engine == "vllm" else cb_engine(cfg, a.slots, a.prompt_len + a.max_len, a.seed))
+        result.update(device=torch.cuda.get_device_name(0), engine_start_s=time.perf_counter() - t0)
+        save()
+        result["measured"] = run_three(engine, es, a.slots, a.n // a.batches, on_mode=save)
         result["table"] = table(result["measured"], sim)
         print(result["table"])
         engine.close()
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / ("sortedrl_gpu_dry.json" if a.dry_run else "sortedrl_gpu.json")).write_text(
-            json.dumps(result, indent=1))
+    save()
     return 0
 
 

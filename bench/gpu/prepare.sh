@@ -17,6 +17,10 @@ rm -rf .whl-titan; mkdir -p .whl-titan
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 -d .whl-titan torchtitan==0.3.0 tyro==1.0.17 docstring_parser==0.18.0 \
   spmd_types==0.2.3
+# the lock's transformers alone, for sortedrl_h200.sh's continuous-batching engine (the device image has 5.17)
+rm -rf .whl-tf; mkdir -p .whl-tf
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_28_x86_64 -d .whl-tf "transformers==$(.venv/bin/python -c 'import transformers; print(transformers.__version__)')"
 # duckdb (25 MB; the ingest step reads and writes manifests with it) apart: a curation call carries .whl and
 # .whl-cur, a trainer call .whl, .gpu and .base (each under the 64 MiB a call carries)
 rm -rf .whl-cur; mkdir -p .whl-cur
@@ -57,6 +61,7 @@ PY
 fi
 mkdir -p .git/info
 grep -qx '/.whl-titan/' .git/info/exclude 2>/dev/null || echo '/.whl-titan/' >> .git/info/exclude
+grep -qx '/.whl-tf/' .git/info/exclude || echo '/.whl-tf/' >> .git/info/exclude
 grep -qx '/.base/' .git/info/exclude || echo '/.base/' >> .git/info/exclude
 grep -qx '/.whl/' .git/info/exclude || echo '/.whl/' >> .git/info/exclude
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude

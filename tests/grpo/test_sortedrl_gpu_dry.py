@@ -57,3 +57,32 @@ def test_the_vllm_engine_is_built_with_dummy_weights_and_no_tokenizer(monkeypatc
     assert got == {"model": str(tmp_path), "seed": 0, "max_num_seqs": 128, "max_model_len": 2304,
                    "enable_prefix_caching": True, "load_format": "dummy", "skip_tokenizer_init": True,
                    "dtype": "bfloat16", "gpu_memory_utilization": 0.85}
+
+
+def test_the_device_run_on_the_transformers_engine_records_its_engine_and_each_run(tmp_path, monkeypatch):
+    """The device path where vLLM is missing (``--engine transformers``), on the CPU: ``cb_engine`` builds the engine
+    (here the toy shape at the 8B's vocabulary, fp32, on the CPU, in place of the 8B on the card); the JSON names the
+    engine, holds the three runs, and is rewritten after each run with what was measured so far."""
+    import torch
+
+    import bench.bench_sortedrl_gpu as g
+
+    real = g.cb_engine
+    monkeypatch.setattr(g, "cb_engine", lambda cfg, slots, max_len, seed: real(
+        g.llama_config(dict(g.TINY, vocab_size=cfg.vocab_size)), slots, max_len, seed, device="cpu",
+        dtype="float32", max_batch_tokens=slots * max_len))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "cpu stand-in")
+    seen = []
+    save_text = type(tmp_path).write_text
+    monkeypatch.setattr(type(tmp_path), "write_text",
+                        lambda self, text, *a, **k: (seen.append(json.loads(text)) if self.name == "sortedrl_gpu.json" else None,
+                                                     save_text(self, text, *a, **k))[1])
+    torch.set_num_threads(1)
+    assert g.main(["--engine", "transformers", "--n", "16", "--batches", "4", "--slots", "4", "--max-len", "16",
+                   "--prompt-len", "4", "--model-dir", str(tmp_path / "m"), "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "sortedrl_gpu.json").read_text())
+    assert r["engine"] == "transformers" and r["device"] == "cpu stand-in" and "dry_run" not in r
+    assert set(r["measured"]) == {"baseline", "on_policy", "partial"} and "| partial |" in r["table"]
+    assert {m["trained_tokens"] for m in r["measured"].values()} == {r["plan"]["output_tokens"]}
+    runs = [sorted(x.get("measured_so_far", {})) for x in seen if "measured" not in x]
+    assert runs == [[], ["baseline"], ["baseline", "on_policy"], ["baseline", "on_policy", "partial"]]
