@@ -112,13 +112,14 @@ def text_split(demo_run: Path, run: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=t.schema), out / f"{SPLIT}.parquet")
 
 
-def grpo(run: Path, lm: Path, seed: int, steps: int, sortedrl: dict, unweighted: bool = False) -> float:
+def grpo(run: Path, lm: Path, seed: int, steps: int, sortedrl: dict, unweighted: bool = False,
+         lr: float | None = None) -> float:
     from ovpipe.cli import main
 
     from grpo.trainer import OvpipeGRPOTrainer
 
     sets = [f"model={lm}", "stages=[answer_only]", f"seed={seed}", f"steps={steps}", "top_k=0",
-            f"save_every={steps}", "cpu_threads=1"]
+            f"save_every={steps}", "cpu_threads=1", *([f"learning_rate={lr}"] if lr else [])]
     if sortedrl:
         sets.append("sortedrl={" + ", ".join(f"{k}: {v}" for k, v in sortedrl.items()) + "}")
     t0 = time.perf_counter()
@@ -232,6 +233,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     ap.add_argument("--eval-samples", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=None, help="the learning rate (default: configs/demo/grpo.yaml's); a "
+                    "larger one moves the policy further a step, so partial mode's stale tokens lag it more")
     ap.add_argument("--out", default=None, help="write bench_sortedrl_grpo.txt/.json here")
     a = ap.parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -249,7 +252,7 @@ def main(argv=None) -> int:
                 wall = None
             else:
                 text_split(demo, run)
-                wall = grpo(run, lm, seed, a.steps, RUNS[name], name in UNWEIGHTED)
+                wall = grpo(run, lm, seed, a.steps, RUNS[name], name in UNWEIGHTED, a.lr)
             results.setdefault(name, {})[seed] = {"metrics": read_metrics(run), "wall_s": wall,
                                                   "accuracy": final_accuracy(run, a.eval_samples)}
             print(f"{name} seed {seed}: {wall and round(wall, 1)} s, accuracy "
@@ -262,7 +265,7 @@ def main(argv=None) -> int:
             f"(shared with other jobs), torch threads 1; {time.perf_counter() - t_all:.0f} s in all",
             f"# python -m bench.bench_sortedrl_grpo " + " ".join(argv if argv is not None else sys.argv[1:]),
             f"# policy: the language half of {demo}/pretrain/hf-stage-2; split {SPLIT} without its images; "
-            f"{a.steps} steps × 32 rollouts, seeds {a.seeds}", ""]
+            f"{a.steps} steps × 32 rollouts, seeds {a.seeds}, learning rate {a.lr or 'the config\'s'}", ""]
     text = "\n".join(head + lines) + "\n"
     print(text)
     if a.out:
