@@ -411,6 +411,7 @@ class SortedRLRollouts:
         self.driver: EngineDriver | None = None
         self.rows: dict[int, dict] = {}
         self._order: list[int] = []
+        self.rank, self.world = 0, 1
         self._epoch = self._next = self._uid = self._group = 0
         self.calls = 0
 
@@ -424,6 +425,13 @@ class SortedRLRollouts:
         if per_call % G:
             raise ValueError(f"sortedrl: {per_call} prompts a call is not whole groups of num_generations={G}")
         self.G, self.batch, self.ds, self.seed = G, per_call, ds, trainer.args.seed
+        # at N ranks each runs its own controller and engine over its own shard of the epoch's prompt order (TRL
+        # hands each process its slice of the generation batch, whole groups): one seeded order, rank r's prompts
+        # those at r, r + N, …, so no prompt is generated on two ranks in one epoch
+        acc = getattr(trainer, "accelerator", None)
+        self.rank, self.world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+        if len(ds) < self.world:
+            raise ValueError(f"sortedrl: {len(ds)} prompt(s) cannot give each of {self.world} ranks a shard of its own")
         model = trainer.accelerator.unwrap_model(trainer.model)
         slots = self.cfg.slots or per_call
         self.engine = ContinuousBatchingEngine(model, slots=slots, max_len=self._max_prompt() +
@@ -446,8 +454,9 @@ class SortedRLRollouts:
         n = self.cfg.group_batches * self.batch // self.G
         out = []
         for _ in range(n):
-            if self._next >= len(self._order):                   # a new epoch, its own seeded order
-                self._order = list(np.random.default_rng(self.seed + self._epoch).permutation(len(self.ds)))
+            if self._next >= len(self._order):                   # a new epoch, its own seeded order, this rank's shard
+                order = np.random.default_rng(self.seed + self._epoch).permutation(len(self.ds))
+                self._order = list(order[self.rank::self.world])
                 self._epoch, self._next = self._epoch + 1, 0
             row = self.ds[int(self._order[self._next])]
             self._next += 1

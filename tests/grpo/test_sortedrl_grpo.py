@@ -102,3 +102,58 @@ def test_grpo_steps_run_through_sortedrl(tmp_path, lm, monkeypatch, mode):
     else:
         assert all(e["behave_stale_token_share"] == 0 and "behave_weight_mean" not in e for e in extras)
     assert (run / "grpo" / "model" / "config.json").exists()
+
+
+def test_each_rank_generates_its_own_shard_of_every_epoch():
+    """At N ranks each process runs its own controller over the training set (TRL hands it its slice of the
+    generation batch): rank r takes the epoch's seeded order at r, r + N, …, so the ranks' prompts are disjoint and
+    together they are the epoch, each prompt with its num_generations rollouts in one group."""
+    import numpy as np
+
+    from grpo.sortedrl import SortedRLConfig, SortedRLRollouts
+
+    ds = [{"prompt": f"p{i}"} for i in range(10)]
+
+    def prompts(rank, world, n):
+        r = SortedRLRollouts(SortedRLConfig(mode="partial", group_batches=2), processor=None)
+        r.G, r.batch, r.ds, r.seed, r.max_new, r.rank, r.world = 2, 4, ds, 3, 4, rank, world
+        r._encode = lambda p: [1, 2]
+        out = []
+        while len(out) < n * r.G:
+            out += r._next_group()                   # 2 batches of 4 rollouts: 4 prompts × 2 a group
+        assert [e.group for e in out[::2]] == [e.group for e in out[1::2]]      # a prompt's rollouts together
+        return [r.rows[e.prompt_id]["prompt"] for e in out[: n * r.G: r.G]]
+
+    epoch0 = [f"p{i}" for i in np.random.default_rng(3).permutation(10)]
+    epoch1 = [f"p{i}" for i in np.random.default_rng(4).permutation(10)]
+    a, b = prompts(0, 2, 10), prompts(1, 2, 10)
+    assert a == epoch0[0::2] + epoch1[0::2] and b == epoch0[1::2] + epoch1[1::2]
+    assert set(a[:5]).isdisjoint(b[:5]) and set(a[:5]) | set(b[:5]) == {r["prompt"] for r in ds}
+    assert prompts(0, 1, 10) == epoch0                                          # one rank: the whole order
+
+
+@pytest.mark.slow
+def test_partial_mode_at_two_ranks_trains_every_step(tmp_path, lm):
+    """`--nproc 2` (torchrun, gloo): each rank runs its own controller and continuous-batching engine over its own
+    shard of the prompts (the test above), hands TRL one whole group a step, and every step trains; the behaviour
+    weights and the staleness rule's token-count gather run on both ranks every step without a hang."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run"
+    write_split(run, "stage1-answer-only", ROWS)
+    r = subprocess.run([sys.executable, "-m", "ovpipe.cli", "grpo", "--run-dir", str(run), "--set", f"model={lm}",
+                        *TINY, "--set", "sortedrl={mode: partial, group_batches: 2}", "--nproc", "2"],
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert json.loads((run / "grpo" / "stats.json").read_text())["info"]["world"] == 2
+    m = pq.read_table(next((run / "grpo" / "grpo_metrics").glob("part-*.parquet"))).to_pylist()
+    assert [x["step"] for x in m] == [1, 2, 3, 4] and all(x["loss"] is not None for x in m)
+    extras = [json.loads(x["extras"]) for x in m]
+    assert all("rollout_bubble_ratio" in e and "behave_stale_token_share" in e for e in extras)
+    assert any(e["behave_stale_token_share"] > 0 for e in extras)           # rank 0 trained resumed tokens
+    assert (run / "grpo" / "model" / "config.json").exists()
