@@ -33,7 +33,7 @@ class UsageError(Exception):
 def _parse_set(items: list[str]) -> dict:
     import yaml
 
-    from ovpipe.config import yaml_error_line
+    from ovpipe.config import yaml_error_line, yaml_load
 
     out = {}
     for item in items or []:
@@ -41,7 +41,7 @@ def _parse_set(items: list[str]) -> dict:
             raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         try:
-            out[k] = yaml.safe_load(v)
+            out[k] = yaml_load(v)
         except yaml.YAMLError as e:
             raise UsageError(f"--set {k}: {v!r} is not a YAML value ({yaml_error_line(e)}); a text with "
                              f"{{ }}, [ ] or : in it is quoted: --set \"{k}='{v}'\"") from None

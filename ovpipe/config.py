@@ -7,7 +7,7 @@ scalar given for a list field is the one-item list (``--set inputs=/x.parquet``)
 with ``overrides`` (the CLI's ``--set``) is reported as ``--set FIELD``, not as the YAML file's. Nested dataclasses, ``list[...]``,
 ``tuple[...]``, ``dict[str, ...]``, ``Optional[...]`` and ``Literal[...]`` are checked.
 A dataclass may add its own checks in ``__post_init__`` (raise ``ValueError`` naming
-the field).
+the field). YAML is read with YAML 1.2's floats (``yaml_load``: ``1e-4`` is a number).
 """
 from __future__ import annotations
 
@@ -22,6 +22,31 @@ from typing import Any, Literal, Mapping, Union, get_args, get_origin
 
 class ConfigError(ValueError):
     pass
+
+
+# YAML 1.1 (PyYAML's resolver) reads `1e-4` and `3E5` as strings: a float there needs a dot and a signed exponent
+# (`1.0e-4`). A learning rate is written `1e-4` everywhere else (YAML 1.2, JSON, Python), so configs and `--set`
+# values are read with YAML 1.2's float pattern: `1e-4` is the number 0.0001.
+_FLOAT_12 = (r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
+             r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
+def yaml_load(text: str):
+    """``yaml.safe_load`` with YAML 1.2's floats (``1e-4`` a number, not a string)."""
+    import re
+
+    import yaml
+
+    global _Loader
+    if _Loader is None:
+        class Loader(yaml.SafeLoader):
+            pass
+        Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT_12), list("-+0123456789."))
+        _Loader = Loader
+    return yaml.load(text, Loader=_Loader)
+
+
+_Loader = None
 
 
 def _type_name(tp) -> str:
@@ -157,7 +182,7 @@ def load_config(cls, source: str | Path | Mapping | None = None, overrides: Mapp
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml_load(text) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML ({yaml_error_line(e)})") from None
         if not isinstance(data, Mapping):

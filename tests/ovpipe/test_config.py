@@ -150,3 +150,19 @@ def test_check_range_names_the_field(data, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config(Ranged, data)
     assert load_config(Ranged, {"opt": None}) == Ranged()
+
+
+def test_an_exponent_without_a_dot_is_a_number_in_the_yaml_and_in_set(tmp_path):
+    """YAML 1.1 (PyYAML) reads `1e-4` as a string; configs and `--set` read YAML 1.2's floats, so a learning rate
+    written as everywhere else is a number. Integers, words and the rest read as before."""
+    from ovpipe.cli import _parse_set
+    from ovpipe.config import yaml_load
+
+    p = tmp_path / "c.yaml"
+    p.write_text("ratio: 1e-4\nnames: [1e3x, e5]\n")
+    cfg = load_config(Cfg, p, _parse_set(["seq_len=4096"]))
+    assert (cfg.ratio, cfg.names, cfg.seq_len) == (1e-4, ["1e3x", "e5"], 4096)
+    assert load_config(Cfg, None, _parse_set(["ratio=3E-2"])).ratio == 0.03
+    assert [yaml_load(t) for t in ("1e-4", "-2e3", ".5", "1.0e-4", "7", "1_000", "0x10", "1e", "abc")] == \
+        [1e-4, -2000.0, 0.5, 1e-4, 7, 1000, 16, "1e", "abc"]
+    assert isinstance(yaml_load("7"), int)
