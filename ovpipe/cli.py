@@ -290,6 +290,15 @@ def _sql_error_line(e: Exception) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+def cmd_summary(args) -> int:
+    from ovpipe.summary import run_summary
+
+    if _sql_run_dir("summary", args.run_dir) is None:     # a mistyped folder is an error, not an empty summary
+        return 2
+    print(run_summary(_run_dir(args.run_dir)))
+    return 0
+
+
 def cmd_report(args) -> int:
     import duckdb
 
@@ -423,8 +432,7 @@ def build_parser(fields_of: str | None = None) -> argparse.ArgumentParser:
 
     sp = sub.add_parser("summary", help="per stage: the steps that ran and their key figures")
     sp.add_argument("run_dir")
-    sp.set_defaults(func=lambda a: print(__import__("ovpipe.summary", fromlist=["run_summary"]).run_summary(
-        _run_dir(a.run_dir))))
+    sp.set_defaults(func=cmd_summary)
 
     sp = sub.add_parser("status", help="per step, in pipeline order: ranks done / failed / …")
     sp.add_argument("run_dir")

@@ -75,3 +75,12 @@ def test_demo_output_check(tmp_path, noisy_step):
     log.write_text("nothing\n")
     r = subprocess.run([*check, str(log), str(run)], capture_output=True, text=True)
     assert r.returncode == 1 and "no summary line for step t-noisy" in r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["summary", "status", "report", "sql"])
+def test_a_missing_run_folder_is_an_error_for_every_reader(tmp_path, capsys, cmd):
+    from ovpipe.cli import main
+
+    missing = tmp_path / "no-such-run"
+    assert main([cmd, str(missing), *(["SELECT 1"] if cmd == "sql" else [])]) == 2
+    assert f"run folder {missing} does not exist" in capsys.readouterr().err
