@@ -189,7 +189,8 @@ def summarise(results: dict, steps: int, initial: float) -> list[str]:
         return (float(np.mean(xs)), float(np.std(xs))) if xs else (float("nan"), float("nan"))
 
     lines = ["| run | step s | rollout s/step | engine s/step | bubble | wasted tokens/step | reward, first 3 steps | "
-             f"reward, last 3 steps | final accuracy (± seed std) | gain over the initial {initial:.1%} | stale tokens | behaviour w mean / max | capped |",
+             f"reward, last 3 steps | final accuracy (± seed std) | gain over the initial {initial:.1%} | "
+             "stale tokens | behaviour w mean / max | capped |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, seeds in results.items():
         per = [s["metrics"] for s in seeds.values()]

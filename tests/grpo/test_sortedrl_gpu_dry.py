@@ -73,10 +73,13 @@ def test_the_device_run_on_the_transformers_engine_records_its_engine_and_each_r
         dtype="float32", max_batch_tokens=slots * max_len))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "cpu stand-in")
     seen = []
-    save_text = type(tmp_path).write_text
-    monkeypatch.setattr(type(tmp_path), "write_text",
-                        lambda self, text, *a, **k: (seen.append(json.loads(text)) if self.name == "sortedrl_gpu.json" else None,
-                                                     save_text(self, text, *a, **k))[1])
+    write_text = type(tmp_path).write_text
+
+    def recording(self, text, *a, **k):
+        if self.name == "sortedrl_gpu.json":
+            seen.append(json.loads(text))
+        return write_text(self, text, *a, **k)
+    monkeypatch.setattr(type(tmp_path), "write_text", recording)
     torch.set_num_threads(1)
     assert g.main(["--engine", "transformers", "--n", "16", "--batches", "4", "--slots", "4", "--max-len", "16",
                    "--prompt-len", "4", "--model-dir", str(tmp_path / "m"), "--out", str(tmp_path)]) == 0
