@@ -140,12 +140,13 @@ def calibration_sweep(model, a) -> list:
 def per_step_min_steps(rounds: list[list]) -> list:
     """Steps of identical rounds (the same running count, prefill and context at every step, checked), each with its
     minimum time over the rounds."""
-    first = rounds[0]
-    for other in rounds[1:]:
-        if [(s.running, s.prefill_tokens, s.context_tokens, s.new_tokens) for s in other] != \
-                [(s.running, s.prefill_tokens, s.context_tokens, s.new_tokens) for s in first]:
-            raise RuntimeError("the rounds ran different schedules: a step's minimum over them is undefined")
-    return [dataclasses.replace(s, seconds=min(r[i].seconds for r in rounds)) for i, s in enumerate(first)]
+    def shape(steps):
+        return [(s.running, s.prefill_tokens, s.context_tokens, s.new_tokens) for s in steps]
+
+    first = shape(rounds[0])
+    if any(shape(other) != first for other in rounds[1:]):
+        raise RuntimeError("the rounds ran different schedules: a step's minimum over them is undefined")
+    return [dataclasses.replace(s, seconds=min(r[i].seconds for r in rounds)) for i, s in enumerate(rounds[0])]
 
 
 def per_step_min(runs: list) -> "EngineRun":

@@ -428,8 +428,7 @@ class SortedRLRollouts:
         # at N ranks each runs its own controller and engine over its own shard of the epoch's prompt order (TRL
         # hands each process its slice of the generation batch, whole groups): one seeded order, rank r's prompts
         # those at r, r + N, …, so no prompt is generated on two ranks in one epoch
-        acc = getattr(trainer, "accelerator", None)
-        self.rank, self.world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+        self.rank, self.world = trainer.accelerator.process_index, trainer.accelerator.num_processes
         if len(ds) < self.world:
             raise ValueError(f"sortedrl: {len(ds)} prompt(s) cannot give each of {self.world} ranks a shard of its own")
         model = trainer.accelerator.unwrap_model(trainer.model)

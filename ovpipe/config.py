@@ -12,6 +12,7 @@ the field). YAML is read with YAML 1.2's floats (``yaml_load``: ``1e-4`` is a nu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import types
@@ -31,22 +32,23 @@ _FLOAT_12 = (r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0
              r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 
 
-def yaml_load(text: str):
-    """``yaml.safe_load`` with YAML 1.2's floats (``1e-4`` a number, not a string)."""
+@functools.cache
+def _yaml12_loader():
     import re
 
     import yaml
 
-    global _Loader
-    if _Loader is None:
-        class Loader(yaml.SafeLoader):
-            pass
-        Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT_12), list("-+0123456789."))
-        _Loader = Loader
-    return yaml.load(text, Loader=_Loader)
+    class Loader(yaml.SafeLoader):
+        pass
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_FLOAT_12), list("-+0123456789."))
+    return Loader
 
 
-_Loader = None
+def yaml_load(text: str):
+    """``yaml.safe_load`` with YAML 1.2's floats (``1e-4`` a number, not a string)."""
+    import yaml
+
+    return yaml.load(text, Loader=_yaml12_loader())
 
 
 def _type_name(tp) -> str:
