@@ -23,9 +23,8 @@ fixed batches at every knot, each request generating half the workload's cap. Th
 batch is printed too, because it decides the throughput: on a CPU a step's matmuls grow with the batch, on a
 memory-bound GPU they do not. Modes run interleaved over ``repeats`` rounds; every round of a mode runs the same
 steps (the schedule, running counts and tokens are a function of the seed), so each step's time is its minimum over
-the rounds: a pause of the interpreter or of the machine only ever adds time, and it hits one step of one round. A
-mode's least-disturbed *whole* round (the earlier estimator) still carries every pause of that round: on the demo
-model, whose 1–5 ms steps are the engine's Python, a mode's round time moved up to 1.7× between rounds.
+the rounds: a pause of the interpreter or of the machine only ever adds time, and it hits one step of one round,
+where a mode's least-disturbed *whole* round still carries every pause of that round.
 
 Models: ``demo`` is the RL demo's tiny Qwen3 (``demo.rl.build_tiny_model``'s class and shape, 2 layers × 64);
 ``qwen3-0.1b`` is a Qwen3 of realistic shape with random weights (12 layers × 768, 12 heads, 4 KV heads,
